@@ -1,0 +1,191 @@
+"""A real Apache Kafka broker (KRaft, one combined broker/controller) on 127.0.0.1.
+
+Started from the official jars that :mod:`flink_agents_replay.local.jars` fetches, with its data, log
+and PID under a work directory. ``start`` returns once the broker answers a metadata request; ``stop``
+ends it by the recorded PID. Used by ``flink-agents-replay local kafka ...``, the test fixtures and the
+demo.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import string
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.local.jars import KAFKA_BROKER, fetch_jars, require_command
+from flink_agents_replay.local.paths import conf_dir, home_dir
+from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, stop_process
+
+__all__ = ["BrokerStatus", "LocalKafkaBroker", "default_work_dir"]
+
+_JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+
+
+def default_work_dir() -> Path:
+    """Work directory of the broker the CLI manages."""
+    return home_dir() / "kafka"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What a work directory says about its broker."""
+
+    running: bool
+    pid: int | None
+    bootstrap_servers: str | None
+    work_dir: Path
+
+    def describe(self) -> str:
+        """One line for people."""
+        if self.running:
+            return f"running: pid {self.pid}, bootstrap servers {self.bootstrap_servers}, data in {self.work_dir}"
+        return f"not running (work directory {self.work_dir})"
+
+
+class LocalKafkaBroker:
+    """One local KRaft broker whose state (data, log, PID, port) lives in ``work_dir``.
+
+    Args:
+        work_dir: directory for data, logs and the state file; created if missing.
+        port: client port; ``0`` picks a free one. The controller takes another free port.
+        start_timeout_s: how long ``start`` waits for the broker to answer.
+    """
+
+    def __init__(self, work_dir: Path | str | None = None, *, port: int = 0, start_timeout_s: float = 90.0):
+        self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir()
+        self.port = port
+        self.start_timeout_s = start_timeout_s
+
+    @property
+    def _state_file(self) -> Path:
+        return self.work_dir / "broker.json"
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's log (stdout, stderr and log4j output)."""
+        return self.work_dir / "logs" / "server.log"
+
+    def status(self) -> BrokerStatus:
+        """Read the state file and check that its PID still runs."""
+        state = self._read_state()
+        if state and pid_alive(state["pid"]):
+            return BrokerStatus(True, state["pid"], state["bootstrap_servers"], self.work_dir)
+        return BrokerStatus(False, None, None, self.work_dir)
+
+    def start(self) -> BrokerStatus:
+        """Start the broker (or return the one already running here) and wait until it answers."""
+        current = self.status()
+        if current.running:
+            return current
+        java = require_command("java", "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)")
+        jars = fetch_jars(KAFKA_BROKER)
+        port = self.port or free_port()
+        if port_in_use(port):
+            raise LocalServiceError(
+                f"port {port} on 127.0.0.1 is already in use: stop what listens there, or choose another port "
+                "(--port N, or --port 0 for any free port)"
+            )
+        controller_port = free_port(exclude={port})
+        data_dir = self.work_dir / "data"
+        logs_dir = self.work_dir / "logs"
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        properties = self.work_dir / "server.properties"
+        template = string.Template((conf_dir() / "kafka" / "server.properties").read_text())
+        properties.write_text(
+            template.substitute(port=port, controller_port=controller_port, data_dir=data_dir)
+        )
+        classpath = f"{jars}/*"
+        log_options = [
+            f"-Dkafka.logs.dir={logs_dir}",
+            f"-Dlog4j2.configurationFile={conf_dir() / 'kafka' / 'log4j2.properties'}",
+        ]
+        if not (data_dir / "meta.properties").is_file():
+            # Storage is formatted once; a restart reuses the data (and the cluster id) it holds.
+            self._run_checked(
+                [java, *log_options, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                 "--cluster-id", _cluster_id(), "--config", str(properties), "--ignore-formatted"],
+                "format the broker's KRaft storage",
+            )
+        with open(logs_dir / "stdout.log", "ab") as out:
+            process = subprocess.Popen(
+                [java, *_JVM_OPTIONS, *log_options, "-cp", classpath, "kafka.Kafka", str(properties)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
+            )
+        bootstrap = f"127.0.0.1:{port}"
+        self._state_file.write_text(json.dumps({"pid": process.pid, "bootstrap_servers": bootstrap}))
+        try:
+            self._wait_until_ready(process, bootstrap)
+        except BaseException:
+            self.stop()
+            raise
+        return BrokerStatus(True, process.pid, bootstrap, self.work_dir)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the broker recorded here; return whether one was running."""
+        state = self._read_state()
+        if not state:
+            return False
+        was_running = stop_process(state["pid"], timeout_s=timeout_s)
+        self._state_file.unlink(missing_ok=True)
+        return was_running
+
+    def _wait_until_ready(self, process: subprocess.Popen, bootstrap: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        # log_level 0: connection-refused noise while the broker boots is expected, not news.
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise LocalServiceError(
+                    f"the Kafka broker exited with code {process.returncode} while starting; "
+                    f"its log ({self.work_dir / 'logs'}) ends with:\n{self._log_tail()}"
+                )
+            try:
+                metadata = admin.list_topics(timeout=2)
+                if metadata.brokers:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet; the deadline bounds the retries
+                pass
+            time.sleep(0.2)
+        raise LocalServiceError(
+            f"the Kafka broker did not answer on {bootstrap} within {self.start_timeout_s:.0f} s; "
+            f"its log ends with:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 20) -> str:
+        text = ""
+        for name in ("stdout.log", "server.log"):
+            path = self.work_dir / "logs" / name
+            if path.is_file():
+                text += "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        return text.strip() or "(empty)"
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _run_checked(self, command: list[str], what: str) -> None:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.work_dir)
+        if result.returncode != 0:
+            raise LocalServiceError(f"could not {what} (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: a base64url 16-byte UUID, as `kafka-storage.sh random-uuid` prints.
+
+    Like Kafka's own generator, avoid a leading '-': the storage tool would read it as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id

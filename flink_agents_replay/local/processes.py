@@ -1,0 +1,77 @@
+"""Small process and port helpers shared by the local services."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+__all__ = ["free_port", "pid_alive", "port_in_use", "stop_process"]
+
+
+def free_port(exclude: set[int] = frozenset()) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in exclude:
+            return port
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port`` or holds it bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def stop_process(pid: int, timeout_s: float = 30.0) -> bool:
+    """SIGTERM ``pid`` (and its process group), SIGKILL after ``timeout_s``; True if it was running."""
+    if not pid_alive(pid):
+        return False
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.1)
+    _signal(pid, signal.SIGKILL)
+    while pid_alive(pid):
+        time.sleep(0.05)
+    _reap(pid)
+    return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

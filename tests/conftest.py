@@ -1,0 +1,62 @@
+"""Shared fixtures: one real Kafka broker per test run, an external invocation counter, Flink helpers."""
+
+from __future__ import annotations
+
+import uuid
+
+import cloudpickle
+import pytest
+
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
+
+
+@pytest.fixture(autouse=True)
+def _ship_test_module_by_value(request):
+    """Functions defined in a test module reach the Flink worker by value: the worker cannot import tests/."""
+    cloudpickle.register_pickle_by_value(request.module)
+    yield
+    cloudpickle.unregister_pickle_by_value(request.module)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """Bootstrap address of a real broker: $KAFKA_BOOTSTRAP_SERVERS, testcontainers, or a local one."""
+    source = select_kafka_source()
+    with kafka_bootstrap_servers(source) as bootstrap:
+        print(f"\nKafka for this run: {source.value} at {bootstrap}")
+        yield bootstrap
+
+
+@pytest.fixture
+def kafka_admin(kafka_bootstrap):
+    """A confluent-kafka AdminClient on the test broker."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+@pytest.fixture
+def new_topic(kafka_admin):
+    """Factory: create a uniquely named topic with N partitions; deleted after the test."""
+    from confluent_kafka.admin import NewTopic
+
+    created: list[str] = []
+
+    def create(partitions: int = 1, prefix: str = "test") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        for future in kafka_admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=30).values():
+            future.result(timeout=60)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in kafka_admin.delete_topics(created, request_timeout=30).values():
+            future.result(timeout=60)
+
+
+@pytest.fixture
+def invocation_counter(tmp_path) -> InvocationCounter:
+    """A counter that outlives Flink workers (a SQLite file in the test's temp directory)."""
+    return InvocationCounter(tmp_path / "invocations.sqlite")
