@@ -1,0 +1,253 @@
+"""The agent API: what a user writes.
+
+An agent is a class whose *actions* react to *events*::
+
+    class Triage(Agent):
+        @action(InputEvent)
+        def classify(event, ctx):
+            label = ctx.call("llm", prompt=f"classify: {event.input}")   # journaled call
+            ctx.memory.set("last_label", label)
+            ctx.send_event(Classified(label=label))
+
+        @action(Classified)
+        def answer(event, ctx):
+            ctx.send_event(OutputEvent(output={"label": event.label}))
+
+    agent = Triage(resources={"llm": ChatModel(...)})
+
+Each input becomes an :class:`InputEvent`; every action registered for an event's type runs (in the
+order the class defines them), and the events they send trigger further actions until none is
+pending. :class:`OutputEvent` s leave the operator. Models and tools are *resources* registered on the
+agent and called through ``ctx.call``: that one boundary is where journaling, reuse after failures and
+metrics live. A call made any other way (a raw HTTP request inside an action) is invisible to the
+runtime and runs again after a failure.
+
+Events and memory values must be picklable with cloudpickle: they are journaled and kept in Flink state.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceError
+from flink_agents_replay.memory import Memory
+from flink_agents_replay.resources import Resource, Tool
+
+__all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerContext", "action"]
+
+_ACTION_ATTRIBUTE = "__flink_agents_replay_action__"
+_EVENT_ID_ATTRIBUTE = "_event_id"
+
+
+class Event:
+    """Base class of events. Subclass it, as a plain class or a dataclass.
+
+    ``Event(**fields)`` stores the fields as attributes. The runtime gives every sent event an ``id``
+    derived from its place in the run (never random), so a replayed run reproduces every id.
+    """
+
+    def __init__(self, **fields: Any):
+        self.__dict__.update(fields)
+
+    @property
+    def id(self) -> str | None:
+        """The runtime-assigned id (``None`` before the event is sent)."""
+        return self.__dict__.get(_EVENT_ID_ATTRIBUTE)
+
+    def _fields(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != _EVENT_ID_ATTRIBUTE}
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
+        return f"{type(self).__name__}({fields})"
+
+
+class InputEvent(Event):
+    """Wraps one input record; ``input`` is the record as it arrived."""
+
+    def __init__(self, input: Any):  # noqa: A002 - the public field name
+        super().__init__(input=input)
+
+
+class OutputEvent(Event):
+    """Sent by an action to emit ``output`` from the operator."""
+
+    def __init__(self, output: Any):
+        super().__init__(output=output)
+
+
+def with_event_id(event: Event, event_id: str) -> Event:
+    """A shallow copy of ``event`` carrying ``event_id`` (frozen dataclasses included)."""
+    stamped = copy.copy(event)
+    object.__setattr__(stamped, _EVENT_ID_ATTRIBUTE, event_id)
+    return stamped
+
+
+def action(*event_types: type[Event]) -> Callable[[Callable], staticmethod]:
+    """Mark ``fn(event, ctx)`` as an action triggered by events of ``event_types`` (or subclasses)."""
+    if not event_types:
+        raise AgentDefinitionError("@action needs at least one event type, e.g. @action(InputEvent)")
+    for event_type in event_types:
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise AgentDefinitionError(f"@action takes Event subclasses, got {event_type!r}")
+
+    def mark(fn: Callable) -> staticmethod:
+        function = fn.__func__ if isinstance(fn, staticmethod) else fn
+        setattr(function, _ACTION_ATTRIBUTE, tuple(event_types))
+        return staticmethod(function)
+
+    return mark
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action of an agent: its name, function, triggering event types and code fingerprint."""
+
+    name: str
+    function: Callable
+    event_types: tuple[type[Event], ...]
+    fingerprint: str
+
+    def handles(self, event: Event) -> bool:
+        """Whether ``event`` triggers this action."""
+        return isinstance(event, self.event_types)
+
+
+class Agent:
+    """Base class of agents: subclass it and decorate actions with :func:`action`.
+
+    Args:
+        name: the agent's name (default: the class name). It derives the operator's uid and the
+            journal topic, so changing it after a savepoint was taken breaks restoring from it.
+        resources: models and tools by name; a plain callable is registered as a :class:`Tool`.
+    """
+
+    def __init__(self, *, name: str | None = None, resources: Mapping[str, Resource | Callable] | None = None):
+        self.name = name or type(self).__name__
+        if not self.name or any(c.isspace() for c in self.name):
+            raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {self.name!r}")
+        self._resources: dict[str, Resource] = {}
+        for resource_name, resource in (resources or {}).items():
+            self.add_resource(resource_name, resource)
+        self.actions: tuple[ActionSpec, ...] = _collect_actions(type(self))
+        if not self.actions:
+            raise AgentDefinitionError(f"agent {self.name} defines no action: decorate one with @action(InputEvent)")
+        if not any(issubclass(InputEvent, spec.event_types) for spec in self.actions):
+            raise AgentDefinitionError(f"agent {self.name} has no action for InputEvent, so inputs would do nothing")
+
+    def add_resource(self, name: str, resource: Resource | Callable) -> Agent:
+        """Register ``resource`` (a :class:`Resource`, or a callable as a tool) under ``name``."""
+        if not isinstance(name, str) or not name:
+            raise AgentDefinitionError(f"resource name must be a non-empty string, got {name!r}")
+        if not isinstance(resource, Resource):
+            if not callable(resource):
+                raise AgentDefinitionError(f"resource {name!r} must be a Resource or a callable, got {resource!r}")
+            resource = Tool(resource)
+        self._resources[name] = resource
+        return self
+
+    def resource(self, name: str) -> Resource:
+        """The resource registered under ``name``."""
+        try:
+            return self._resources[name]
+        except KeyError:
+            known = ", ".join(sorted(self._resources)) or "none"
+            raise UnknownResourceError(
+                f"agent {self.name} has no resource {name!r} (registered: {known}); add it with "
+                f"resources={{{name!r}: ...}} or agent.add_resource({name!r}, ...)"
+            ) from None
+
+    @property
+    def resources(self) -> Mapping[str, Resource]:
+        """All registered resources by name."""
+        return types.MappingProxyType(self._resources)
+
+    def actions_for(self, event: Event) -> list[ActionSpec]:
+        """The actions ``event`` triggers, in definition order."""
+        return [spec for spec in self.actions if spec.handles(event)]
+
+
+class RunnerContext:
+    """What an action receives as ``ctx``: memory, sending events, and journaled calls.
+
+    Created by the runtime for each action execution; not constructed by users.
+    """
+
+    def __init__(self, *, key: Any, seq: int, memory: Memory, send: Callable[[Event], None],
+                 call: Callable[..., Any]):
+        self._key = key
+        self._seq = seq
+        self._memory = memory
+        self._send = send
+        self._call = call
+
+    @property
+    def key(self) -> Any:
+        """The key of the input being processed."""
+        return self._key
+
+    @property
+    def seq(self) -> int:
+        """The per-key sequence number of the input (1 for a key's first input)."""
+        return self._seq
+
+    @property
+    def memory(self) -> Memory:
+        """The key's short-term memory (dotted paths)."""
+        return self._memory
+
+    def send_event(self, event: Event) -> None:
+        """Send ``event``: it triggers the actions registered for its type, or leaves as output."""
+        if not isinstance(event, Event):
+            raise TypeError(f"send_event takes an Event, got {type(event).__name__}: {event!r}")
+        self._send(event)
+
+    def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a registered resource; journaled, and reused instead of repeated after a failure."""
+        return self._call(resource_name, *args, **kwargs)
+
+
+def _collect_actions(agent_type: type) -> tuple[ActionSpec, ...]:
+    found: dict[str, Callable] = {}
+    for klass in reversed(agent_type.__mro__):
+        for attribute, value in vars(klass).items():
+            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if callable(function) and hasattr(function, _ACTION_ATTRIBUTE):
+                found.pop(attribute, None)  # an override keeps its own place at the end
+                found[attribute] = function
+    wiring = "|".join(
+        f"{name}:{','.join(t.__qualname__ for t in getattr(fn, _ACTION_ATTRIBUTE))}" for name, fn in found.items()
+    )
+    return tuple(
+        ActionSpec(name, fn, getattr(fn, _ACTION_ATTRIBUTE), _fingerprint(fn, wiring)) for name, fn in found.items()
+    )
+
+
+def _fingerprint(function: Callable, wiring: str) -> str:
+    """Hash of the action's code (not its line numbers) and the agent's action wiring."""
+    digest = hashlib.sha256(wiring.encode())
+    _hash_code(inspect.unwrap(function).__code__, digest)
+    return digest.hexdigest()[:16]
+
+
+def _hash_code(code: types.CodeType, digest) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    digest.update(repr(code.co_varnames).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _hash_code(const, digest)
+        else:
+            digest.update(repr(const).encode())

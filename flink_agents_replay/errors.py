@@ -1,0 +1,64 @@
+"""Errors users of this package can see, each saying what happened and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentDefinitionError",
+    "CallInDoubtError",
+    "ConfigError",
+    "FingerprintMismatchError",
+    "JournalError",
+    "JournalGapError",
+    "NotPicklableError",
+    "ReplayError",
+    "SignatureError",
+    "TopicMismatchError",
+    "UnknownResourceError",
+]
+
+
+class ReplayError(Exception):
+    """Base class of this package's errors."""
+
+
+class ConfigError(ReplayError, ValueError):
+    """The configuration given is invalid; the message names the setting and the fix."""
+
+
+class AgentDefinitionError(ReplayError, TypeError):
+    """An agent class is malformed (an action without event types, a resource of an unknown kind...)."""
+
+
+class UnknownResourceError(ReplayError, KeyError):
+    """``ctx.call`` named a resource the agent does not register."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class NotPicklableError(ReplayError, TypeError):
+    """An event or memory value cannot be serialized with cloudpickle (it could not be journaled)."""
+
+
+class JournalError(ReplayError, RuntimeError):
+    """The journal (Kafka) could not be reached, written or read."""
+
+
+class TopicMismatchError(JournalError):
+    """The journal topic exists with a layout this job cannot use (e.g. another partition count)."""
+
+
+class SignatureError(JournalError):
+    """A journal record failed verification: written with another key, by another job, or tampered with."""
+
+
+class JournalGapError(JournalError):
+    """Records recovery needs were deleted (e.g. restoring an older savepoint after later pruning)."""
+
+
+class FingerprintMismatchError(ReplayError, RuntimeError):
+    """A journaled action was written by other action code and the policy says ``fail``."""
+
+
+class CallInDoubtError(ReplayError, RuntimeError):
+    """A call started before a failure and never reported back; its resource's policy says ``fail``."""

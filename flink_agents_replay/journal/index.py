@@ -1,0 +1,148 @@
+"""What recovery found in the journal, per key, and the divergence rule.
+
+After a restore, a subtask reads its partitions from the checkpoint's offsets and files every record
+under its key (:class:`RecoveryIndex`). A replayed run then asks its key's :class:`KeyHistory` for each
+action: a *completion* means "skip, re-apply, re-emit"; *calls* without a completion mean the action
+was cut short and its recorded calls are served in order.
+
+Divergence: history is positional — (seq, order of the action in its run). When a replayed action
+finds no completion at position P although the key has records *after* P, or finds a record written
+for a different input, the key's history has diverged from the journal: every entry of that key after
+P is dropped, so nothing recorded for another history is reused. Several actions sharing one seq is
+the normal shape of a run and never counts as divergence.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from flink_agents_replay.journal.records import CallOutcome, CallRecord, CompletionRecord, RunPosition
+
+__all__ = ["KeyHistory", "RecoveryIndex"]
+
+ActionSlot = tuple[int, str, str]  # (seq, event id, action)
+
+
+@dataclass
+class KeyHistory:
+    """Everything the journal holds for one key after the restore point."""
+
+    completions: dict[ActionSlot, CompletionRecord] = field(default_factory=dict)
+    calls: dict[ActionSlot, dict[int, CallRecord]] = field(default_factory=lambda: defaultdict(dict))
+    input_digests: dict[int, str] = field(default_factory=dict)
+    partition: int | None = None
+    first_offset: int | None = None
+
+    def add_completion(self, record: CompletionRecord) -> None:
+        """File a completion record."""
+        self.completions[(record.seq, record.event_id, record.action)] = record
+        self.input_digests.setdefault(record.seq, record.input_digest)
+
+    def add_call(self, record: CallRecord) -> None:
+        """File a call record; a result supersedes the *started* record of the same call."""
+        slot = self.calls[(record.seq, record.event_id, record.action)]
+        previous = slot.get(record.position)
+        if previous is None or previous.outcome is CallOutcome.STARTED:
+            slot[record.position] = record
+        self.input_digests.setdefault(record.seq, record.input_digest)
+
+    def input_matches(self, seq: int, input_digest: str) -> bool:
+        """Whether the records at ``seq`` (if any) were written for this input."""
+        recorded = self.input_digests.get(seq)
+        return recorded is None or recorded == input_digest
+
+    def completion(self, seq: int, event: str, action: str) -> CompletionRecord | None:
+        """The completion of an action execution, if journaled."""
+        return self.completions.get((seq, event, action))
+
+    def recorded_calls(self, seq: int, event: str, action: str) -> list[CallRecord]:
+        """The calls journaled for an action execution that has no completion, by position."""
+        slot = self.calls.get((seq, event, action))
+        return [slot[p] for p in sorted(slot)] if slot else []
+
+    def positions(self) -> list[RunPosition]:
+        """Every position that holds a record."""
+        found = {RunPosition(r.seq, r.order) for r in self.completions.values()}
+        found.update(RunPosition(r.seq, r.order) for slot in self.calls.values() for r in slot.values())
+        return sorted(found)
+
+    def has_records_after(self, position: RunPosition) -> bool:
+        """Whether any record lies strictly after ``position``."""
+        return any(p > position for p in self.positions())
+
+    def drop_after(self, position: RunPosition) -> int:
+        """Drop every record strictly after ``position`` (divergence); return how many were dropped."""
+        dropped = 0
+        for slot, record in list(self.completions.items()):
+            if RunPosition(record.seq, record.order) > position:
+                del self.completions[slot]
+                dropped += 1
+        for slot, calls in list(self.calls.items()):
+            for index, record in list(calls.items()):
+                if RunPosition(record.seq, record.order) > position:
+                    del calls[index]
+                    dropped += 1
+            if not calls:
+                del self.calls[slot]
+        self._rebuild_input_digests()
+        return dropped
+
+    def drop_through_seq(self, seq: int) -> None:
+        """Forget everything at or before ``seq`` (those inputs are done)."""
+        for slot in [s for s in self.completions if s[0] <= seq]:
+            del self.completions[slot]
+        for slot in [s for s in self.calls if s[0] <= seq]:
+            del self.calls[slot]
+        self._rebuild_input_digests()
+
+    def _rebuild_input_digests(self) -> None:
+        self.input_digests = {r.seq: r.input_digest for r in self.completions.values()}
+        self.input_digests.update(
+            (r.seq, r.input_digest) for slot in self.calls.values() for r in slot.values()
+        )
+
+    def __len__(self) -> int:
+        return len(self.completions) + sum(len(c) for c in self.calls.values())
+
+
+class RecoveryIndex:
+    """Recovered records of one subtask, by key digest, with per-partition bookkeeping for pruning."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, KeyHistory] = {}
+        self.records_read = 0
+
+    def history(self, digest_of_key: str) -> KeyHistory | None:
+        """The key's recovered history, or ``None`` when the journal had nothing for it."""
+        return self._keys.get(digest_of_key)
+
+    def add(self, digest_of_key: str, partition: int, offset: int, record: CallRecord | CompletionRecord) -> None:
+        """File one decoded record."""
+        history = self._keys.get(digest_of_key)
+        if history is None:
+            history = self._keys[digest_of_key] = KeyHistory(partition=partition, first_offset=offset)
+        if isinstance(record, CompletionRecord):
+            history.add_completion(record)
+        else:
+            history.add_call(record)
+        self.records_read += 1
+
+    def forget_if_empty(self, digest_of_key: str) -> None:
+        """Drop a key whose history has been fully replayed or invalidated."""
+        history = self._keys.get(digest_of_key)
+        if history is not None and len(history) == 0:
+            del self._keys[digest_of_key]
+
+    def floor_offsets(self) -> dict[int, int]:
+        """Per partition, the first offset still needed by some key's unreplayed history."""
+        floors: dict[int, int] = {}
+        for history in self._keys.values():
+            if len(history) and history.partition is not None and history.first_offset is not None:
+                current = floors.get(history.partition)
+                floors[history.partition] = history.first_offset if current is None else min(
+                    current, history.first_offset)
+        return floors
+
+    def __len__(self) -> int:
+        return len(self._keys)

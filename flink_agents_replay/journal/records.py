@@ -1,0 +1,126 @@
+"""What the journal holds: one Kafka record per call and one per completed action.
+
+Kafka record key: ``"{key_group}:{seq}:{event_id}:{action}:{key_digest}"``. ``key_digest`` hashes the
+serialized business key: a raw key may contain ':' or collide in ``str()``.
+
+* A :class:`CallRecord` is written for every ``ctx.call`` as it completes (its result or the exception
+  it raised), and, for resources with external side effects, once more *before* it starts
+  (``outcome == "started"``) so that a call cut short by a failure is known to be in doubt.
+* A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
+  events it sent. Reusing an action means applying exactly these.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from flink_agents_replay.memory import MemoryUpdate
+
+__all__ = [
+    "CallOutcome",
+    "CallRecord",
+    "CompletionRecord",
+    "RecordKind",
+    "RunPosition",
+    "event_id",
+    "input_event_id",
+    "journal_key",
+    "key_digest",
+    "parse_journal_key",
+]
+
+
+class RecordKind(str, enum.Enum):
+    """The kinds of journal record."""
+
+    ACCEPTED = "accepted"
+    CALL = "call"
+    COMPLETION = "completion"
+
+
+class CallOutcome(str, enum.Enum):
+    """How a journaled call ended."""
+
+    STARTED = "started"  # written before an external call; alone, it means "in doubt"
+    RETURNED = "returned"
+    RAISED = "raised"
+
+
+@dataclass(frozen=True, order=True)
+class RunPosition:
+    """Where in a key's history a record belongs: the input's seq and the action's place in its run."""
+
+    seq: int
+    order: int
+
+
+@dataclass
+class CallRecord:
+    """One mediated call of an action."""
+
+    seq: int
+    order: int
+    event_id: str
+    action: str
+    position: int  # index of the call within the action execution
+    resource: str
+    args_digest: str
+    outcome: CallOutcome
+    result: Any = None  # the return value, or the raised exception
+    input_digest: str = ""
+
+    def identity(self) -> tuple[int, str, str]:
+        """Call identity for reuse: position, resource, argument digest."""
+        return (self.position, self.resource, self.args_digest)
+
+
+@dataclass
+class CompletionRecord:
+    """One finished action: what it changed and what it sent."""
+
+    seq: int
+    order: int
+    event_id: str
+    action: str
+    fingerprint: str
+    memory_updates: list[MemoryUpdate] = field(default_factory=list)
+    sent_events: list[Any] = field(default_factory=list)  # Events carrying their ids
+    calls: int = 0
+    input_digest: str = ""
+
+
+def _short_hash(*parts: object) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(str(part).encode("utf-8", "surrogatepass"))
+        digest.update(b"\x1f")
+    return digest.hexdigest()[:16]
+
+
+def key_digest(key: object) -> str:
+    """Stable digest of a business key, tagged by type so ``1`` and ``"1"`` differ."""
+    return _short_hash(type(key).__name__, key)
+
+
+def input_event_id(digest_of_key: str, seq: int) -> str:
+    """Id of the InputEvent of input ``seq`` of a key."""
+    return _short_hash("input", digest_of_key, seq)
+
+
+def event_id(digest_of_key: str, seq: int, parent_event_id: str, action: str, emission_index: int) -> str:
+    """Id of the ``emission_index``-th event ``action`` sent while handling ``parent_event_id``."""
+    return _short_hash("event", digest_of_key, seq, parent_event_id, action, emission_index)
+
+
+def journal_key(key_group: int, seq: int, event: str, action: str, digest_of_key: str) -> bytes:
+    """The Kafka record key of a journal record."""
+    return f"{key_group}:{seq}:{event}:{action}:{digest_of_key}".encode()
+
+
+def parse_journal_key(raw: bytes) -> tuple[int, int, str, str, str]:
+    """Inverse of :func:`journal_key`: (key group, seq, event id, action, key digest)."""
+    group, seq, event, action, digest = raw.decode().split(":")
+    return int(group), int(seq), event, action, digest

@@ -1,0 +1,307 @@
+"""The run engine on an in-memory journal: execution, reuse, partial actions, divergence, policies."""
+
+import threading
+from collections import Counter
+
+import pytest
+
+from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.errors import (
+    AgentDefinitionError,
+    CallInDoubtError,
+    FingerprintMismatchError,
+    NotPicklableError,
+    SignatureError,
+)
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.journal.records import key_digest
+from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.journal.writer import Durability, JournalWriter
+from flink_agents_replay.resources import Tool
+from flink_agents_replay.runner import FingerprintPolicy, RunInput, execute_run
+
+KEY_GROUP = 3
+SIGNING_KEY = b"0123456789abcdef0123"
+
+
+class Classified(Event):
+    pass
+
+
+class Drafted(Event):
+    pass
+
+
+class Crash(Exception):
+    pass
+
+
+def make_agent(calls: Counter, crash_at: set | None = None):
+    """3 chained actions, 2 journaled calls each; ``crash_at`` holds (action, call index) to crash after."""
+    crash_at = crash_at if crash_at is not None else set()
+
+    def tool(name):
+        def invoke(text):
+            calls[name] += 1
+            return f"{name}({text})"
+        return invoke
+
+    class Triage(Agent):
+        @action(InputEvent)
+        def classify(event, ctx):
+            first = ctx.call("t1", event.input)
+            if ("classify", 1) in crash_at:
+                crash_at.discard(("classify", 1))
+                raise Crash("after first call")
+            second = ctx.call("t2", first)
+            ctx.memory.set("history.last", second)
+            ctx.memory.set("count", ctx.memory.get("count", 0) + 1)
+            ctx.send_event(Classified(label=second))
+
+        @action(Classified)
+        def draft(event, ctx):
+            a = ctx.call("t3", event.label)
+            b = ctx.call("t4", a)
+            ctx.send_event(Drafted(text=b))
+
+        @action(Drafted)
+        def reply(event, ctx):
+            a = ctx.call("t5", event.text)
+            b = ctx.call("t6", a)
+            ctx.send_event(OutputEvent(output={"reply": b, "count": ctx.memory.get("count")}))
+
+    resources = {f"t{i}": Tool(tool(f"t{i}"), side_effects="none") for i in range(1, 7)}
+    return Triage(resources=resources)
+
+
+def writer(store, durability=Durability.PER_ACTION, producer="op"):
+    return JournalWriter(store, RecordCodec(SIGNING_KEY, producer), durability)
+
+
+def run_inputs(agent, inputs, journal_writer, index=None, memories=None):
+    memories = memories if memories is not None else {}
+    outputs = []
+    for key, seq, value in inputs:
+        history = index.history(key_digest(key)) if index else None
+        result = execute_run(agent, RunInput(key, KEY_GROUP, seq, value), memories.get(key, {}),
+                             history=history, journal=journal_writer.run_journal(KEY_GROUP))
+        memories[key] = result.memory
+        outputs += [(key, seq, o.id, repr(o.output)) for o in result.outputs]
+    return outputs, memories
+
+
+def recover(store, producer="op"):
+    end = store.end_offsets([KEY_GROUP])
+    return read_recovery_index(store, RecordCodec(SIGNING_KEY, producer), {KEY_GROUP: 0}, end)
+
+
+INPUTS = [("k1", 1, "a"), ("k2", 1, "b"), ("k1", 2, "c")]
+
+
+def test_fresh_run_executes_every_action_and_journals_it():
+    calls, store = Counter(), MemoryJournalStore(8)
+    outputs, memories = run_inputs(make_agent(calls), INPUTS, writer(store))
+    assert sum(calls.values()) == 3 * 6
+    assert len(outputs) == 3 and memories["k1"]["count"] == 2
+    # 6 call records + 3 completions per input.
+    assert len(store.records(KEY_GROUP)) == 3 * 9
+
+
+def test_replay_reuses_everything_with_same_ids_outputs_and_memory():
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = make_agent(calls)
+    first_outputs, first_memories = run_inputs(agent, INPUTS, writer(store))
+    calls.clear()
+    replayed_outputs, replayed_memories = run_inputs(agent, INPUTS, writer(store), index=recover(store))
+    assert sum(calls.values()) == 0
+    assert replayed_outputs == first_outputs
+    assert replayed_memories == first_memories
+
+
+def test_crash_between_two_calls_reuses_the_first():
+    calls, store = Counter(), MemoryJournalStore(8)
+    crash_at = {("classify", 1)}
+    agent = make_agent(calls, crash_at)
+    with pytest.raises(Crash):
+        run_inputs(agent, INPUTS[:1], writer(store))
+    assert calls == Counter({"t1": 1})
+    outputs, _ = run_inputs(agent, INPUTS[:1], writer(store), index=recover(store))
+    assert calls["t1"] == 1 and calls["t2"] == 1 and sum(calls.values()) == 6
+    assert len(outputs) == 1
+
+
+def test_different_input_at_journaled_seq_diverges_only_that_key():
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = make_agent(calls)
+    run_inputs(agent, INPUTS, writer(store))
+    calls.clear()
+    index = recover(store)
+    changed = [("k1", 1, "DIFFERENT"), ("k2", 1, "b"), ("k1", 2, "c")]
+    memories = {}
+    stats = Counter()
+    for key, seq, value in changed:
+        result = execute_run(agent, RunInput(key, KEY_GROUP, seq, value), memories.get(key, {}),
+                             history=index.history(key_digest(key)), journal=writer(store).run_journal(KEY_GROUP))
+        memories[key] = result.memory
+        stats.update(result.stats.as_dict())
+    # k1 re-executes both inputs (seq 2's records belong to the old history); k2 reuses.
+    assert sum(calls.values()) == 2 * 6
+    assert stats["divergences"] == 1
+    assert stats["actions_reused"] == 3
+
+
+def test_multi_action_runs_are_not_divergence():
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = make_agent(calls)
+    run_inputs(agent, INPUTS, writer(store))
+    index = recover(store)
+    result = execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, history=index.history(key_digest("k1")),
+                         journal=writer(store).run_journal(KEY_GROUP))
+    assert result.stats.divergences == 0 and result.stats.actions_reused == 3
+
+
+def test_typed_exception_is_journaled_and_reraised_as_same_type():
+    store = MemoryJournalStore(4)
+    attempts = Counter()
+
+    def lookup(order_id):
+        attempts["lookup"] += 1
+        raise KeyError(f"no order {order_id}")
+
+    class Lookup(Agent):
+        @action(InputEvent)
+        def find(event, ctx):
+            try:
+                ctx.call("lookup", event.input)
+            except KeyError as exc:
+                ctx.send_event(OutputEvent(output=f"missing: {exc}"))
+
+    agent = Lookup(resources={"lookup": lookup})
+    first = execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {}, journal=writer(store).run_journal(KEY_GROUP))
+    # Replay a cut-short action: drop the completion so the call records alone are served.
+    started, raised, _completion = store.records(KEY_GROUP)  # a Tool is "external": started, then raised
+    partial = MemoryJournalStore(4)
+    partial.append(KEY_GROUP, *started)
+    partial.append(KEY_GROUP, *raised)
+    second = execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {},
+                         history=recover(partial).history(key_digest("k")),
+                         journal=writer(partial).run_journal(KEY_GROUP))
+    assert attempts["lookup"] == 1
+    assert second.stats.calls_reused == 1
+    assert [o.output for o in second.outputs] == [o.output for o in first.outputs]
+
+
+def _in_doubt_setup(policy):
+    store = MemoryJournalStore(4)
+    sent = Counter()
+
+    def send_mail(to):
+        sent[to] += 1
+        return "sent"
+
+    class Mailer(Agent):
+        @action(InputEvent)
+        def mail(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("mail", event.input)))
+
+    agent = Mailer(resources={"mail": Tool(send_mail, side_effects="external", in_doubt=policy)})
+    execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, journal=writer(store).run_journal(KEY_GROUP))
+    started_only = MemoryJournalStore(4)
+    started_only.append(KEY_GROUP, *store.records(KEY_GROUP)[0])  # the acknowledged "started" record
+    history = recover(started_only).history(key_digest("k"))
+    return agent, history, started_only, sent
+
+
+def test_in_doubt_call_is_rerun_by_default():
+    agent, history, store, sent = _in_doubt_setup("rerun")
+    result = execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=history,
+                         journal=writer(store).run_journal(KEY_GROUP))
+    assert sent["bob"] == 2 and result.stats.calls_in_doubt == 1
+
+
+def test_in_doubt_call_can_fail():
+    agent, history, store, sent = _in_doubt_setup("fail")
+    with pytest.raises(CallInDoubtError, match="never reported back"):
+        execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=history,
+                    journal=writer(store).run_journal(KEY_GROUP))
+    assert sent["bob"] == 1
+
+
+def test_in_doubt_call_can_be_assumed_done():
+    agent, history, store, sent = _in_doubt_setup("assume_done")
+    result = execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=history,
+                         journal=writer(store).run_journal(KEY_GROUP))
+    assert sent["bob"] == 1 and [o.output for o in result.outputs] == [None]
+
+
+def test_non_picklable_memory_value_names_action_and_path():
+    class Leaky(Agent):
+        @action(InputEvent)
+        def keep(event, ctx):
+            ctx.memory.set("conn.handle", threading.Lock())  # locks do not pickle
+            ctx.send_event(OutputEvent(output=1))
+
+    with pytest.raises(NotPicklableError, match=r"action keep set memory path 'conn.handle'"):
+        execute_run(Leaky(), RunInput("k", KEY_GROUP, 1, "x"), {},
+                    journal=writer(MemoryJournalStore(4)).run_journal(KEY_GROUP))
+
+
+def test_unhandled_event_type_is_a_clear_error():
+    class Orphan(Event):
+        pass
+
+    class Sender(Agent):
+        @action(InputEvent)
+        def go(event, ctx):
+            ctx.send_event(Orphan())
+
+    with pytest.raises(AgentDefinitionError, match="no action handles Orphan"):
+        execute_run(Sender(), RunInput("k", KEY_GROUP, 1, "x"), {})
+
+
+@pytest.mark.parametrize("policy", list(FingerprintPolicy))
+def test_fingerprint_mismatch_policies(policy):
+    calls, store = Counter(), MemoryJournalStore(4)
+
+    class V1(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("t", "v1")))
+
+    class V2(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("t", "v2")))
+
+    def tool(x):
+        calls[x] += 1
+        return x
+
+    execute_run(V1(name="A", resources={"t": tool}), RunInput("k", KEY_GROUP, 1, "in"), {},
+                journal=writer(store).run_journal(KEY_GROUP))
+    v2 = V2(name="A", resources={"t": tool})
+    history = recover(store).history(key_digest("k"))
+    run = RunInput("k", KEY_GROUP, 1, "in")
+    if policy is FingerprintPolicy.FAIL:
+        with pytest.raises(FingerprintMismatchError, match="other action code"):
+            execute_run(v2, run, {}, history=history, fingerprint_policy=policy)
+        return
+    result = execute_run(v2, run, {}, history=history, fingerprint_policy=policy)
+    assert result.stats.fingerprint_mismatches == 1
+    expected = "v1" if policy is FingerprintPolicy.REUSE else "v2"
+    assert [o.output for o in result.outputs] == [expected]
+
+
+def test_records_of_another_producer_are_rejected():
+    store = MemoryJournalStore(8)
+    run_inputs(make_agent(Counter()), INPUTS[:1], writer(store, producer="job-a"))
+    with pytest.raises(SignatureError, match="written by 'job-a'"):
+        recover(store, producer="job-b")
+
+
+@pytest.mark.parametrize("durability", list(Durability))
+def test_every_durability_mode_journals_the_same_records(durability):
+    store = MemoryJournalStore(8)
+    run_inputs(make_agent(Counter()), INPUTS, writer(store, durability))
+    assert len(store.records(KEY_GROUP)) == 27
