@@ -111,7 +111,7 @@ class RecoveryIndex:
 
     def __init__(self) -> None:
         self._keys: dict[str, KeyHistory] = {}
-        self.records_read = 0
+        self.records_read = 0  # every record read, including those a filter skipped
 
     def history(self, digest_of_key: str) -> KeyHistory | None:
         """The key's recovered history, or ``None`` when the journal had nothing for it."""
@@ -126,7 +126,6 @@ class RecoveryIndex:
             history.add_completion(record)
         else:
             history.add_call(record)
-        self.records_read += 1
 
     def forget_if_empty(self, digest_of_key: str) -> None:
         """Drop a key whose history has been fully replayed or invalidated."""
@@ -137,8 +136,9 @@ class RecoveryIndex:
     def floor_offsets(self) -> dict[int, int]:
         """Per partition, the first offset still needed by some key's unreplayed history."""
         floors: dict[int, int] = {}
-        for history in self._keys.values():
-            if len(history) and history.partition is not None and history.first_offset is not None:
+        # Called on the task thread while runs mutate their keys' histories: read only fixed fields.
+        for history in list(self._keys.values()):
+            if history.partition is not None and history.first_offset is not None:
                 current = floors.get(history.partition)
                 floors[history.partition] = history.first_offset if current is None else min(
                     current, history.first_offset)

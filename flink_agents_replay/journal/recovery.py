@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import CallRecord, CompletionRecord, RecordKind, parse_journal_key
+from flink_agents_replay.journal.records import CallRecord, CompletionRecord, parse_journal_key
 from flink_agents_replay.journal.store import JournalStore
 
 __all__ = ["read_recovery_index"]
@@ -16,24 +16,27 @@ __all__ = ["read_recovery_index"]
 log = logging.getLogger(__name__)
 
 
+RecordFilter = Callable[[int, int, str, int], bool]
+
+
 def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[int, int],
-                        end: Mapping[int, int]) -> RecoveryIndex:
+                        end: Mapping[int, int], keep: RecordFilter | None = None) -> RecoveryIndex:
     """Read ``[start[p], end[p])`` of each partition, verify every record, and index it by key.
 
-    A record that fails verification raises :class:`~flink_agents_replay.errors.SignatureError`:
-    recovery never skips a record silently.
+    ``keep(partition, offset, key_digest, seq)`` may exclude records known to be unneeded (those of runs
+    the checkpoint already holds). A record that fails verification raises
+    :class:`~flink_agents_replay.errors.SignatureError`: recovery never skips a record silently.
     """
     index = RecoveryIndex()
     begun = time.monotonic()
     for stored in store.read(start, end):
-        group, _, _, _, digest_of_key = parse_journal_key(stored.key)
+        index.records_read += 1
+        _, seq, _, _, digest_of_key = parse_journal_key(stored.key)
+        if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
+            continue  # a run the checkpoint already holds: never unpickled
         decoded = codec.decode(stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
-        if decoded.kind is RecordKind.ACCEPTED:
-            continue
-        payload = decoded.payload
-        if not isinstance(payload, (CallRecord, CompletionRecord)):
-            continue
-        index.add(digest_of_key, stored.partition, stored.offset, payload)
+        if isinstance(decoded.payload, (CallRecord, CompletionRecord)):
+            index.add(digest_of_key, stored.partition, stored.offset, decoded.payload)
     log.debug("read %d journal records from %d partitions in %.2f s", index.records_read, len(start),
               time.monotonic() - begun)
     return index

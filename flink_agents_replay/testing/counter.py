@@ -41,6 +41,9 @@ class InvocationCounter:
         if connection is None:
             # A generous busy timeout: parallel subtasks increment concurrently.
             connection = sqlite3.connect(self.path, timeout=60)
+            # WAL + no fsync: counts survive a killed process (the OS keeps the pages), and stay cheap.
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=OFF")
             self._local.connection = connection
         return connection
 

@@ -1,0 +1,119 @@
+"""One typed configuration object for an agent's operator, validated up front with clear errors.
+
+Kafka settings follow confluent-kafka's idiom: a plain dict passed through to every client untouched
+(``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...).
+
+    config = AgentConfig(kafka={"bootstrap.servers": "kafka:9092"}, max_concurrent_runs=16)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.journal.writer import Durability
+from flink_agents_replay.runner import FingerprintPolicy
+
+__all__ = ["SIGNING_KEY_ENV", "AgentConfig"]
+
+#: Environment variable holding the journal signing key when the config does not.
+SIGNING_KEY_ENV = "FLINK_AGENTS_REPLAY_SIGNING_KEY"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of one agent operator.
+
+    Attributes:
+        kafka: confluent-kafka settings for the journal, passed through (needs ``bootstrap.servers``).
+        journal_topic: the journal topic (default ``<uid>.journal`` with '/' replaced by '.').
+        signing_key: HMAC key for journal records (default ``$FLINK_AGENTS_REPLAY_SIGNING_KEY``); at least
+            16 characters, the same for every run that must reuse the journal.
+        uid: the operator's uid (default ``flink-agents-replay/<agent name>``). Changing it breaks restores.
+        max_parallelism: key groups and journal partitions; pinned, because changing it breaks restores.
+        max_concurrent_runs: keys whose runs execute at once per subtask.
+        durability: when journal records are acknowledged (``per_call``, ``per_action``, ``per_bundle``).
+        journal_enabled: ``False`` runs without a journal (nothing is reused after a failure).
+        fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``).
+        accept_reexecution_after_gap: restore even when records the checkpoint needs were deleted
+            (restoring an older savepoint after later pruning); the affected actions run again.
+        slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
+        ack_timeout_s: how long a journal write may wait for Kafka's acknowledgement.
+        kafka_timeout_s: bound on start-up and restore requests to Kafka.
+        create_topic: create the journal topic if missing.
+        replication_factor: replication of a created journal topic (default: the broker's).
+        topic_config: topic settings of a created journal topic.
+        poll_interval_ms: how often a key with a run in flight checks whether it finished.
+    """
+
+    kafka: Mapping[str, Any] = field(default_factory=dict)
+    journal_topic: str | None = None
+    signing_key: str | bytes | None = None
+    uid: str | None = None
+    max_parallelism: int = 128
+    max_concurrent_runs: int = 8
+    durability: Durability = Durability.PER_ACTION
+    journal_enabled: bool = True
+    fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE
+    accept_reexecution_after_gap: bool = False
+    slot_wait_timeout_s: float = 600.0
+    ack_timeout_s: float = 60.0
+    kafka_timeout_s: float = 30.0
+    create_topic: bool = True
+    replication_factor: int | None = None
+    topic_config: Mapping[str, str] = field(default_factory=dict)
+    poll_interval_ms: int = 5
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
+        """Build from a plain dict; unknown names are an error that lists the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(f"unknown agent config setting(s) {unknown}; known settings: {sorted(known)}")
+        return cls(**dict(settings))
+
+    def resolved(self, agent_name: str) -> AgentConfig:
+        """A validated copy with defaults filled in (uid, topic, enum values, signing key)."""
+        try:
+            durability = Durability(self.durability)
+        except ValueError:
+            raise ConfigError(f"durability must be one of {[d.value for d in Durability]}, "
+                              f"got {self.durability!r}") from None
+        try:
+            policy = FingerprintPolicy(self.fingerprint_policy)
+        except ValueError:
+            raise ConfigError(f"fingerprint_policy must be one of {[p.value for p in FingerprintPolicy]}, "
+                              f"got {self.fingerprint_policy!r}") from None
+        if not 1 <= self.max_parallelism <= 32768:
+            raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
+        if self.max_concurrent_runs < 1:
+            raise ConfigError(f"max_concurrent_runs must be at least 1, got {self.max_concurrent_runs}")
+        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.poll_interval_ms < 1:
+            raise ConfigError(f"poll_interval_ms must be at least 1, got {self.poll_interval_ms}")
+        uid = self.uid or f"flink-agents-replay/{agent_name}"
+        topic = self.journal_topic or f"{uid.replace('/', '.')}.journal"
+        signing_key = self.signing_key if self.signing_key is not None else os.environ.get(SIGNING_KEY_ENV)
+        if self.journal_enabled:
+            if not self.kafka.get("bootstrap.servers"):
+                raise ConfigError("the journal needs Kafka: AgentConfig(kafka={'bootstrap.servers': 'host:9092'}) "
+                                  "(or journal_enabled=False to run without reuse after failures)")
+            if not signing_key or len(signing_key) < 16:
+                raise ConfigError(
+                    f"the journal needs a signing key of at least 16 characters: set {SIGNING_KEY_ENV} or "
+                    "AgentConfig(signing_key=...); keep it secret and the same across restarts"
+                )
+        return replace(self, uid=uid, journal_topic=topic, signing_key=signing_key, durability=durability,
+                       fingerprint_policy=policy, kafka=dict(self.kafka), topic_config=dict(self.topic_config))
+
+    @property
+    def signing_key_bytes(self) -> bytes:
+        """The signing key as bytes."""
+        key = self.signing_key or b""
+        return key.encode() if isinstance(key, str) else key

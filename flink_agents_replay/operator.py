@@ -1,0 +1,348 @@
+"""ActionExecutionOperator: runs an agent per input inside Flink, journals it, and reuses the journal.
+
+Per key, Flink keyed state holds the seq of the last accepted input, the short-term memory, the run in
+flight (its seq and input) and the inputs waiting behind it. Runs of *different* keys execute
+concurrently on a thread pool (``max_concurrent_runs`` per subtask); Flink state is touched only on the
+task thread, which keyed processing-time timers bring back to a key to apply a finished run: write its
+memory, emit its outputs, start the key's next input. At a checkpoint, a run in flight is just keyed
+state; after a restore its timer fires, the run is not in memory, and it is submitted again — reusing
+every call and action it had journaled, so it repeats no effect.
+
+Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.checkpoint_bridge`):
+
+* ``initialize_state``: take, per owned journal partition, the offset recorded at the checkpoint and
+  read the partition from there into a recovery index (DESIGN §8).
+* ``snapshot_state``: flush the producer; the marker is, per owned partition, the next offset, lowered
+  to the first record of any run still in flight and of any recovered history not yet replayed.
+* ``notify_checkpoint_complete``: delete journal records below that checkpoint's marker (DESIGN §10).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+from pyflink.common import Types
+from pyflink.datastream import KeyedProcessFunction, TimeDomain
+from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
+
+from flink_agents_replay.agent import Agent
+from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.index import RecoveryIndex
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.records import key_digest
+from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.journal.writer import JournalWriter, RunJournal
+from flink_agents_replay.keygroups import key_group, key_group_range
+from flink_agents_replay.runner import RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.runtime_info import subtask_info
+
+__all__ = ["ActionExecutionOperator", "AgentOutput", "MARKER_VERSION"]
+
+log = logging.getLogger("flink_agents_replay.operator")
+
+#: Version of the recovery marker kept in Flink operator state.
+MARKER_VERSION = 1
+#: Set to a file path to have every subtask append its log lines there (the worker's stderr is hard to find).
+LOG_FILE_ENV = "FLINK_AGENTS_REPLAY_LOG_FILE"
+_DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a bounded input
+
+_COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
+             "divergences", "fingerprint_mismatches", "journal_records_pruned")
+
+
+@dataclass(frozen=True)
+class AgentOutput:
+    """One OutputEvent leaving the operator: the key, the input's seq, the event's id and its ``output``."""
+
+    key: Any
+    seq: int
+    event_id: str
+    output: Any
+
+
+@dataclass
+class _InFlight:
+    seq: int
+    future: Future
+    journal: RunJournal | None
+
+
+class ActionExecutionOperator(KeyedProcessFunction):
+    """The agent operator (a thread-mode ``KeyedProcessFunction`` with checkpoint hooks).
+
+    Built by :func:`flink_agents_replay.pipeline.connect_to_agent`; not usually constructed directly.
+    """
+
+    def __init__(self, agent: Agent, config: AgentConfig, key_type: str):
+        self.agent = agent
+        self.config = config
+        self.key_type = key_type
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def open(self, runtime_context) -> None:
+        _configure_logging()
+        info = subtask_info(runtime_context)
+        self.subtask = info.index
+        self.max_parallelism = info.max_parallelism
+        self.owned = key_group_range(info.index, info.parallelism, info.max_parallelism)
+        self.seq_state = runtime_context.get_state(ValueStateDescriptor("seq", Types.LONG()))
+        self.memory_state = runtime_context.get_state(ValueStateDescriptor("memory", Types.PICKLED_BYTE_ARRAY()))
+        self.in_flight_state = runtime_context.get_state(
+            ValueStateDescriptor("in_flight", Types.PICKLED_BYTE_ARRAY()))
+        self.pending_state = runtime_context.get_list_state(ListStateDescriptor("pending", Types.PICKLED_BYTE_ARRAY()))
+        metrics = runtime_context.get_metrics_group().add_group("flink_agents_replay")
+        self.counters = {name: metrics.counter(name) for name in _COUNTERS}
+        self.last_restore_ms = 0
+        metrics.gauge("last_restore_duration_ms", lambda: int(self.last_restore_ms))
+        self.totals = RunStats()
+        self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
+        self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
+        self.runs: dict[Any, _InFlight] = {}
+        self.index = RecoveryIndex()
+        self.pending_markers: dict[int, dict[int, int]] = {}
+        self.pruned_to: dict[int, int] = {}
+        self.restored = False
+        self.store = self.writer = None
+        if self.config.journal_enabled:
+            self.store = KafkaJournalStore(
+                self.config.kafka, self.config.journal_topic, self.max_parallelism,
+                create_topic=self.config.create_topic, replication_factor=self.config.replication_factor,
+                topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
+            codec = RecordCodec(self.config.signing_key_bytes, self.config.uid)
+            self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s)
+
+    def close(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+            log.info("subtask %d closing: %s", self.subtask, _describe(self.totals))
+        if getattr(self, "store", None) is not None:
+            self.store.close()
+
+    # -- checkpoint hooks --------------------------------------------------------------------------
+    def initialize_state(self, values: list[bytes]) -> None:
+        """Find this subtask's journal offsets in the restored markers and read the journal from them."""
+        if self.store is None:
+            return
+        markers = [json.loads(v) for v in values if v]
+        offsets: dict[int, int] = {}
+        barrier_ends: dict[int, int] = {}
+        in_flight_at_barrier: set[tuple[str, int]] = set()
+        topic_ids = set()
+        for marker in markers:
+            if marker.get("version") != MARKER_VERSION:
+                raise ReplayError(f"recovery marker version {marker.get('version')} is not supported by this "
+                                  f"version of flink-agents-replay (reads version {MARKER_VERSION})")
+            topic_ids.add(marker["topic_id"])
+            for partition, offset in marker["offsets"].items():
+                if int(partition) in self.owned:
+                    offsets[int(partition)] = offset
+                    barrier_ends[int(partition)] = marker["ends"][partition]
+                    in_flight_at_barrier.update((d, s) for d, s in marker["in_flight"].get(partition, []))
+        if not markers:
+            log.info("subtask %d: fresh start, no journal to read (partitions %d-%d)", self.subtask,
+                     self.owned.start, self.owned.stop - 1)
+            return
+        begun = time.monotonic()
+        if topic_ids != {self.store.topic_id}:
+            message = (f"the journal topic {self.store.topic!r} is not the topic this checkpoint was taken with "
+                       f"(topic id {self.store.topic_id}, checkpoint: {sorted(topic_ids)}): it was deleted and "
+                       "recreated, so recorded actions are gone")
+            if not self.config.accept_reexecution_after_gap:
+                raise JournalGapError(message + "; set accept_reexecution_after_gap=True to run them again")
+            log.warning("%s; running them again (accept_reexecution_after_gap)", message)
+            offsets = {}
+        low = self.store.start_offsets(offsets)
+        gaps = {p: (offsets[p], low[p]) for p in offsets if offsets[p] < low[p]}
+        if gaps:
+            shown = ", ".join(f"partition {p}: needs {o}, earliest {lw}" for p, (o, lw) in sorted(gaps.items())[:5])
+            message = (f"journal records this checkpoint needs were already deleted ({shown}); this happens when "
+                       "restoring an older savepoint after later checkpoints pruned the journal")
+            if not self.config.accept_reexecution_after_gap:
+                raise JournalGapError(message + ". Actions in that gap would run again: set "
+                                      "accept_reexecution_after_gap=True to accept that")
+            log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
+            offsets.update({p: low[p] for p in gaps})
+        end = self.store.end_offsets(offsets)
+
+        def needed(partition: int, offset: int, digest: str, seq: int) -> bool:
+            # Below the barrier's end, only runs in flight at the barrier are not already in the checkpoint.
+            return offset >= barrier_ends.get(partition, 0) or (digest, seq) in in_flight_at_barrier
+
+        self.index = read_recovery_index(self.store, self.writer.codec, offsets, end, keep=needed)
+        self.restored = True
+        self.last_restore_ms = (time.monotonic() - begun) * 1000
+        log.info("subtask %d restored: read %d journal records for %d keys from %d partitions (%d-%d) in %.2f s",
+                 self.subtask, self.index.records_read, len(self.index), len(offsets), self.owned.start,
+                 self.owned.stop - 1, self.last_restore_ms / 1000)
+
+    def snapshot_state(self, checkpoint_id: int) -> bytes | None:
+        """The recovery marker: per owned partition, the first offset a restore from here must read."""
+        if self.store is None:
+            return None
+        self.store.flush(self.config.ack_timeout_s)
+        ends = self.store.end_offsets(self.owned)
+        marker = dict(ends)
+        in_flight: dict[str, list] = {}
+        for key, run in self.runs.items():
+            group = key_group(key, self.key_type, self.max_parallelism)
+            in_flight.setdefault(str(group), []).append([key_digest(key), run.seq])
+            first = run.journal.first_offset(self.config.ack_timeout_s) if run.journal is not None else None
+            if first is not None:
+                marker[group] = min(marker[group], first)
+        for partition, floor in self.index.floor_offsets().items():
+            marker[partition] = min(marker[partition], floor)
+        self.pending_markers[checkpoint_id] = marker
+        return json.dumps({
+            "version": MARKER_VERSION, "topic_id": self.store.topic_id, "subtask": self.subtask,
+            "offsets": {str(p): o for p, o in marker.items()},  # where a restore from here starts reading
+            "ends": {str(p): o for p, o in ends.items()},  # below: only in-flight runs' records are needed
+            "in_flight": in_flight,
+        }).encode()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Delete the journal records this checkpoint made unnecessary."""
+        marker = self.pending_markers.pop(checkpoint_id, None)
+        for older in [c for c in self.pending_markers if c < checkpoint_id]:
+            del self.pending_markers[older]
+        if marker is None or self.store is None:
+            return
+        to_delete = {p: o for p, o in marker.items() if o > self.pruned_to.get(p, 0)}
+        if not to_delete:
+            return
+        if not self.pruned_to:  # first prune of this attempt: start counting from what is stored now
+            self.pruned_to = self.store.start_offsets(self.owned)
+            to_delete = {p: o for p, o in to_delete.items() if o > self.pruned_to.get(p, 0)}
+        self.store.delete_before(to_delete)
+        pruned = sum(o - self.pruned_to.get(p, 0) for p, o in to_delete.items())
+        self.pruned_to.update(to_delete)
+        self.counters["journal_records_pruned"].inc(pruned)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """An aborted checkpoint prunes nothing."""
+        self.pending_markers.pop(checkpoint_id, None)
+
+    # -- records and timers ------------------------------------------------------------------------
+    def process_element(self, value, ctx):
+        key = ctx.get_current_key()
+        if self.in_flight_state.value() is not None:
+            self.pending_state.add(cloudpickle.dumps(value))  # one run per key: wait, in order
+            return
+        self._start(key, value, ctx)
+        yield from ()
+
+    def on_timer(self, timestamp, ctx):
+        key = ctx.get_current_key()
+        raw = self.in_flight_state.value()
+        if raw is None:
+            return
+        draining = ctx.time_domain() == TimeDomain.EVENT_TIME
+        run = self.runs.get(key)
+        if run is None:  # restored from a checkpoint with this run in flight: submit it again
+            seq, value = cloudpickle.loads(raw)
+            self._submit(key, seq, value, ctx)
+            run = self.runs[key]
+        if not run.future.done():
+            if not draining:
+                self._schedule_check(ctx)
+                return
+            run.future.exception()  # end of a bounded input: wait, so no output is lost
+        while True:
+            result: RunResult = self.runs.pop(key).future.result()  # an action's exception fails the task here
+            yield from self._apply(key, result, ctx)
+            waiting = list(self.pending_state.get() or [])
+            if not waiting:
+                return
+            self.pending_state.update(waiting[1:])
+            self._start(key, cloudpickle.loads(waiting[0]), ctx)
+            if not draining:
+                return
+            # After the final watermark no timer fires again: run the key's remaining inputs here.
+            self.runs[key].future.exception()
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _start(self, key, value, ctx) -> None:
+        seq = (self.seq_state.value() or 0) + 1
+        self.seq_state.update(seq)
+        self.in_flight_state.update(cloudpickle.dumps((seq, value)))
+        ctx.timer_service().register_event_time_timer(_DRAIN_TIMER)
+        self._submit(key, seq, value, ctx)
+
+    def _submit(self, key, seq: int, value, ctx) -> None:
+        if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
+            raise ReplayError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
+                              f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
+        raw_memory = self.memory_state.value()
+        memory = cloudpickle.loads(raw_memory) if raw_memory is not None else {}
+        group = key_group(key, self.key_type, self.max_parallelism)
+        digest = key_digest(key)
+        history = self.index.history(digest) if self.restored else None
+        journal = self.writer.run_journal(group) if self.writer is not None else None
+        run = RunInput(key, group, seq, value)
+
+        def execute() -> RunResult:
+            try:
+                return execute_run(self.agent, run, memory, history=history, journal=journal,
+                                   fingerprint_policy=self.config.fingerprint_policy)
+            finally:
+                self.slots.release()
+
+        self.runs[key] = _InFlight(seq, self.pool.submit(execute), journal)
+        self._schedule_check(ctx)
+
+    def _schedule_check(self, ctx) -> None:
+        now = ctx.timer_service().current_processing_time()
+        ctx.timer_service().register_processing_time_timer(now + self.config.poll_interval_ms)
+
+    def _apply(self, key, result: RunResult, ctx):
+        try:
+            self.memory_state.update(cloudpickle.dumps(result.memory))
+        except Exception as exc:  # noqa: BLE001
+            raise NotPicklableError(f"the memory of key {key!r} cannot be serialized with cloudpickle "
+                                    f"after input {result.seq}: {exc}") from exc
+        self.in_flight_state.clear()
+        ctx.timer_service().delete_event_time_timer(_DRAIN_TIMER)
+        if self.restored:
+            self.index.forget_if_empty(key_digest(key))
+            if not len(self.index):
+                self.restored = False
+                log.info("subtask %d: recovered journal fully replayed; so far %s", self.subtask,
+                         _describe(self.totals))
+        for name, value in result.stats.as_dict().items():
+            if value and name in self.counters:
+                self.counters[name].inc(value)
+        self.totals.add(result.stats)
+        for output in result.outputs:
+            yield AgentOutput(key, result.seq, output.id, output.output)
+
+
+def _configure_logging() -> None:
+    """Make the operator's INFO lines visible: to $FLINK_AGENTS_REPLAY_LOG_FILE, else to stderr."""
+    if getattr(log, "_flink_agents_replay_configured", False):
+        return
+    path = os.environ.get(LOG_FILE_ENV)
+    handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("flink_agents_replay",):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    log._flink_agents_replay_configured = True  # type: ignore[attr-defined]
+
+
+
+def _describe(stats: RunStats) -> str:
+    return (f"actions executed {stats.actions_executed}, reused {stats.actions_reused}; calls executed "
+            f"{stats.calls_executed}, reused {stats.calls_reused}, in doubt {stats.calls_in_doubt}; "
+            f"divergences {stats.divergences}")

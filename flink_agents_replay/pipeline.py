@@ -1,0 +1,79 @@
+"""``connect_to_agent``: put an agent into an existing PyFlink job with one call.
+
+    keyed = stream.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
+    outputs = connect_to_agent(keyed, Triage(resources=...), {"kafka": {"bootstrap.servers": "kafka:9092"}})
+
+The operator gets a stable uid (``flink-agents-replay/<agent name>`` unless configured) and a pinned max
+parallelism (128 unless configured): both are what a savepoint is matched against, so they must not
+change between a savepoint and its restore. The key must be declared with ``key_type=Types.STRING()``,
+``Types.LONG()`` or ``Types.INT()``: the journal partition of a key is its Flink key group, and only
+those types have a key group Python can compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flink_agents_replay.agent import Agent
+from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.keygroups import UnsupportedKeyTypeError
+from flink_agents_replay.operator import ActionExecutionOperator, AgentOutput
+
+__all__ = ["AgentOutput", "connect_to_agent", "key_type_of"]
+
+_JAVA_KEY_TYPES = {"String": "STRING", "Long": "LONG", "Integer": "INT"}
+
+
+def key_type_of(keyed_stream) -> str:
+    """``"STRING"``, ``"LONG"`` or ``"INT"``: the key type a PyFlink ``KeyedStream`` was declared with."""
+    from pyflink.datastream import KeyedStream
+
+    if not isinstance(keyed_stream, KeyedStream):
+        raise TypeError(f"connect_to_agent needs a KeyedStream (stream.key_by(...)), got {type(keyed_stream).__name__}")
+    java_key_type = keyed_stream._j_data_stream.getKeyType()
+    # PyFlink wraps the user's key in a one-field Row; its field is the declared key type.
+    declared = java_key_type.getTypeAt(0).toString() if java_key_type.getArity() == 1 else java_key_type.toString()
+    if declared not in _JAVA_KEY_TYPES:
+        shown = "no key_type (pickled keys)" if "Pickled" in declared else declared
+        raise UnsupportedKeyTypeError(
+            f"the agent's input is keyed with {shown}; declare the key type: "
+            "stream.key_by(selector, key_type=Types.STRING()) (or Types.LONG() / Types.INT()). The journal "
+            "partition of a key is its Flink key group, which only these key types let Python compute"
+        )
+    return _JAVA_KEY_TYPES[declared]
+
+
+def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None = None, *,
+                     check_journal: bool = True):
+    """Run ``agent`` on every input of ``keyed_stream``; return the DataStream of its :class:`AgentOutput` s.
+
+    Args:
+        keyed_stream: ``stream.key_by(selector, key_type=Types.STRING() | Types.LONG() | Types.INT())``.
+        agent: the agent instance (its actions and resources are shipped with the job).
+        config: an :class:`AgentConfig` or a dict of its fields (``{"kafka": {...}, ...}``).
+        check_journal: reach the journal topic now (creating or validating it), so a wrong topic or an
+            unreachable broker fails here with a clear error instead of inside the running job.
+    """
+    from pyflink.common import Types
+
+    from flink_agents_replay.checkpoint_bridge import process_with_checkpoint_hooks
+
+    if not isinstance(agent, Agent):
+        raise TypeError(f"connect_to_agent needs an Agent instance, got {type(agent).__name__}")
+    if config is None:
+        config = AgentConfig()
+    elif not isinstance(config, AgentConfig):
+        config = AgentConfig.from_mapping(config)
+    config = config.resolved(agent.name)
+    key_type = key_type_of(keyed_stream)
+    if check_journal and config.journal_enabled:
+        from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+
+        KafkaJournalStore(config.kafka, config.journal_topic, config.max_parallelism,
+                          create_topic=config.create_topic, replication_factor=config.replication_factor,
+                          topic_config=config.topic_config, timeout_s=config.kafka_timeout_s).close()
+    operator = ActionExecutionOperator(agent, config, key_type)
+    outputs = process_with_checkpoint_hooks(keyed_stream, operator, output_type=Types.PICKLED_BYTE_ARRAY(),
+                                            name=f"agent {agent.name}")
+    return outputs.uid(config.uid).set_max_parallelism(config.max_parallelism)

@@ -1,0 +1,56 @@
+"""Durable execution on a real MiniCluster and a real broker: failures repeat no call and change no output."""
+
+import os
+import uuid
+from collections import Counter
+
+import pytest
+
+from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import make_inputs, produce_inputs, run_agent_job
+
+pytestmark = pytest.mark.integration
+
+KEYS, PER_KEY = 20, 10
+SIGNING_KEY = "test-signing-key-0123456789"
+
+
+def _config(bootstrap, **overrides):
+    return {"kafka": {"bootstrap.servers": bootstrap}, "journal_topic": f"journal-{uuid.uuid4().hex[:8]}",
+            "signing_key": SIGNING_KEY, "max_concurrent_runs": 8, **overrides}
+
+
+@pytest.fixture(scope="module")
+def input_topic(kafka_bootstrap):
+    return produce_inputs(kafka_bootstrap, make_inputs(KEYS, PER_KEY))
+
+
+@pytest.fixture(scope="module")
+def baseline(kafka_bootstrap, input_topic, tmp_path_factory):
+    """The failure-free run: its outputs and its logical calls."""
+    counter = InvocationCounter(tmp_path_factory.mktemp("baseline") / "calls.db")
+    outputs = run_agent_job(kafka_bootstrap, input_topic, chain_agent(counter, call_delay_s=0.005),
+                            _config(kafka_bootstrap))
+    return Counter(outputs), logical_call_counts(counter)
+
+
+def test_failure_free_run_calls_each_tool_once_per_step(baseline):
+    outputs, calls = baseline
+    assert sum(outputs.values()) == KEYS * PER_KEY
+    assert len(calls) == KEYS * PER_KEY * 6 and set(calls.values()) == {1}
+    last = {key: seq for key, seq, _ in outputs}
+    assert set(last.values()) == {PER_KEY}
+
+
+def test_exception_failover_repeats_no_call(kafka_bootstrap, input_topic, baseline, tmp_path):
+    counter = InvocationCounter(tmp_path / "calls.db")
+    agent = chain_agent(counter, call_delay_s=0.005, fail_after_calls=KEYS * PER_KEY * 3)
+    outputs = run_agent_job(kafka_bootstrap, input_topic, agent, _config(kafka_bootstrap), restart_attempts=2,
+                            checkpoint_interval_ms=300)
+    assert counter.count("fault_fired") == 1, "the failure was not injected"
+    assert Counter(outputs) == baseline[0]
+    calls = logical_call_counts(counter)
+    repeated = {name: n for name, n in calls.items() if n > 1}
+    assert repeated == {}
+    assert calls.keys() == baseline[1].keys()
