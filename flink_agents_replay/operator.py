@@ -19,7 +19,6 @@ Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.c
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -39,6 +38,7 @@ from flink_agents_replay.errors import JournalGapError, NotPicklableError, Repla
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
 from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal
@@ -46,12 +46,10 @@ from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.runner import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.runtime_info import subtask_info
 
-__all__ = ["ActionExecutionOperator", "AgentOutput", "MARKER_VERSION"]
+__all__ = ["ActionExecutionOperator", "AgentOutput"]
 
 log = logging.getLogger("flink_agents_replay.operator")
 
-#: Version of the recovery marker kept in Flink operator state.
-MARKER_VERSION = 1
 #: Set to a file path to have every subtask append its log lines there (the worker's stderr is hard to find).
 LOG_FILE_ENV = "FLINK_AGENTS_REPLAY_LOG_FILE"
 _DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a bounded input
@@ -109,8 +107,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
         self.runs: dict[Any, _InFlight] = {}
         self.index = RecoveryIndex()
-        self.pending_markers: dict[int, dict[int, int]] = {}
-        self.pruned_to: dict[int, int] = {}
+        self.prunes = PruneTracker()
         self.restored = False
         self.store = self.writer = None
         if self.config.journal_enabled:
@@ -134,29 +131,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
         if self.store is None:
             return
-        markers = [json.loads(v) for v in values if v]
-        offsets: dict[int, int] = {}
-        barrier_ends: dict[int, int] = {}
-        in_flight_at_barrier: set[tuple[str, int]] = set()
-        topic_ids = set()
-        for marker in markers:
-            if marker.get("version") != MARKER_VERSION:
-                raise ReplayError(f"recovery marker version {marker.get('version')} is not supported by this "
-                                  f"version of flink-agents-replay (reads version {MARKER_VERSION})")
-            topic_ids.add(marker["topic_id"])
-            for partition, offset in marker["offsets"].items():
-                if int(partition) in self.owned:
-                    offsets[int(partition)] = offset
-                    barrier_ends[int(partition)] = marker["ends"][partition]
-                    in_flight_at_barrier.update((d, s) for d, s in marker["in_flight"].get(partition, []))
-        if not markers:
+        plan = plan_restore(values, self.owned)
+        if plan.fresh:
             log.info("subtask %d: fresh start, no journal to read (partitions %d-%d)", self.subtask,
                      self.owned.start, self.owned.stop - 1)
             return
+        offsets = dict(plan.offsets)
         begun = time.monotonic()
-        if topic_ids != {self.store.topic_id}:
+        if plan.topic_ids != {self.store.topic_id}:
             message = (f"the journal topic {self.store.topic!r} is not the topic this checkpoint was taken with "
-                       f"(topic id {self.store.topic_id}, checkpoint: {sorted(topic_ids)}): it was deleted and "
+                       f"(topic id {self.store.topic_id}, checkpoint: {sorted(plan.topic_ids)}): it was deleted and "
                        "recreated, so recorded actions are gone")
             if not self.config.accept_reexecution_after_gap:
                 raise JournalGapError(message + "; set accept_reexecution_after_gap=True to run them again")
@@ -174,17 +158,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
             log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
             offsets.update({p: low[p] for p in gaps})
         end = self.store.end_offsets(offsets)
-
-        def needed(partition: int, offset: int, digest: str, seq: int) -> bool:
-            # Below the barrier's end, only runs in flight at the barrier are not already in the checkpoint.
-            return offset >= barrier_ends.get(partition, 0) or (digest, seq) in in_flight_at_barrier
-
-        self.index = read_recovery_index(self.store, self.writer.codec, offsets, end, keep=needed)
+        self.index = read_recovery_index(self.store, self.writer.codec, offsets, end, keep=plan.needs)
         self.restored = True
         self.last_restore_ms = (time.monotonic() - begun) * 1000
-        log.info("subtask %d restored: read %d journal records for %d keys from %d partitions (%d-%d) in %.2f s",
-                 self.subtask, self.index.records_read, len(self.index), len(offsets), self.owned.start,
-                 self.owned.stop - 1, self.last_restore_ms / 1000)
+        log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
+                 "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
+                 _ranges(offsets), self.last_restore_ms / 1000, len(plan.in_flight))
 
     def snapshot_state(self, checkpoint_id: int) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
@@ -192,45 +171,31 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return None
         self.store.flush(self.config.ack_timeout_s)
         ends = self.store.end_offsets(self.owned)
-        marker = dict(ends)
-        in_flight: dict[str, list] = {}
+        in_flight: dict[int, list[tuple[str, int]]] = {}
+        firsts = []
         for key, run in self.runs.items():
             group = key_group(key, self.key_type, self.max_parallelism)
-            in_flight.setdefault(str(group), []).append([key_digest(key), run.seq])
+            in_flight.setdefault(group, []).append((key_digest(key), run.seq))
             first = run.journal.first_offset(self.config.ack_timeout_s) if run.journal is not None else None
             if first is not None:
-                marker[group] = min(marker[group], first)
-        for partition, floor in self.index.floor_offsets().items():
-            marker[partition] = min(marker[partition], floor)
-        self.pending_markers[checkpoint_id] = marker
-        return json.dumps({
-            "version": MARKER_VERSION, "topic_id": self.store.topic_id, "subtask": self.subtask,
-            "offsets": {str(p): o for p, o in marker.items()},  # where a restore from here starts reading
-            "ends": {str(p): o for p, o in ends.items()},  # below: only in-flight runs' records are needed
-            "in_flight": in_flight,
-        }).encode()
+                firsts.append((group, first))
+        marker = build_marker(ends, firsts, self.index.floor_offsets())
+        self.prunes.remember(checkpoint_id, marker)
+        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
-        marker = self.pending_markers.pop(checkpoint_id, None)
-        for older in [c for c in self.pending_markers if c < checkpoint_id]:
-            del self.pending_markers[older]
-        if marker is None or self.store is None:
+        if self.store is None:
             return
-        to_delete = {p: o for p, o in marker.items() if o > self.pruned_to.get(p, 0)}
-        if not to_delete:
-            return
-        if not self.pruned_to:  # first prune of this attempt: start counting from what is stored now
-            self.pruned_to = self.store.start_offsets(self.owned)
-            to_delete = {p: o for p, o in to_delete.items() if o > self.pruned_to.get(p, 0)}
-        self.store.delete_before(to_delete)
-        pruned = sum(o - self.pruned_to.get(p, 0) for p, o in to_delete.items())
-        self.pruned_to.update(to_delete)
-        self.counters["journal_records_pruned"].inc(pruned)
+        low = None if self.prunes.seeded else self.store.start_offsets(self.owned)
+        deletions = self.prunes.complete(checkpoint_id, low)
+        if deletions:
+            self.store.delete_before(deletions)
+            self.counters["journal_records_pruned"].inc(self.prunes.pruned(deletions))
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """An aborted checkpoint prunes nothing."""
-        self.pending_markers.pop(checkpoint_id, None)
+        self.prunes.abort(checkpoint_id)
 
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
@@ -257,18 +222,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 self._schedule_check(ctx)
                 return
             run.future.exception()  # end of a bounded input: wait, so no output is lost
-        while True:
-            result: RunResult = self.runs.pop(key).future.result()  # an action's exception fails the task here
-            yield from self._apply(key, result, ctx)
-            waiting = list(self.pending_state.get() or [])
-            if not waiting:
-                return
+        result: RunResult = self.runs.pop(key).future.result()  # an action's exception fails the task here
+        yield from self._apply(key, result, ctx)
+        waiting = list(self.pending_state.get() or [])
+        if waiting:
             self.pending_state.update(waiting[1:])
+            # Also when draining: _start re-registers the drain timer, which fires later in the same
+            # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
             self._start(key, cloudpickle.loads(waiting[0]), ctx)
-            if not draining:
-                return
-            # After the final watermark no timer fires again: run the key's remaining inputs here.
-            self.runs[key].future.exception()
 
     # -- internals ---------------------------------------------------------------------------------
     def _start(self, key, value, ctx) -> None:
@@ -340,6 +301,17 @@ def _configure_logging() -> None:
         logger.propagate = False
     log._flink_agents_replay_configured = True  # type: ignore[attr-defined]
 
+
+
+def _ranges(partitions) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for p in sorted(partitions):
+        if spans and p == spans[-1][1] + 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans) or "none"
 
 
 def _describe(stats: RunStats) -> str:

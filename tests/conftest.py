@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 
 import cloudpickle
 import pytest
 
+from flink_agents_replay.operator import LOG_FILE_ENV
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
+
+# Before any Flink job starts: the operator logs (restore reports) go to a file tests can read.
+_OPERATOR_LOG = os.environ.setdefault(LOG_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="far-log-"), "operator.log"))
+
+
+@pytest.fixture
+def operator_log():
+    """Read the operator log lines written from now on (a callable returning them)."""
+    start = os.path.getsize(_OPERATOR_LOG) if os.path.exists(_OPERATOR_LOG) else 0
+
+    def lines() -> list[str]:
+        if not os.path.exists(_OPERATOR_LOG):
+            return []
+        with open(_OPERATOR_LOG, encoding="utf-8") as log_file:
+            log_file.seek(start)
+            return log_file.read().splitlines()
+
+    return lines
 
 
 @pytest.fixture(autouse=True)

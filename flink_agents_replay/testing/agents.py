@@ -9,6 +9,8 @@ exactly once (the "fired" flag lives in the same file, so a restarted task does 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
 from flink_agents_replay.resources import Tool
@@ -35,11 +37,13 @@ def logical_call_counts(counter: InvocationCounter) -> dict[str, int]:
 
 
 def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s: float = 0.0,
-                fail_after_calls: int | None = None) -> Agent:
+                fail_after_calls: int | None = None, before_failure: Callable[[], None] | None = None,
+                memory_value: Callable[[], Any] | None = None) -> Agent:
     """3 chained actions per input, 2 journaled calls each; memory keeps the key's history.
 
     With ``fail_after_calls=N``, the first action raises :class:`InjectedFailure` between its two calls
-    once N calls have run in total (once per counter file).
+    once N calls have run in total (once per counter file), after calling ``before_failure`` if given.
+    ``memory_value`` makes the first action also store its result under memory path ``extra.value``.
     """
 
     def tool(tool_name: str):
@@ -55,6 +59,8 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
     def maybe_fail() -> None:
         if fail_after_calls is not None and counter.count("calls") >= fail_after_calls \
                 and counter.count("fault_fired") == 0 and counter.increment("fault_fired") == 1:
+            if before_failure is not None:
+                before_failure()
             raise InjectedFailure(f"injected failure after {counter.count('calls')} calls")
 
     class ChainAgent(Agent):
@@ -65,6 +71,8 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
             detail = ctx.call("lookup", label)
             history = ctx.memory.get("history", [])
             ctx.memory.set("history", [*history, event.input])
+            if memory_value is not None:
+                ctx.memory.set("extra.value", memory_value())
             ctx.send_event(Classified(label=label, detail=detail))
 
         @action(Classified)

@@ -8,6 +8,7 @@ the agent. Outputs are collected with ``execute_and_collect``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterable, Mapping
@@ -50,8 +51,14 @@ def canonical_output(output: AgentOutput) -> tuple:
 
 def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config: Mapping[str, Any], *,
                   parallelism: int = 1, checkpoint_interval_ms: int = 500, restart_attempts: int = 0,
-                  flink_config: Mapping[str, str] | None = None) -> list[tuple]:
-    """Run the job on a MiniCluster until the input ends; return the outputs as :func:`canonical_output` s."""
+                  flink_config: Mapping[str, str] | None = None, until_outputs: int | None = None) -> list[tuple]:
+    """Run the job on a MiniCluster; return the outputs as :func:`canonical_output` s.
+
+    By default the input is bounded and the job ends with it. With ``until_outputs=N`` the input is
+    unbounded and the job is cancelled once N outputs arrived: runs then stay in flight across ordinary
+    checkpoints (at the end of a bounded input the operator drains every remaining run inside the final
+    watermark, during which no checkpoint is taken).
+    """
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.common.serialization import SimpleStringSchema
     from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
@@ -60,17 +67,21 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
 
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
                              restart_attempts=restart_attempts, jars=[kafka_connector_jar()], config=flink_config)
-    source = (
+    builder = (
         KafkaSource.builder().set_bootstrap_servers(bootstrap_servers).set_topics(input_topic)
         .set_group_id(f"agent-job-{uuid.uuid4().hex[:8]}")
         .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_bounded(KafkaOffsetsInitializer.latest())
-        .set_value_only_deserializer(SimpleStringSchema()).build()
+        .set_value_only_deserializer(SimpleStringSchema())
     )
+    if until_outputs is None:
+        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
+    source = builder.build()
     records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
     keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
         lambda record: record["key"], key_type=Types.STRING())
     outputs = connect_to_agent(keyed, agent, config)
     rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())
     with rows.execute_and_collect(f"agent {agent.name}") as results:
-        return list(results)
+        if until_outputs is None:
+            return list(results)
+        return list(itertools.islice(results, until_outputs))

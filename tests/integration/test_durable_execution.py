@@ -1,6 +1,5 @@
 """Durable execution on a real MiniCluster and a real broker: failures repeat no call and change no output."""
 
-import os
 import uuid
 from collections import Counter
 
@@ -54,3 +53,24 @@ def test_exception_failover_repeats_no_call(kafka_bootstrap, input_topic, baseli
     repeated = {name: n for name, n in calls.items() if n > 1}
     assert repeated == {}
     assert calls.keys() == baseline[1].keys()
+
+
+def test_runs_in_flight_at_a_checkpoint_finish_after_restore_without_repeats(
+        kafka_bootstrap, input_topic, baseline, tmp_path, operator_log):
+    """Slow calls, every key's run in flight at once: runs span barriers; the failure follows completed checkpoints.
+
+    The input is unbounded here: at the end of a bounded input the remaining runs drain inside the final
+    watermark, when no checkpoint is taken. With more keys than run slots, process_element would block for a
+    slot and barriers would queue behind inputs (Flink backpressure): 32 slots for 20 keys avoids both.
+    """
+    counter = InvocationCounter(tmp_path / "calls.db")
+    agent = chain_agent(counter, call_delay_s=0.05, fail_after_calls=KEYS * PER_KEY * 3)
+    outputs = run_agent_job(kafka_bootstrap, input_topic, agent, _config(kafka_bootstrap, max_concurrent_runs=32),
+                            restart_attempts=2, checkpoint_interval_ms=250, until_outputs=KEYS * PER_KEY)
+    assert counter.count("fault_fired") == 1
+    assert Counter(outputs) == baseline[0]
+    assert {name: n for name, n in logical_call_counts(counter).items() if n > 1} == {}
+    restored = [line for line in operator_log() if " restored: " in line]
+    assert restored, "the job did not restore from a checkpoint"
+    in_flight = int(restored[-1].split("; ")[-1].split()[0])
+    assert in_flight > 0, f"no run was in flight at the restored checkpoint: {restored[-1]}"

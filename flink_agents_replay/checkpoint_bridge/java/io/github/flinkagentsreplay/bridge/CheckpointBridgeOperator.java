@@ -1,0 +1,272 @@
+/*
+ * Checkpoint bridge of flink-agents-replay: gives a Python KeyedProcessFunction running in PyFlink's
+ * thread (embedded) mode the checkpoint callbacks PyFlink does not offer.
+ *
+ * This class relies on PyFlink internals (apache-flink 2.3.0): the protected `interpreter` of the
+ * embedded operators, the global `operation` that openPythonInterpreter() creates in it, and the
+ * closure variable `user_defined_func` of the head operation's `_open_func`. The Python package's
+ * bridge smoke test fails loudly when an upgrade changes any of them.
+ */
+package io.github.flinkagentsreplay.bridge;
+
+import org.apache.flink.api.common.state.ListState;
+import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
+import org.apache.flink.api.common.typeinfo.TypeInformation;
+import org.apache.flink.python.PythonOptions;
+import org.apache.flink.runtime.state.StateInitializationContext;
+import org.apache.flink.runtime.state.StateSnapshotContext;
+import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionInfo;
+import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
+import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonKeyedProcessOperator;
+
+import java.io.ByteArrayOutputStream;
+import java.io.DataOutputStream;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * PyFlink's thread-mode keyed process operator plus four checkpoint hooks for the Python function.
+ *
+ * <p>The Python function may define {@code initialize_state(values)}, {@code snapshot_state(checkpoint_id)},
+ * {@code notify_checkpoint_complete(checkpoint_id)} and {@code notify_checkpoint_aborted(checkpoint_id)}.
+ * The bytes {@code snapshot_state} returns are this subtask's single entry in a union list state; on
+ * restore every subtask receives every entry of the snapshot (all old subtasks), so rescaling works.
+ *
+ * <p>All hooks run on the task thread. An exception raised by a hook fails the task with the Python
+ * message and traceback. Hooks reach the Python function from the end of {@link #open()} (where
+ * {@code initialize_state} runs, after the function's own {@code open()}) until {@link #close()}. At the end
+ * of a bounded input PyFlink would run the function's {@code close()} before Flink's final checkpoint; this
+ * operator defers it to {@link #close()}, so the final snapshot sees a live function and {@code close()}
+ * is always the last call. The operator always runs embedded, whatever {@code python.execution-mode} says.
+ */
+public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedProcessOperator<K, IN, OUT> {
+
+    private static final long serialVersionUID = 1L;
+
+    /** Name of the union list state; part of the savepoint format, never change it. */
+    public static final String STATE_NAME = "flink-agents-replay.checkpoint-bridge";
+
+    private static final String BRIDGE = "_flink_agents_replay_checkpoint_bridge";
+
+    /** Python exec'd once the interpreter holds {@code operation}; defines the bridge object Java calls. */
+    private static final String BRIDGE_PYTHON = String.join("\n",
+            "def _flink_agents_replay_make_checkpoint_bridge(operation):",
+            "    import struct",
+            "    import traceback",
+            "    head = operation._operations[0]",
+            "    open_func = getattr(head, '_open_func', None)",
+            "    code = getattr(open_func, '__code__', None)",
+            "    if code is None or 'user_defined_func' not in code.co_freevars:",
+            "        raise RuntimeError('checkpoint bridge: the Python function is not reachable (PyFlink internals'",
+            "                           ' changed: no user_defined_func in operation._operations[0]._open_func);'",
+            "                           ' the bridge supports apache-flink 2.3.0')",
+            "    func = open_func.__closure__[code.co_freevars.index('user_defined_func')].cell_contents",
+            "",
+            "    def hook(name):",
+            "        method = getattr(func, name, None)",
+            "        return method if callable(method) else None",
+            "",
+            "    def call(method, *args):",
+            "        try:",
+            "            return method(*args)",
+            "        except Exception as error:",
+            "            # pemja reports only type and message; keep the Python traceback in the task failure.",
+            "            details = ''.join(traceback.format_exception(type(error), error, error.__traceback__))",
+            "            raise RuntimeError('%s: %s\\n%s' % (type(error).__name__, error, details)) from None",
+            "",
+            "    class CheckpointBridge:",
+            "        function_type = type(func).__qualname__",
+            "        _initialize = hook('initialize_state')",
+            "        _snapshot = hook('snapshot_state')",
+            "        _complete = hook('notify_checkpoint_complete')",
+            "        _aborted = hook('notify_checkpoint_aborted')",
+            "",
+            "        def initialize(self, packed):",
+            "            data = bytes(packed) if packed is not None else b''",
+            "            values, offset = [], 0",
+            "            while offset < len(data):",
+            "                (size,) = struct.unpack_from('>i', data, offset)",
+            "                offset += 4",
+            "                values.append(data[offset:offset + size])",
+            "                offset += size",
+            "            if self._initialize is not None:",
+            "                call(self._initialize, values)",
+            "",
+            "        def snapshot(self, checkpoint_id):",
+            "            if self._snapshot is None:",
+            "                return None",
+            "            value = call(self._snapshot, int(checkpoint_id))",
+            "            if value is None:",
+            "                return None",
+            "            if not isinstance(value, (bytes, bytearray, memoryview)):",
+            "                raise TypeError('%s.snapshot_state must return bytes or None, not %s'",
+            "                                % (self.function_type, type(value).__name__))",
+            "            return bytes(value)",
+            "",
+            "        def complete(self, checkpoint_id):",
+            "            if self._complete is not None:",
+            "                call(self._complete, int(checkpoint_id))",
+            "",
+            "        def aborted(self, checkpoint_id):",
+            "            if self._aborted is not None:",
+            "                call(self._aborted, int(checkpoint_id))",
+            "",
+            "    return CheckpointBridge()",
+            "",
+            BRIDGE + " = _flink_agents_replay_make_checkpoint_bridge(operation)",
+            "del _flink_agents_replay_make_checkpoint_bridge",
+            "");
+
+    /** The base class keeps its input type package-private; copy() needs it. */
+    private final TypeInformation<IN> bridgeInputTypeInfo;
+
+    private transient ListState<byte[]> unionState;
+    private transient List<byte[]> restoredValues;
+    /** True while the Python function may receive hooks: from the end of open() to close(). */
+    private transient boolean pythonLive;
+    /** The input ended (bounded input or stop-with-savepoint --drain); Python close() is due in close(). */
+    private transient boolean inputEnded;
+    /** What snapshot_state returned last (null: no entry). */
+    private transient byte[] lastSnapshot;
+
+    public CheckpointBridgeOperator(
+            org.apache.flink.configuration.Configuration config,
+            DataStreamPythonFunctionInfo pythonFunctionInfo,
+            TypeInformation<IN> inputTypeInfo,
+            TypeInformation<OUT> outputTypeInfo) {
+        super(config, pythonFunctionInfo, inputTypeInfo, outputTypeInfo);
+        this.bridgeInputTypeInfo = inputTypeInfo;
+    }
+
+    @Override
+    public void initializeState(StateInitializationContext context) throws Exception {
+        super.initializeState(context);
+        unionState = context.getOperatorStateStore().getUnionListState(
+                new ListStateDescriptor<>(STATE_NAME, PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO));
+        List<byte[]> values = new ArrayList<>();
+        if (context.isRestored()) {
+            for (byte[] value : unionState.get()) {
+                values.add(value);
+            }
+        }
+        restoredValues = values;
+    }
+
+    @Override
+    public void open() throws Exception {
+        // The embedded interpreter refuses to start unless the configured mode is "thread". This operator
+        // always runs embedded, whatever python.execution-mode the rest of the job uses.
+        config.set(PythonOptions.PYTHON_EXECUTION_MODE, "thread");
+        super.open();
+        try {
+            interpreter.exec(BRIDGE_PYTHON);
+        } catch (Exception e) {
+            throw new IllegalStateException("checkpoint bridge: could not attach to the Python function: "
+                    + e.getMessage(), e);
+        }
+        pythonLive = true;
+        List<byte[]> values = restoredValues == null ? Collections.<byte[]>emptyList() : restoredValues;
+        restoredValues = null;
+        callPython("initialize", "initialize_state(<" + values.size() + " values>)", pack(values));
+    }
+
+    /**
+     * The base class runs the Python function's close() here, but the final checkpoint (snapshotState and
+     * notifyCheckpointComplete) only comes after the end of input. The Python close() is therefore deferred
+     * to {@link #close()}, so the function stays live for the final snapshot and close() is its last call.
+     */
+    @Override
+    public void endInput() {
+        inputEnded = true;
+    }
+
+    @Override
+    public void snapshotState(StateSnapshotContext context) throws Exception {
+        super.snapshotState(context);
+        long checkpointId = context.getCheckpointId();
+        if (pythonLive) {
+            Object value = callPython("snapshot", "snapshot_state(" + checkpointId + ")", checkpointId);
+            if (value != null && !(value instanceof byte[])) {
+                throw new IllegalStateException("checkpoint bridge: snapshot_state(" + checkpointId
+                        + ") returned a " + value.getClass().getName() + " to Java, expected bytes");
+            }
+            lastSnapshot = (byte[]) value;
+        }
+        // Not live: not reachable in Flink 2.3 (no snapshot before open() or after close()); the last value
+        // stands. Never leave the restored union values in place: each would be stored once per subtask.
+        if (lastSnapshot == null) {
+            unionState.clear();
+        } else {
+            unionState.update(Collections.singletonList(lastSnapshot));
+        }
+    }
+
+    @Override
+    public void notifyCheckpointComplete(long checkpointId) throws Exception {
+        super.notifyCheckpointComplete(checkpointId);
+        if (pythonLive) {
+            callPython("complete", "notify_checkpoint_complete(" + checkpointId + ")", checkpointId);
+        }
+    }
+
+    @Override
+    public void notifyCheckpointAborted(long checkpointId) throws Exception {
+        super.notifyCheckpointAborted(checkpointId);
+        if (pythonLive) {
+            callPython("aborted", "notify_checkpoint_aborted(" + checkpointId + ")", checkpointId);
+        }
+    }
+
+    @Override
+    public void close() throws Exception {
+        boolean closePython = inputEnded && pythonLive;
+        pythonLive = false;
+        try {
+            if (closePython) {
+                super.endInput();  // the Python function's close(), as PyFlink does at the end of input
+            }
+        } finally {
+            super.close();
+        }
+    }
+
+    /** PyFlink's operator-fusion optimizer calls copy(); without this override the bridge would vanish. */
+    @Override
+    public <T> AbstractEmbeddedDataStreamPythonFunctionOperator<T> copy(
+            DataStreamPythonFunctionInfo pythonFunctionInfo, TypeInformation<T> outputTypeInfo) {
+        return new CheckpointBridgeOperator<K, IN, T>(config, pythonFunctionInfo, bridgeInputTypeInfo, outputTypeInfo);
+    }
+
+    private Object callPython(String method, String description, Object argument) throws CheckpointHookException {
+        try {
+            return interpreter.invokeMethod(BRIDGE, method, argument);
+        } catch (Exception e) {
+            throw new CheckpointHookException(
+                    "Python " + description + " failed in " + getOperatorName() + ": " + e.getMessage(), e);
+        }
+    }
+
+    /** Frames the values as (4-byte big-endian length, bytes)*: one byte[] crosses into Python unchanged. */
+    private static byte[] pack(List<byte[]> values) throws IOException {
+        ByteArrayOutputStream buffer = new ByteArrayOutputStream();
+        try (DataOutputStream out = new DataOutputStream(buffer)) {
+            for (byte[] value : values) {
+                out.writeInt(value.length);
+                out.write(value);
+            }
+        }
+        return buffer.toByteArray();
+    }
+
+    /** An exception raised by one of the Python function's checkpoint hooks. */
+    public static final class CheckpointHookException extends Exception {
+        private static final long serialVersionUID = 1L;
+
+        CheckpointHookException(String message, Throwable cause) {
+            super(message, cause);
+        }
+    }
+}

@@ -1,0 +1,132 @@
+"""Recovery markers (kept in Flink operator state) and the pruning they allow.
+
+At checkpoint N each subtask stores a marker: per owned journal partition,
+
+* ``offsets`` — where a restore from N starts reading: the partition's end, lowered to the first record
+  of every run still in flight at the barrier and of every recovered history not yet replayed;
+* ``ends`` — the partition's end at the barrier: below it, only the in-flight runs' records are needed
+  (everything else belongs to runs whose effects N already holds);
+* ``in_flight`` — those runs, as (key digest, seq).
+
+When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
+restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
+now, so a restore at another parallelism reads exactly its own key groups.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from flink_agents_replay.errors import ReplayError
+
+__all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "encode_marker", "plan_restore"]
+
+MARKER_VERSION = 1
+
+
+def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
+                 floors: Mapping[int, int]) -> dict[int, int]:
+    """Per partition, the first offset a restore must read (``run_firsts``: (partition, first offset))."""
+    marker = dict(ends)
+    for partition, first in run_firsts:
+        marker[partition] = min(marker[partition], first)
+    for partition, floor in floors.items():
+        if partition in marker:
+            marker[partition] = min(marker[partition], floor)
+    return marker
+
+
+def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends: Mapping[int, int],
+                  in_flight: Mapping[int, list[tuple[str, int]]]) -> bytes:
+    """The bytes kept in union operator state."""
+    return json.dumps({
+        "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
+        "offsets": {str(p): o for p, o in offsets.items()},
+        "ends": {str(p): o for p, o in ends.items()},
+        "in_flight": {str(p): [list(run) for run in runs] for p, runs in in_flight.items()},
+    }).encode()
+
+
+@dataclass
+class RestorePlan:
+    """What a subtask reads on restore, from the markers of the snapshot."""
+
+    offsets: dict[int, int] = field(default_factory=dict)
+    barrier_ends: dict[int, int] = field(default_factory=dict)
+    in_flight: set[tuple[str, int]] = field(default_factory=set)
+    topic_ids: set[str] = field(default_factory=set)
+
+    @property
+    def fresh(self) -> bool:
+        """No marker: a first start (nothing to read)."""
+        return not self.topic_ids
+
+    def needs(self, partition: int, offset: int, digest_of_key: str, seq: int) -> bool:
+        """Whether a journal record matters: after the barrier, or of a run in flight at it."""
+        return offset >= self.barrier_ends.get(partition, 0) or (digest_of_key, seq) in self.in_flight
+
+
+def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
+    """Combine every subtask's marker, keeping the partitions in ``owned``."""
+    plan = RestorePlan()
+    for value in values:
+        if not value:
+            continue
+        marker = json.loads(value)
+        if marker.get("version") != MARKER_VERSION:
+            raise ReplayError(f"recovery marker version {marker.get('version')} is not supported by this version "
+                              f"of flink-agents-replay (it reads version {MARKER_VERSION})")
+        plan.topic_ids.add(marker["topic_id"])
+        for name, offset in marker["offsets"].items():
+            partition = int(name)
+            if partition in owned:
+                plan.offsets[partition] = offset
+                plan.barrier_ends[partition] = marker["ends"][name]
+                plan.in_flight.update((digest, seq) for digest, seq in marker["in_flight"].get(name, []))
+    return plan
+
+
+class PruneTracker:
+    """Markers of checkpoints in progress, and what completing one lets the journal delete."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, dict[int, int]] = {}
+        self._pruned_to: dict[int, int] = {}
+
+    def remember(self, checkpoint_id: int, marker: Mapping[int, int]) -> None:
+        """Keep checkpoint ``checkpoint_id``'s marker until it completes or aborts."""
+        self._pending[checkpoint_id] = dict(marker)
+
+    def complete(self, checkpoint_id: int, low_watermarks: Mapping[int, int] | None = None) -> dict[int, int]:
+        """Checkpoint done: return ``{partition: offset}`` to delete below (only what moved forward).
+
+        Older pending markers are dropped with it. ``low_watermarks`` seeds what is already deleted, so
+        the first prune of an attempt does not count records an earlier attempt deleted.
+        """
+        marker = self._pending.pop(checkpoint_id, None)
+        for older in [c for c in self._pending if c < checkpoint_id]:
+            del self._pending[older]
+        if marker is None:
+            return {}
+        if low_watermarks:
+            for partition, low in low_watermarks.items():
+                self._pruned_to[partition] = max(self._pruned_to.get(partition, 0), low)
+        deletions = {p: o for p, o in marker.items() if o > self._pruned_to.get(p, 0)}
+        return deletions
+
+    def pruned(self, deletions: Mapping[int, int]) -> int:
+        """Record that ``deletions`` were made; return how many records they removed."""
+        removed = sum(o - self._pruned_to.get(p, 0) for p, o in deletions.items())
+        self._pruned_to.update(deletions)
+        return removed
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint abandoned: forget its marker, delete nothing."""
+        self._pending.pop(checkpoint_id, None)
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the already-deleted offsets are known."""
+        return bool(self._pruned_to)

@@ -1,0 +1,97 @@
+"""Building the checkpoint bridge jar: from source, into the cache outside the repo, once per digest."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from flink_agents_replay.checkpoint_bridge import build
+from flink_agents_replay.local.errors import LocalServiceError
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_CLASS = "io/github/flinkagentsreplay/bridge/CheckpointBridgeOperator.class"
+
+needs_javac = pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK (javac)")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("FLINK_AGENTS_REPLAY_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@needs_javac
+def test_builds_java_11_classes_into_the_cache_and_reuses_them(home, monkeypatch):
+    jar = build.bridge_jar()
+
+    assert jar == home / "bridge" / build.source_digest() / build.JAR_NAME
+    with zipfile.ZipFile(jar) as archive:
+        names = archive.namelist()
+        header = archive.read(OPERATOR_CLASS)[:8]
+    assert OPERATOR_CLASS in names
+    assert not [n for n in names if n.startswith("org/apache/flink/")], "the bridge must not be in org.apache.flink"
+    assert int.from_bytes(header[6:8], "big") == 55, "class files must target Java 11 (major version 55)"
+    assert [p.name for p in jar.parent.iterdir()] == [build.JAR_NAME], "no temporary build files left behind"
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the cached jar should have been reused")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert build.bridge_jar() == jar
+
+
+def test_digest_covers_sources_and_pyflink_version(tmp_path, monkeypatch):
+    original = build.source_digest()
+    assert original == build.source_digest()
+
+    monkeypatch.setattr(build, "_pyflink_version", lambda: "9.9.9")
+    assert build.source_digest() != original
+    monkeypatch.undo()
+
+    copy = tmp_path / "java"
+    shutil.copytree(build.JAVA_ROOT, copy)
+    monkeypatch.setattr(build, "JAVA_ROOT", copy)
+    assert build.source_digest() == original
+    source = next(copy.rglob("CheckpointBridgeOperator.java"))
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert build.source_digest() != original
+
+
+def test_missing_javac_names_the_fix(home, tmp_path, monkeypatch):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+
+    with pytest.raises(LocalServiceError, match=r"'javac' is not on PATH.*JDK 11 or later"):
+        build.bridge_jar()
+    assert not list(home.rglob("*.jar"))
+
+
+@needs_javac
+def test_compile_error_reports_javac_output_and_leaves_no_jar(home, tmp_path, monkeypatch):
+    copy = tmp_path / "java"
+    shutil.copytree(build.JAVA_ROOT, copy)
+    source = next(copy.rglob("CheckpointBridgeOperator.java"))
+    source.write_text(source.read_text().replace("public void open()", "public void open( BROKEN"))
+    monkeypatch.setattr(build, "JAVA_ROOT", copy)
+
+    with pytest.raises(LocalServiceError, match="javac could not compile the checkpoint bridge"):
+        build.bridge_jar()
+    assert not list(home.rglob("*.jar"))
+    assert not [p for p in (home / "bridge").rglob("*") if p.is_file()], "a failed build leaves nothing behind"
+
+
+def test_compile_classpath_is_the_installed_pyflink():
+    dist, python = build.compile_classpath()
+    assert dist.name.startswith("flink-dist-") and dist.parent.name == "lib"
+    assert python.name.startswith("flink-python-") and python.parent.name == "opt"
+
+
+def test_no_built_artifacts_inside_the_repository():
+    package = REPO / "flink_agents_replay" / "checkpoint_bridge"
+    assert not [p for p in package.rglob("*") if p.suffix in {".jar", ".class"}]
