@@ -273,16 +273,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                     f"after input {result.seq}: {exc}") from exc
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(_DRAIN_TIMER)
+        for name, value in result.stats.as_dict().items():
+            if value and name in self.counters:
+                self.counters[name].inc(value)
+        self.totals.add(result.stats)
         if self.restored:
             self.index.forget_if_empty(key_digest(key))
             if not len(self.index):
                 self.restored = False
                 log.info("subtask %d: recovered journal fully replayed; so far %s", self.subtask,
                          _describe(self.totals))
-        for name, value in result.stats.as_dict().items():
-            if value and name in self.counters:
-                self.counters[name].inc(value)
-        self.totals.add(result.stats)
         for output in result.outputs:
             yield AgentOutput(key, result.seq, output.id, output.output)
 

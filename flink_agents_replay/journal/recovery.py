@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.records import CallRecord, CompletionRecord, parse_journal_key
@@ -31,7 +32,12 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
     begun = time.monotonic()
     for stored in store.read(start, end):
         index.records_read += 1
-        _, seq, _, _, digest_of_key = parse_journal_key(stored.key)
+        try:
+            _, seq, _, _, digest_of_key = parse_journal_key(stored.key)
+        except (AttributeError, ValueError, UnicodeDecodeError):
+            raise SignatureError(f"journal record (partition {stored.partition} offset {stored.offset}) has key "
+                                 f"{stored.key!r:.80}, not a flink-agents-replay journal key: something else "
+                                 "writes to the journal topic") from None
         if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
             continue  # a run the checkpoint already holds: never unpickled
         decoded = codec.decode(stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")

@@ -305,3 +305,12 @@ def test_every_durability_mode_journals_the_same_records(durability):
     store = MemoryJournalStore(8)
     run_inputs(make_agent(Counter()), INPUTS, writer(store, durability))
     assert len(store.records(KEY_GROUP)) == 27
+
+
+@pytest.mark.parametrize("bad_key", [b"not-a-journal-key", None, b"\xff\xfe"])
+def test_foreign_record_keys_are_rejected_at_recovery(bad_key):
+    store = MemoryJournalStore(8)
+    run_inputs(make_agent(Counter()), INPUTS[:1], writer(store))
+    store.append(KEY_GROUP, bad_key, b"value")
+    with pytest.raises(SignatureError, match="not a flink-agents-replay journal key"):
+        recover(store)

@@ -1,0 +1,104 @@
+"""Divergence on a real job: a restored key that receives a different input at a journaled seq re-executes
+that key's later history; every other key keeps full reuse; multi-action runs never count as divergence."""
+
+import json
+import time
+import uuid
+
+import pytest
+from pyflink.common import Types, WatermarkStrategy
+from pyflink.common.serialization import SimpleStringSchema
+from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+from pyflink.java_gateway import get_gateway
+
+from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.local.jars import kafka_connector_jar
+from flink_agents_replay.pipeline import connect_to_agent
+from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import produce_inputs
+
+pytestmark = pytest.mark.integration
+
+KEYS = [f"key-{k:03d}" for k in range(5)]
+FIRST = [{"key": k, "n": i} for i in range(3) for k in KEYS]   # seqs 1-3, before the savepoint
+SECOND = [{"key": k, "n": i} for i in range(3, 5) for k in KEYS]  # seqs 4-5, journaled after it
+CHANGED_KEY = KEYS[0]
+
+
+def _wait_for(predicate, what, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _start_job(bootstrap, topic, counter, journal_topic, source_uid, savepoint=None):
+    config = {"execution.savepoint.ignore-unclaimed-state": "true"}
+    if savepoint:
+        config["execution.savepoint.path"] = savepoint
+    env = create_environment(parallelism=1, jars=[kafka_connector_jar()], config=config)
+    source = (KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(topic)
+              .set_group_id(f"div-{uuid.uuid4().hex[:6]}").set_starting_offsets(KafkaOffsetsInitializer.earliest())
+              .set_value_only_deserializer(SimpleStringSchema()).build())
+    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").uid(source_uid)
+    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
+        lambda r: r["key"], key_type=Types.STRING())
+    agent = chain_agent(counter)
+    outputs = connect_to_agent(keyed, agent, {
+        "kafka": {"bootstrap.servers": bootstrap}, "journal_topic": journal_topic,
+        "signing_key": "divergence-signing-key-0123", "max_concurrent_runs": 8})
+
+    def count(output):
+        counter.increment(f"outputs:{source_uid}")
+        return output.seq
+
+    outputs.map(count, output_type=Types.LONG()).filter(lambda _: False).print()
+    return env.execute_async("divergence")
+
+
+def test_changed_input_after_restore_re_executes_only_that_keys_later_history(kafka_bootstrap, tmp_path,
+                                                                             operator_log):
+    counter = InvocationCounter(tmp_path / "calls.db")
+    journal_topic = f"journal-{uuid.uuid4().hex[:8]}"
+    topic_a = produce_inputs(kafka_bootstrap, FIRST)
+    canonical = get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
+
+    # Phase 1 (no periodic checkpoints): seqs 1-3, savepoint, then seqs 4-5 journaled after the savepoint.
+    client = _start_job(kafka_bootstrap, topic_a, counter, journal_topic, "inputs-a")
+    try:
+        _wait_for(lambda: counter.count("outputs:inputs-a") == len(FIRST), "the first batch")
+        savepoint = client._j_job_client.triggerSavepoint(str(tmp_path / "savepoints"), canonical).get()
+    finally:
+        client.cancel().result()
+    # Seqs 4-5 from the savepoint, journaled (no periodic checkpoint prunes them).
+    topic_more = produce_inputs(kafka_bootstrap, SECOND)
+    client = _start_job(kafka_bootstrap, topic_more, counter, journal_topic, "inputs-a-more", savepoint=savepoint)
+    try:
+        _wait_for(lambda: counter.count("outputs:inputs-a-more") == len(SECOND), "the second batch")
+    finally:
+        client.cancel().result()
+    first_calls = logical_call_counts(counter)
+    assert set(first_calls.values()) == {1} and len(first_calls) == 6 * (len(FIRST) + len(SECOND))
+
+    # Phase 2: restore the savepoint again; the same second batch, except one key's seq 4 input differs.
+    replay = [dict(r, n=r["n"] + 100) if (r["key"], r["n"]) == (CHANGED_KEY, 3) else r for r in SECOND]
+    topic_b = produce_inputs(kafka_bootstrap, replay)
+    lines = operator_log()
+    client = _start_job(kafka_bootstrap, topic_b, counter, journal_topic, "inputs-b", savepoint=savepoint)
+    try:
+        _wait_for(lambda: counter.count("outputs:inputs-b") == len(replay), "the replayed batch")
+        _wait_for(lambda: any("fully replayed" in line for line in operator_log()[len(lines):]),
+                  "the end of recovered history")
+    finally:
+        client.cancel().result()
+
+    calls = logical_call_counts(counter)
+    changed = {n: c for n, c in calls.items() if f"{CHANGED_KEY}|" in n or n not in first_calls}
+    others = {n: c for n, c in calls.items() if n not in changed}
+    assert set(others.values()) == {1}, "another key's journaled calls ran again"
+    # The changed key: its new seq-4 input runs for the first time; its seq 5 re-executes (history dropped).
+    assert calls[f"call:classifier:{CHANGED_KEY}|4|{ {'key': CHANGED_KEY, 'n': 103} }"] == 1
+    assert calls[f"call:classifier:{CHANGED_KEY}|5|{ {'key': CHANGED_KEY, 'n': 4} }"] == 2
+    replayed = [line for line in operator_log()[len(lines):] if "fully replayed" in line]
+    assert "divergences 1" in replayed[-1], replayed[-1]
