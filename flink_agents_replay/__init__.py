@@ -1,3 +1,94 @@
-"""flink-agents-replay: durable, exactly-once-effect agent actions and safe replay on Apache Flink."""
+"""flink-agents-replay: durable, exactly-once-effect agent actions and safe replay on Apache Flink.
+
+An agent running in a PyFlink job calls models and tools. When the job fails, Flink restores its last
+checkpoint and replays the inputs that came after it — and without help every model and tool call since
+that checkpoint runs again: a second e-mail, a second charge, a model that decides differently.
+
+This package runs an agent's actions inside an operator that *journals* each of them to Kafka (the
+request and response of every call through ``ctx.call``, then the action's memory updates and sent
+events), one partition per Flink key group. After a restore, a replayed input finds its records: a
+journaled action is skipped and its recorded effects re-applied, a journaled call returns its recorded
+result, and only what never completed runs again. When Flink completes a checkpoint, the records it
+covers are deleted, so the journal holds roughly what was written since the last checkpoint.
+
+Using it:
+
+1. Write an agent: a subclass of :class:`Agent` whose actions (``@action(EventType)``) call resources
+   through ``ctx.call(name, ...)``.
+2. Key your stream with a declared key type and connect the agent::
+
+       keyed = stream.key_by(lambda r: r["customer"], key_type=Types.STRING())
+       outputs = connect_to_agent(keyed, MyAgent(resources={...}),
+                                  {"kafka": {"bootstrap.servers": "kafka:9092"}, "signing_key": "..."})
+
+3. Enable checkpointing, give the job a restart strategy, and keep the agent's name (its uid), the max
+   parallelism and the signing key unchanged across savepoints.
+
+Limits of the guarantee (each detected, counted and logged, never silent):
+
+* A call made outside ``ctx.call`` is invisible to the journal and runs again after a failure.
+* A call that started and never reported back (the process died during it) is *in doubt*: resources
+  with external side effects journal a "started" record first, and their ``in_doubt`` policy decides
+  (run again by default, or fail, or assume done).
+* Reuse follows each key's input order. If a restored key receives a different input at a journaled
+  position, that key's later records are dropped and its actions run again (divergence).
+* Records written by other action code are reused by default, with a warning and a metric
+  (``fingerprint_policy``).
+* Restoring a savepoint older than the journal's pruning point cannot reuse deleted records: the job
+  refuses to start unless ``accept_reexecution_after_gap`` is set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentOutput",
+    "ChatModel",
+    "Event",
+    "InDoubtPolicy",
+    "InputEvent",
+    "OutputEvent",
+    "RunnerContext",
+    "SideEffects",
+    "Tool",
+    "action",
+    "connect_to_agent",
+]
+
+_EXPORTS = {
+    "Agent": "flink_agents_replay.agent",
+    "Event": "flink_agents_replay.agent",
+    "InputEvent": "flink_agents_replay.agent",
+    "OutputEvent": "flink_agents_replay.agent",
+    "RunnerContext": "flink_agents_replay.agent",
+    "action": "flink_agents_replay.agent",
+    "AgentConfig": "flink_agents_replay.config",
+    "ChatModel": "flink_agents_replay.resources",
+    "InDoubtPolicy": "flink_agents_replay.resources",
+    "SideEffects": "flink_agents_replay.resources",
+    "Tool": "flink_agents_replay.resources",
+    "AgentOutput": "flink_agents_replay.operator",
+    "connect_to_agent": "flink_agents_replay.pipeline",
+}
+
+if TYPE_CHECKING:
+    from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+    from flink_agents_replay.config import AgentConfig
+    from flink_agents_replay.operator import AgentOutput
+    from flink_agents_replay.pipeline import connect_to_agent
+    from flink_agents_replay.resources import ChatModel, InDoubtPolicy, SideEffects, Tool
+
+
+def __getattr__(name: str):
+    # Lazy: importing the package (e.g. for key groups or the CLI) does not start PyFlink.
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'flink_agents_replay' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)
