@@ -105,6 +105,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.totals = RunStats()
         self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
         self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
+        self.closing = threading.Event()
         self.runs: dict[Any, _InFlight] = {}
         self.index = RecoveryIndex()
         self.prunes = PruneTracker()
@@ -119,8 +120,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s)
 
     def close(self) -> None:
+        """Stop every run at its next action or call boundary, wait for calls under way, release clients.
+
+        Runs on cancellation, failure and stop-with-savepoint too (the checkpoint bridge sees to it), so no
+        run of this attempt still calls or journals when the next attempt of the task reads the journal.
+        """
         pool = getattr(self, "pool", None)
         if pool is not None:
+            self.closing.set()
             pool.shutdown(wait=True, cancel_futures=True)
             log.info("subtask %d closing: %s", self.subtask, _describe(self.totals))
         if getattr(self, "store", None) is not None:
@@ -254,7 +261,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         def execute() -> RunResult:
             try:
                 return execute_run(self.agent, run, memory, history=history, journal=journal,
-                                   fingerprint_policy=self.config.fingerprint_policy)
+                                   fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set)
             finally:
                 self.slots.release()
 

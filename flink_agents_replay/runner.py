@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -45,9 +46,13 @@ from flink_agents_replay.journal.writer import RunJournal
 from flink_agents_replay.memory import Memory, MemoryUpdate
 from flink_agents_replay.resources import InDoubtPolicy
 
-__all__ = ["FingerprintPolicy", "RunInput", "RunResult", "RunStats", "execute_run"]
+__all__ = ["FingerprintPolicy", "RunCancelled", "RunInput", "RunResult", "RunStats", "execute_run"]
 
 log = logging.getLogger(__name__)
+
+
+class RunCancelled(Exception):
+    """The operator is closing: the run stops at the next action or call boundary (and is not applied)."""
 
 
 class FingerprintPolicy(str, enum.Enum):
@@ -108,8 +113,14 @@ def execute_run(
     history: KeyHistory | None = None,
     journal: RunJournal | None = None,
     fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE,
+    cancelled: Callable[[], bool] | None = None,
 ) -> RunResult:
-    """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory."""
+    """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
+
+    ``cancelled`` is asked before every action and call: when it says yes the run raises
+    :class:`RunCancelled` (what it already journaled is reused by the next attempt).
+    """
+    cancelled = cancelled or _never
     digest_of_key = key_digest(run.key)
     input_digest = digest_value(run.input)
     stats = RunStats()
@@ -125,6 +136,8 @@ def execute_run(
     outputs: list[OutputEvent] = []
     order = 0
     while tasks:
+        if cancelled():
+            raise RunCancelled(f"run of key {run.key!r} seq {run.seq} stopped: the operator is closing")
         event, spec = tasks.popleft()
         position = RunPosition(run.seq, order)
         completion = history.completion(run.seq, event.id, spec.name) if history is not None else None
@@ -145,7 +158,7 @@ def execute_run(
                                 run.key, run.seq, spec.name)
                 recorded = history.recorded_calls(run.seq, event.id, spec.name)
             sent = _execute_action(agent, spec, event, run, order, state, recorded, journal, digest_of_key,
-                                   input_digest, stats)
+                                   input_digest, stats, cancelled)
             stats.actions_executed += 1
         for emitted in sent:
             if isinstance(emitted, OutputEvent):
@@ -180,9 +193,13 @@ def _check_fingerprint(completion: CompletionRecord, spec: ActionSpec, run: RunI
     return completion
 
 
+def _never() -> bool:
+    return False
+
+
 def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput, order: int, state: Memory,
                     recorded: list[CallRecord], journal: RunJournal | None, digest_of_key: str,
-                    input_digest: str, stats: RunStats) -> list[Event]:
+                    input_digest: str, stats: RunStats, cancelled: Callable[[], bool]) -> list[Event]:
     sent: list[Event] = []
     record_key = journal_key(run.key_group, run.seq, event.id, spec.name, digest_of_key)
     next_position = 0
@@ -222,6 +239,9 @@ def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput,
                 return None
             log.warning("call %d to %r in doubt: made again (in_doubt policy 'rerun')", position, resource_name)
 
+        if cancelled():
+            raise RunCancelled(f"run of key {run.key!r} seq {run.seq} stopped before call {position} to "
+                               f"{resource_name!r}: the operator is closing")
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
         try:

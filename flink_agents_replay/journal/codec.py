@@ -102,6 +102,22 @@ class RecordCodec:
         payload = cloudpickle.loads(unsigned[start + header_length:])
         return DecodedRecord(RecordKind(header["kind"]), header["producer"], header["fp"], header["ts"], payload)
 
+    @staticmethod
+    def peek_header(value: bytes) -> dict | None:
+        """The record's header (kind, producer, fingerprint, time) *without* verifying it: for display only.
+
+        Returns ``None`` for bytes that are not a record of this format. Never unpickles anything.
+        """
+        if value is None or len(value) < _PREFIX.size + _MAC_SIZE:
+            return None
+        magic, version, header_length = _PREFIX.unpack_from(value)
+        if magic != _MAGIC or version != FORMAT_VERSION:
+            return None
+        try:
+            return json.loads(value[_PREFIX.size:_PREFIX.size + header_length])
+        except ValueError:
+            return None
+
     def _mac(self, record_key: bytes, unsigned: bytes) -> bytes:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         mac.update(struct.pack(">I", len(record_key)))

@@ -314,3 +314,22 @@ def test_foreign_record_keys_are_rejected_at_recovery(bad_key):
     store.append(KEY_GROUP, bad_key, b"value")
     with pytest.raises(SignatureError, match="not a flink-agents-replay journal key"):
         recover(store)
+
+
+def test_cancelled_run_stops_at_the_next_call_and_the_next_attempt_reuses_what_it_did():
+    from flink_agents_replay.runner import RunCancelled
+
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = make_agent(calls)
+    stop_after = {"n": 3}
+
+    def cancelled():
+        return sum(calls.values()) >= stop_after["n"]
+
+    with pytest.raises(RunCancelled, match="operator is closing"):
+        execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, journal=writer(store).run_journal(KEY_GROUP),
+                    cancelled=cancelled)
+    assert sum(calls.values()) == 3
+    result = execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, history=recover(store).history(key_digest("k1")),
+                         journal=writer(store).run_journal(KEY_GROUP))
+    assert sum(calls.values()) == 6 and result.stats.calls_reused + result.stats.actions_reused > 0

@@ -127,8 +127,6 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     private transient List<byte[]> restoredValues;
     /** True while the Python function may receive hooks: from the end of open() to close(). */
     private transient boolean pythonLive;
-    /** The input ended (bounded input or stop-with-savepoint --drain); Python close() is due in close(). */
-    private transient boolean inputEnded;
     /** What snapshot_state returned last (null: no entry). */
     private transient byte[] lastSnapshot;
 
@@ -180,7 +178,7 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
      */
     @Override
     public void endInput() {
-        inputEnded = true;
+        // Deferred: see close().
     }
 
     @Override
@@ -220,13 +218,19 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         }
     }
 
+    /**
+     * The Python function's close() runs here in every case: after the end of input (deferred from
+     * endInput) and also on cancellation, failure and stop-with-savepoint, where PyFlink would never call
+     * it. The function must get the chance to stop its background work (agent runs on worker threads)
+     * before the next attempt of the task starts.
+     */
     @Override
     public void close() throws Exception {
-        boolean closePython = inputEnded && pythonLive;
+        boolean closePython = pythonLive;
         pythonLive = false;
         try {
             if (closePython) {
-                super.endInput();  // the Python function's close(), as PyFlink does at the end of input
+                super.endInput();  // runs the Python function's close(), as PyFlink does at the end of input
             }
         } finally {
             super.close();

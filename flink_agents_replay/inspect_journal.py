@@ -1,0 +1,87 @@
+"""``flink-agents-replay inspect``: what a journal topic holds, for operators debugging a job.
+
+Reads only record keys and the unsigned part of record headers (kind, producer, time): no signing key
+is needed and no payload is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from flink_agents_replay.errors import JournalError
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.records import key_digest, parse_journal_key
+from flink_agents_replay.keygroups import key_group
+
+__all__ = ["KeyRecord", "PartitionSummary", "key_records", "summarize_topic"]
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    """One journal partition (= key group): its watermarks and how many records it holds."""
+
+    partition: int
+    low: int
+    high: int
+
+    @property
+    def records(self) -> int:
+        """Records still stored."""
+        return self.high - self.low
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """One journal record of a key."""
+
+    offset: int
+    seq: int
+    action: str
+    kind: str
+    age_s: float | None
+
+
+def summarize_topic(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> list[PartitionSummary]:
+    """Low/high watermark of every partition of ``topic``."""
+    admin = AdminClient(dict(kafka_config))
+    metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise JournalError(f"journal topic {topic!r} not found on {kafka_config.get('bootstrap.servers')}")
+    partitions = sorted(metadata.partitions)
+    offsets: dict[str, dict[int, int]] = {}
+    for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):
+        futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions}, request_timeout=timeout_s)
+        offsets[name] = {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+    return [PartitionSummary(p, offsets["low"][p], offsets["high"][p]) for p in partitions]
+
+
+def key_records(kafka_config: Mapping[str, Any], topic: str, key: Any, key_type: str,
+                timeout_s: float = 30.0) -> list[KeyRecord]:
+    """The records of one business key, read from its key group's partition."""
+    summaries = summarize_topic(kafka_config, topic, timeout_s)
+    max_parallelism = len(summaries)
+    partition = key_group(key, key_type, max_parallelism)
+    digest = key_digest(key)
+    store = KafkaJournalStore(kafka_config, topic, max_parallelism, create_topic=False, timeout_s=timeout_s)
+    try:
+        summary = summaries[partition]
+        now = time.time()
+        found = []
+        for stored in store.read({partition: summary.low}, {partition: summary.high}):
+            _, seq, _, action, record_digest = parse_journal_key(stored.key)
+            if record_digest != digest:
+                continue
+            header = RecordCodec.peek_header(stored.value) or {}
+            created = header.get("ts")
+            found.append(KeyRecord(stored.offset, seq, action, header.get("kind", "?"),
+                                   None if created is None else max(0.0, now - created)))
+        return found
+    finally:
+        store.close()
