@@ -74,3 +74,19 @@ def test_runs_in_flight_at_a_checkpoint_finish_after_restore_without_repeats(
     assert restored, "the job did not restore from a checkpoint"
     in_flight = int(restored[-1].split("; ")[-1].split()[0])
     assert in_flight > 0, f"no run was in flight at the restored checkpoint: {restored[-1]}"
+
+
+def test_calls_under_way_at_a_failover_finish_and_are_not_repeated(kafka_bootstrap, tmp_path):
+    """Slow calls (0.5 s) are under way in other runs when one run fails the task: the failing attempt stops its
+    runs at their next call and waits for calls under way, which are journaled before the next attempt reads."""
+    keys, per_key = 8, 2
+    topic = produce_inputs(kafka_bootstrap, make_inputs(keys, per_key))
+    counter = InvocationCounter(tmp_path / "calls.db")
+    agent = chain_agent(counter, call_delay_s=0.5, fail_after_calls=20)
+    outputs = run_agent_job(kafka_bootstrap, topic, agent, _config(kafka_bootstrap, max_concurrent_runs=16),
+                            restart_attempts=2, checkpoint_interval_ms=300, until_outputs=keys * per_key)
+    assert counter.count("fault_fired") == 1
+    assert len(outputs) == keys * per_key
+    calls = logical_call_counts(counter)
+    assert {name: n for name, n in calls.items() if n > 1} == {}
+    assert len(calls) == keys * per_key * 6
