@@ -2,7 +2,10 @@
 
     flink-agents-replay local kafka start [--port N] [--work-dir DIR]
     flink-agents-replay local kafka status|stop [--work-dir DIR]
+    flink-agents-replay local flink start [--rest-port N] [--taskmanagers N] [--work-dir DIR]
+    flink-agents-replay local flink status|stop [--work-dir DIR]
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
+    flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flink_agents_replay.errors import ReplayError
 from flink_agents_replay.local.errors import LocalServiceError
 
 __all__ = ["main"]
@@ -35,11 +39,61 @@ def _kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flink(args: argparse.Namespace) -> int:
+    from flink_agents_replay.local.flink_cluster import LocalFlinkCluster, pyflink_home
+
+    cluster = LocalFlinkCluster(args.work_dir, rest_port=args.rest_port, taskmanagers=args.taskmanagers)
+    if args.action == "start":
+        already = cluster.status().running
+        status = cluster.start()
+        print(("already " if already else "") + status.describe())
+        print("# submit jobs with Flink's client from the pyflink package, in this environment:")
+        print(f"export FLINK_CONF_DIR={cluster.conf_dir} FLINK_LIB_DIR={cluster.lib_dir}")
+        print(f"# {pyflink_home() / 'bin' / 'flink'} run -d -py job.py")
+    elif args.action == "stop":
+        print("stopped" if cluster.stop() else "was not running")
+    else:
+        status = cluster.status()
+        print(status.describe())
+        return 0 if status.running else 3  # like `systemctl status`: 3 = not running
+    return 0
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _jars(args: argparse.Namespace) -> int:
     from flink_agents_replay.local.jars import FLINK_CONNECTORS, KAFKA_BROKER, fetch_jars
 
     for bundle in args.bundles or [KAFKA_BROKER, FLINK_CONNECTORS]:
         print(f"{bundle}: {fetch_jars(bundle)}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from flink_agents_replay.inspect_journal import key_records, summarize_topic
+
+    kafka = {"bootstrap.servers": args.bootstrap_servers}
+    if args.key is None:
+        summary = summarize_topic(kafka, args.topic)
+        used = [p for p in summary if p.high > 0]
+        print(f"journal topic {args.topic}: {len(summary)} partitions, {sum(p.records for p in summary)} records "
+              f"stored, {sum(p.low for p in summary)} pruned")
+        print(f"{'partition':>9}  {'low':>10}  {'high':>10}  {'records':>8}")
+        for p in used if not args.all_partitions else summary:
+            print(f"{p.partition:>9}  {p.low:>10}  {p.high:>10}  {p.records:>8}")
+        return 0
+    key = int(args.key) if args.key_type in ("LONG", "INT") else args.key
+    records = key_records(kafka, args.topic, key, args.key_type)
+    print(f"key {key!r}: {len(records)} records")
+    print(f"{'offset':>8}  {'seq':>6}  {'action':<24}  {'kind':<10}  {'age s':>8}")
+    for r in records:
+        age = "?" if r.age_s is None else f"{r.age_s:.1f}"
+        print(f"{r.offset:>8}  {r.seq:>6}  {r.action:<24}  {r.kind:<10}  {age:>8}")
     return 0
 
 
@@ -58,11 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data, log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/kafka)")
     kafka.set_defaults(handler=_kafka)
 
+    flink = services.add_parser("flink", help="a standalone Flink session cluster on 127.0.0.1 (pyflink's bin/)")
+    flink.add_argument("action", choices=["start", "stop", "status"])
+    flink.add_argument("--rest-port", type=int, default=8081,
+                       help="REST API and web UI port (0: any free port; default 8081)")
+    flink.add_argument("--taskmanagers", type=_at_least_one, default=1,
+                       help="TaskManagers to start, 4 slots each (default 1)")
+    flink.add_argument("--work-dir", type=Path, default=None,
+                       help="config, logs, PIDs, checkpoints and savepoints (default: $FLINK_AGENTS_REPLAY_HOME/flink)")
+    flink.set_defaults(handler=_flink)
+
     jars = services.add_parser("jars", help="fetch jars from Maven Central into the cache")
     jars.add_argument("action", choices=["fetch"])
     jars.add_argument("bundles", nargs="*", choices=[[], "kafka-broker", "flink-connectors"], default=[],
                       metavar="BUNDLE", help="kafka-broker and/or flink-connectors (default: both)")
     jars.set_defaults(handler=_jars)
+
+    inspect = commands.add_parser("inspect", help="what a journal topic holds (no signing key needed)")
+    inspect.add_argument("--bootstrap-servers", required=True)
+    inspect.add_argument("--topic", required=True, help="the journal topic")
+    inspect.add_argument("--key", default=None, help="show this business key's records")
+    inspect.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
+    inspect.add_argument("--all-partitions", action="store_true", help="also list partitions never written")
+    inspect.set_defaults(handler=_inspect)
     return parser
 
 
@@ -71,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except LocalServiceError as exc:
+    except (LocalServiceError, ReplayError) as exc:
         print(f"flink-agents-replay: {exc}", file=sys.stderr)
         return 2
 

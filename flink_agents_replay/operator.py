@@ -100,8 +100,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.pending_state = runtime_context.get_list_state(ListStateDescriptor("pending", Types.PICKLED_BYTE_ARRAY()))
         metrics = runtime_context.get_metrics_group().add_group("flink_agents_replay")
         self.counters = {name: metrics.counter(name) for name in _COUNTERS}
+        # A counter holding a value, not a Python gauge: Flink reads gauges on its metrics thread, and a
+        # gauge calling into the embedded interpreter from there crashes the JVM (seen with PyFlink 2.3).
+        self.restore_gauge = metrics.counter("last_restore_duration_ms")
         self.last_restore_ms = 0
-        metrics.gauge("last_restore_duration_ms", lambda: int(self.last_restore_ms))
         self.totals = RunStats()
         self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
         self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
@@ -168,6 +170,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.index = read_recovery_index(self.store, self.writer.codec, offsets, end, keep=plan.needs)
         self.restored = True
         self.last_restore_ms = (time.monotonic() - begun) * 1000
+        self.restore_gauge.inc(int(self.last_restore_ms))  # set: it starts at 0 in every attempt
         log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
                  "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
                  _ranges(offsets), self.last_restore_ms / 1000, len(plan.in_flight))

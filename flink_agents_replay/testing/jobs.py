@@ -77,7 +77,8 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
         builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
     source = builder.build()
     records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
-    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
+    # Parallelism 1 like the source: a rebalance before keyBy would reorder a key's inputs (DESIGN §13).
+    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).set_parallelism(1).key_by(
         lambda record: record["key"], key_type=Types.STRING())
     outputs = connect_to_agent(keyed, agent, config)
     rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())

@@ -90,3 +90,26 @@ def test_calls_under_way_at_a_failover_finish_and_are_not_repeated(kafka_bootstr
     calls = logical_call_counts(counter)
     assert {name: n for name, n in calls.items() if n > 1} == {}
     assert len(calls) == keys * per_key * 6
+
+
+def test_outputs_drained_at_the_end_of_a_bounded_input_carry_no_timer_timestamp(kafka_bootstrap, tmp_path):
+    """Runs finished by the drain timer (Long.MAX_VALUE - 1) must not stamp outputs with it: sinks reject it."""
+    from pyflink.common import Types
+    from pyflink.datastream import ProcessFunction
+
+    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.pipeline import connect_to_agent
+
+    class Timestamps(ProcessFunction):
+        def process_element(self, value, ctx):
+            yield ctx.timestamp()
+
+    env = create_environment(parallelism=1)
+    keyed = env.from_collection([f"k{i % 4}" for i in range(12)], type_info=Types.STRING()).key_by(
+        lambda k: k, key_type=Types.STRING())
+    agent = chain_agent(InvocationCounter(tmp_path / "calls.db"), call_delay_s=0.05)
+    outputs = connect_to_agent(keyed, agent, _config(kafka_bootstrap, max_concurrent_runs=4))
+    with outputs.process(Timestamps(), output_type=Types.LONG()).execute_and_collect() as results:
+        stamps = list(results)
+    assert len(stamps) == 12
+    assert 2**63 - 2 not in stamps

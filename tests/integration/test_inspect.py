@@ -44,3 +44,18 @@ def test_summary_and_key_detail(kafka_bootstrap, tmp_path):
     assert [r.seq for r in records] == sorted(r.seq for r in records)
     assert {r.action for r in records} == {"classify", "draft", "reply"}
     assert all(r.age_s is not None and r.age_s < 600 for r in records)
+
+
+def test_cli_prints_summary_and_a_clear_error_for_a_missing_topic(kafka_bootstrap, new_topic):
+    import subprocess
+    import sys
+
+    topic = new_topic(partitions=4)
+    command = [sys.executable, "-m", "flink_agents_replay.cli", "inspect", "--bootstrap-servers", kafka_bootstrap]
+    shown = subprocess.run([*command, "--topic", topic, "--all-partitions"], capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert f"journal topic {topic}: 4 partitions, 0 records stored" in shown.stdout
+    missing = subprocess.run([*command, "--topic", "no-such-topic-here"], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "not found" in missing.stderr and "Traceback" not in missing.stderr

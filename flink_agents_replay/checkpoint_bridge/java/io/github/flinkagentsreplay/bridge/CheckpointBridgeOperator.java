@@ -16,7 +16,16 @@ import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.python.PythonOptions;
 import org.apache.flink.runtime.state.StateInitializationContext;
 import org.apache.flink.runtime.state.StateSnapshotContext;
+import org.apache.flink.runtime.event.WatermarkEvent;
 import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionInfo;
+import org.apache.flink.streaming.api.operators.Output;
+import org.apache.flink.streaming.api.operators.TimestampedCollector;
+import org.apache.flink.streaming.api.watermark.Watermark;
+import org.apache.flink.streaming.runtime.streamrecord.LatencyMarker;
+import org.apache.flink.streaming.runtime.streamrecord.RecordAttributes;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+import org.apache.flink.streaming.runtime.watermarkstatus.WatermarkStatus;
+import org.apache.flink.util.OutputTag;
 import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonKeyedProcessOperator;
 
@@ -159,6 +168,7 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         // always runs embedded, whatever python.execution-mode the rest of the job uses.
         config.set(PythonOptions.PYTHON_EXECUTION_MODE, "thread");
         super.open();
+        collector = new TimestampedCollector<>(new DrainTimestampEraser<>(output));
         try {
             interpreter.exec(BRIDGE_PYTHON);
         } catch (Exception e) {
@@ -234,6 +244,63 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             }
         } finally {
             super.close();
+        }
+    }
+
+    /**
+     * Records emitted while the drain timer fires (an event-time timer at {@code Long.MAX_VALUE - 1}, which the
+     * final watermark of a bounded input fires) would carry that timer's time as their timestamp, which sinks
+     * such as Kafka reject. They leave without a timestamp instead; every other record is untouched.
+     */
+    static final class DrainTimestampEraser<T> implements Output<StreamRecord<T>> {
+        static final long DRAIN_TIMER = Long.MAX_VALUE - 1;
+        private final Output<StreamRecord<T>> delegate;
+
+        DrainTimestampEraser(Output<StreamRecord<T>> delegate) {
+            this.delegate = delegate;
+        }
+
+        @Override
+        public void collect(StreamRecord<T> record) {
+            if (record.hasTimestamp() && record.getTimestamp() == DRAIN_TIMER) {
+                record.eraseTimestamp();
+            }
+            delegate.collect(record);
+        }
+
+        @Override
+        public <X> void collect(OutputTag<X> outputTag, StreamRecord<X> record) {
+            delegate.collect(outputTag, record);
+        }
+
+        @Override
+        public void emitWatermark(Watermark mark) {
+            delegate.emitWatermark(mark);
+        }
+
+        @Override
+        public void emitWatermarkStatus(WatermarkStatus watermarkStatus) {
+            delegate.emitWatermarkStatus(watermarkStatus);
+        }
+
+        @Override
+        public void emitLatencyMarker(LatencyMarker latencyMarker) {
+            delegate.emitLatencyMarker(latencyMarker);
+        }
+
+        @Override
+        public void emitRecordAttributes(RecordAttributes recordAttributes) {
+            delegate.emitRecordAttributes(recordAttributes);
+        }
+
+        @Override
+        public void emitWatermark(WatermarkEvent watermark) {
+            delegate.emitWatermark(watermark);
+        }
+
+        @Override
+        public void close() {
+            delegate.close();
         }
     }
 

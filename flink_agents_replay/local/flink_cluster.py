@@ -1,0 +1,637 @@
+"""A local standalone Flink *session* cluster, run from the installed pyflink package's ``bin/`` scripts.
+
+PyFlink ships Flink's ``bin/`` (``jobmanager.sh``, ``taskmanager.sh``, ``stop-cluster.sh``, ``flink``) and
+``lib/`` inside the package (DESIGN §12). :class:`LocalFlinkCluster` runs them with ``FLINK_CONF_DIR``
+pointing at a configuration generated from ``conf/flink/`` into a work directory outside the package
+(default ``$FLINK_AGENTS_REPLAY_HOME/flink``), which also holds the logs, the PID files, the temporary
+files and the checkpoint and savepoint directories::
+
+    <work dir>/conf/          config.yaml, log4j properties, workers (FLINK_CONF_DIR)
+    <work dir>/lib/           links to pyflink/lib/*.jar and pyflink/opt/flink-python-*.jar (FLINK_LIB_DIR)
+    <work dir>/log/ pid/ tmp/ checkpoints/ savepoints/
+    <work dir>/cluster.json   ports and PIDs of the processes this object started
+
+The thread-mode fixes of DESIGN §7 are built in: ``flink-python`` is in the cluster's own lib dir and
+``pemja.`` is loaded parent-first, so several thread-mode jobs can run one after another on a
+TaskManager. Every TaskManager gets a resource id of its own (``tm-1``, ``tm-2`` ...) that the REST API
+shows, so a test can find the PID of the TaskManager running a job's tasks and kill it. Flink does not
+restart a killed TaskManager of a standalone cluster: :meth:`LocalFlinkCluster.start_taskmanager` does.
+
+``start-cluster.sh`` is not used to start: it cannot give each TaskManager its own resource id. It is
+``jobmanager.sh start`` plus one ``taskmanager.sh start`` per line of ``conf/workers``, which is what
+:meth:`LocalFlinkCluster.start` runs (all at once). :meth:`LocalFlinkCluster.stop` signals the recorded
+PIDs as ``stop-cluster.sh`` would, all at once (``use_scripts=True`` runs ``stop-cluster.sh`` first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal as signals
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.local.jars import require_command
+from flink_agents_replay.local.paths import conf_dir, home_dir
+from flink_agents_replay.local.processes import free_port, pid_alive, stop_process
+
+__all__ = [
+    "SLOTS_PER_TASKMANAGER",
+    "ClusterStatus",
+    "LocalFlinkCluster",
+    "TaskManagerProcess",
+    "default_work_dir",
+    "pyflink_home",
+]
+
+SLOTS_PER_TASKMANAGER = 4
+#: FLINK_IDENT_STRING: part of the daemons' PID and log file names (instead of $USER, which may be unset).
+_IDENT = "far"
+_JOBMANAGER_PID_FILE = f"flink-{_IDENT}-standalonesession.pid"
+_TASKMANAGER_PID_FILE = f"flink-{_IDENT}-taskexecutor.pid"
+_LOG4J_FILES = ("log4j.properties", "log4j-cli.properties")
+_JAVA_HINT = "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)"
+_JOB_ID = re.compile(r"JobID\s+([0-9a-f]{32})")
+
+
+def default_work_dir() -> Path:
+    """Work directory of the cluster the CLI manages."""
+    return home_dir() / "flink"
+
+
+def pyflink_home() -> Path:
+    """The installed pyflink package: Flink's ``bin/``, ``lib/`` and ``opt/`` live in it."""
+    import pyflink
+
+    return Path(pyflink.__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class TaskManagerProcess:
+    """A TaskManager this cluster started: its resource id (as the REST API shows it) and its PID."""
+
+    resource_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What a work directory says about its cluster, and what its REST API reports if it answers."""
+
+    running: bool
+    jobmanager_pid: int | None
+    taskmanager_pids: dict[str, int]
+    rest_url: str | None
+    registered_taskmanagers: int | None
+    slots_total: int | None
+    work_dir: Path
+
+    def describe(self) -> str:
+        """One line for people."""
+        if not self.running:
+            return f"not running (work directory {self.work_dir})"
+        processes = ", ".join(f"{rid} pid {pid}" for rid, pid in sorted(self.taskmanager_pids.items())) or "none"
+        registered = ("REST API not answering" if self.registered_taskmanagers is None else
+                      f"{self.registered_taskmanagers} TaskManager(s) registered, {self.slots_total} slots")
+        return (f"running: JobManager pid {self.jobmanager_pid}, TaskManagers: {processes}; {registered}; "
+                f"web UI and REST API {self.rest_url}; work directory {self.work_dir}")
+
+
+class LocalFlinkCluster:
+    """One local standalone Flink session cluster whose state (config, logs, PIDs, checkpoints) lives in ``work_dir``.
+
+    Args:
+        work_dir: directory for config, logs, PIDs, checkpoints and savepoints; created if missing.
+        rest_port: REST API and web UI port; ``0`` picks a free one.
+        rpc_port: JobManager RPC port; ``0`` picks a free one.
+        taskmanagers: TaskManagers ``start`` launches (each with 4 slots).
+        start_timeout_s: how long ``start`` waits for the TaskManagers to register.
+    """
+
+    def __init__(self, work_dir: Path | str | None = None, *, rest_port: int = 0, rpc_port: int = 0,
+                 taskmanagers: int = 1, start_timeout_s: float = 120.0):
+        if taskmanagers < 1:
+            raise ValueError(f"taskmanagers must be at least 1, got {taskmanagers}")
+        self.work_dir = Path(work_dir).resolve() if work_dir is not None else default_work_dir()
+        self.rest_port = rest_port
+        self.rpc_port = rpc_port
+        self.taskmanagers = taskmanagers
+        self.start_timeout_s = start_timeout_s
+
+    # -- paths -------------------------------------------------------------------------------------
+    @property
+    def conf_dir(self) -> Path:
+        """The generated configuration (``FLINK_CONF_DIR``)."""
+        return self.work_dir / "conf"
+
+    @property
+    def lib_dir(self) -> Path:
+        """The cluster's class path (``FLINK_LIB_DIR``): links to pyflink's lib jars plus flink-python."""
+        return self.work_dir / "lib"
+
+    @property
+    def log_dir(self) -> Path:
+        """Daemon and client logs (``env.log.dir``)."""
+        return self.work_dir / "log"
+
+    @property
+    def pid_dir(self) -> Path:
+        """The daemons' PID files (``env.pid.dir``)."""
+        return self.work_dir / "pid"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """``execution.checkpointing.dir``."""
+        return self.work_dir / "checkpoints"
+
+    @property
+    def savepoints_dir(self) -> Path:
+        """``state.savepoints.dir``."""
+        return self.work_dir / "savepoints"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.work_dir / "cluster.json"
+
+    @property
+    def rest_url(self) -> str:
+        """``http://127.0.0.1:<port>`` of the running cluster (or of the configured port before start)."""
+        state = self._read_state()
+        port = state["rest_port"] if state else self.rest_port
+        if not port:
+            raise LocalServiceError(f"no Flink cluster runs in {self.work_dir} (a free REST port is chosen at start)")
+        return f"http://127.0.0.1:{port}"
+
+    def environment(self) -> dict[str, str]:
+        """Environment for Flink's scripts: this process's, with the cluster's conf, lib, log and PID dirs."""
+        env = dict(os.environ)
+        env.pop("_FLINK_HOME_DETERMINED", None)
+        env.update({
+            "FLINK_HOME": str(pyflink_home()),
+            "FLINK_CONF_DIR": str(self.conf_dir),
+            "FLINK_LIB_DIR": str(self.lib_dir),
+            "FLINK_LOG_DIR": str(self.log_dir),
+            "FLINK_PID_DIR": str(self.pid_dir),
+            "FLINK_IDENT_STRING": _IDENT,
+        })
+        return env
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def status(self) -> ClusterStatus:
+        """Read the state file, check that its PIDs still run, and ask the REST API if the JobManager runs."""
+        state = self._read_state()
+        if not state or not state["jobmanager_pid"] or not pid_alive(state["jobmanager_pid"]):
+            return ClusterStatus(False, None, {}, None, None, None, self.work_dir)
+        live = {rid: pid for rid, pid in state["taskmanagers"].items() if pid_alive(pid)}
+        rest_url = f"http://127.0.0.1:{state['rest_port']}"
+        registered = slots = None
+        try:
+            overview = self._get(rest_url, "/overview", timeout_s=3)
+            registered, slots = overview["taskmanagers"], overview["slots-total"]
+        except (OSError, ValueError, KeyError):
+            pass
+        return ClusterStatus(True, state["jobmanager_pid"], live, rest_url, registered, slots, self.work_dir)
+
+    def start(self) -> ClusterStatus:
+        """Start the JobManager and the TaskManagers (or return the cluster already running here).
+
+        Returns once the REST API reports every TaskManager registered with its slots; raises
+        :class:`LocalServiceError` with the end of the logs if that does not happen in time.
+        """
+        current = self.status()
+        if current.running:
+            return current
+        self._clean_up_leftovers()
+        self._require_java()
+        rest_port = self._port(self.rest_port, "REST", "--rest-port", exclude=set())
+        rpc_port = self._port(self.rpc_port, "JobManager RPC", "rpc_port=", exclude={rest_port})
+        self._write_configuration(rest_port, rpc_port)
+        self._link_lib_dir()
+        for directory in (self.log_dir, self.pid_dir, self.work_dir / "tmp" / "web", self.checkpoints_dir,
+                          self.savepoints_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._write_state({"rest_port": rest_port, "rpc_port": rpc_port, "jobmanager_pid": None,
+                           "taskmanagers": {}, "next_taskmanager": 1})
+        try:
+            # The scripts spend most of their time in short JVMs that read the configuration: run them at
+            # once (flink-daemon.sh serialises the PID file writes); TaskManagers retry until the JobManager is up.
+            jobmanager = self._spawn_script("jobmanager.sh", "start")
+            taskmanagers = self._launch_taskmanagers(self.taskmanagers, also=[jobmanager])
+            state = self._read_state()
+            state["jobmanager_pid"] = self._last_pid(_JOBMANAGER_PID_FILE)
+            if state["jobmanager_pid"] is None:
+                raise LocalServiceError(f"jobmanager.sh start recorded no PID; the logs end with:\n{self._log_tail()}")
+            self._write_state(state)
+            self._wait_for_taskmanagers({tm.resource_id for tm in taskmanagers}, self.start_timeout_s)
+            self._check_identity()
+        except BaseException:
+            self.stop()
+            raise
+        return self.status()
+
+    def stop(self, timeout_s: float = 30.0, *, use_scripts: bool = False) -> bool:
+        """Stop the cluster recorded here; return whether any of its processes was running.
+
+        Every process this work directory recorded (the state file and Flink's PID files) gets SIGTERM at
+        once, and SIGKILL if it still runs after ``timeout_s``: what ``stop-cluster.sh`` does daemon by
+        daemon (``kill``, ``kill -9`` after 10 s), without the two configuration-parsing JVMs it starts per
+        daemon (a 2-TaskManager cluster stops in ~3 s instead of 10-30 s). With ``use_scripts``,
+        ``stop-cluster.sh`` runs first. Nothing is left running either way, also after a failed start or
+        a killed TaskManager.
+        """
+        pids = self._recorded_pids()
+        live = [pid for pid in pids if pid_alive(pid)]
+        if live and use_scripts and (self.conf_dir / "config.yaml").is_file():
+            # stop-cluster.sh runs `taskmanager.sh stop` once per line of conf/workers, each ending the last
+            # PID in the PID file: one line per TaskManager ever started here, killed ones included.
+            started = len(self._pid_lines(_TASKMANAGER_PID_FILE))
+            (self.conf_dir / "workers").write_text("localhost\n" * max(started, 1))
+            try:
+                self._script("stop-cluster.sh", timeout_s=60 + 15 * started, check=False)
+            except LocalServiceError:
+                pass  # the PIDs below are ended either way
+        _terminate_all([pid for pid in live if pid_alive(pid)], timeout_s)
+        for name in (_JOBMANAGER_PID_FILE, _TASKMANAGER_PID_FILE):
+            (self.pid_dir / name).unlink(missing_ok=True)
+        self._state_file.unlink(missing_ok=True)
+        return bool(live)
+
+    def start_taskmanager(self, *, wait: bool = True, timeout_s: float = 60.0) -> TaskManagerProcess:
+        """Start one more TaskManager (``taskmanager.sh start``), e.g. to replace a killed one.
+
+        With ``wait``, returns once the REST API lists it.
+        """
+        if not self.status().running:
+            raise LocalServiceError(f"no Flink cluster runs in {self.work_dir}: start it first")
+        [taskmanager] = self._launch_taskmanagers(1)
+        if wait:
+            self._wait_for_taskmanagers({taskmanager.resource_id}, timeout_s)
+        return taskmanager
+
+    def kill_taskmanager(self, signal: int = signals.SIGKILL, *, resource_id: str | None = None,
+                         timeout_s: float = 30.0) -> int:
+        """Send ``signal`` to a TaskManager (by default the one started last) and wait until it is gone.
+
+        Returns the PID killed. Flink does not replace it: use :meth:`start_taskmanager` for that.
+        """
+        live = self.taskmanager_processes()
+        if not live:
+            raise LocalServiceError(f"no TaskManager of the cluster in {self.work_dir} is running")
+        if resource_id is None:
+            resource_id = list(live)[-1]
+        if resource_id not in live:
+            raise LocalServiceError(f"TaskManager {resource_id!r} is not running here; running: {sorted(live)}")
+        pid = live[resource_id]
+        _send(pid, signal)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid):
+            if time.monotonic() > deadline:
+                raise LocalServiceError(f"TaskManager {resource_id} (pid {pid}) still runs {timeout_s:.0f} s after "
+                                        f"signal {signals.Signals(signal).name}")
+            time.sleep(0.05)
+        return pid
+
+    def taskmanager_processes(self) -> dict[str, int]:
+        """Live TaskManagers started here: resource id -> PID, in start order."""
+        state = self._read_state() or {"taskmanagers": {}}
+        return {rid: pid for rid, pid in state["taskmanagers"].items() if pid_alive(pid)}
+
+    # -- using the cluster -------------------------------------------------------------------------
+    def flink_command(self, *args: str, timeout_s: float | None = 300.0, check: bool = False
+                      ) -> subprocess.CompletedProcess[str]:
+        """Run ``bin/flink *args`` against this cluster (its FLINK_CONF_DIR and lib dir); output as text.
+
+        Runs in the caller's working directory, so relative paths (``-py job.py``) mean what they say.
+        """
+        command = [str(pyflink_home() / "bin" / "flink"), *args]
+        try:
+            result = subprocess.run(command, env=self.environment(), capture_output=True, text=True,
+                                    timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise LocalServiceError(f"`flink {' '.join(args)}` did not finish within {timeout_s:.0f} s") from exc
+        if check and result.returncode != 0:
+            raise LocalServiceError(f"`flink {' '.join(args)}` failed (exit {result.returncode}):\n"
+                                    f"{_explain_client_failure(result.stdout + result.stderr)}\n"
+                                    f"(client log: {self.log_dir})")
+        return result
+
+    def submit_python_job(self, script: Path | str, *job_args: str, detached: bool = True,
+                          timeout_s: float = 300.0) -> str:
+        """``flink run [-d] -py script job_args...``; return the job id Flink printed."""
+        result = self.flink_command("run", *(["-d"] if detached else []), "-py", str(Path(script).resolve()), *job_args,
+                                    timeout_s=timeout_s, check=True)
+        match = _JOB_ID.search(result.stdout + result.stderr)
+        if match is None:
+            raise LocalServiceError(f"`flink run` printed no job id:\n{_tail(result.stdout + result.stderr, 30)}")
+        return match.group(1)
+
+    def rest_get(self, path: str, timeout_s: float = 5.0) -> Any:
+        """GET ``path`` (e.g. ``/overview``, ``/jobs/<id>/checkpoints``) from the REST API; parsed JSON."""
+        try:
+            return self._get(self.rest_url, path, timeout_s)
+        except (OSError, ValueError) as exc:
+            raise LocalServiceError(f"the Flink REST API at {self.rest_url} did not answer GET {path}: {exc}") from exc
+
+    def job_status(self, job_id: str) -> str:
+        """The job's status (``RUNNING``, ``RESTARTING``, ``FINISHED``, ``CANCELED``, ``FAILED`` ...)."""
+        return self.rest_get(f"/jobs/{job_id}/status")["status"]
+
+    def job_subtasks(self, job_id: str) -> list[dict[str, Any]]:
+        """Every subtask of ``job_id``'s current attempt: vertex name, subtask index, status, TaskManager id.
+
+        Built from REST resources that do not make the JobManager fetch metrics from the TaskManagers
+        (``/jobs/<id>`` and vertex details do): a metric dump calls every Python gauge of a thread-mode
+        job, which can crash a TaskManager whose task is being torn down at that moment.
+        """
+        by_data_port = {tm["dataPort"]: tm["id"] for tm in self.rest_get("/taskmanagers")["taskmanagers"]}
+        subtasks = []
+        for node in self.rest_get(f"/jobs/{job_id}/plan")["plan"]["nodes"]:
+            times = self.rest_get(f"/jobs/{job_id}/vertices/{node['id']}/subtasktimes")
+            for subtask in times["subtasks"]:
+                reached = {state: at for state, at in subtask["timestamps"].items() if at > 0}
+                port = int(subtask["endpoint"].rsplit(":", 1)[1]) if ":" in subtask.get("endpoint", "") else None
+                subtasks.append({"vertex": times["name"], "subtask": subtask["subtask"],
+                                 "status": max(reached, key=reached.get) if reached else "CREATED",
+                                 "taskmanager": by_data_port.get(port)})
+        return subtasks
+
+    def job_taskmanagers(self, job_id: str) -> dict[str, int]:
+        """Resource ids of the TaskManagers running subtasks of ``job_id`` -> how many subtasks each runs."""
+        hosts: dict[str, int] = {}
+        for subtask in self.job_subtasks(job_id):
+            if subtask["taskmanager"] is not None:
+                hosts[subtask["taskmanager"]] = hosts.get(subtask["taskmanager"], 0) + 1
+        return hosts
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _port(self, port: int, what: str, option: str, exclude: set[int]) -> int:
+        if not port:
+            return free_port(exclude=exclude)
+        if _port_taken(port) or port in exclude:
+            raise LocalServiceError(
+                f"the {what} port {port} on 127.0.0.1 is already in use: stop what listens there, or choose "
+                f"another port ({option} N, or 0 for any free port)"
+            )
+        return port
+
+    @staticmethod
+    def _require_java() -> None:
+        java_home = os.environ.get("JAVA_HOME")
+        if java_home and Path(java_home, "bin", "java").is_file():
+            return
+        require_command("java", _JAVA_HINT)
+
+    def _write_configuration(self, rest_port: int, rpc_port: int) -> None:
+        source = conf_dir() / "flink"
+        template = source / "config.yaml"
+        if not template.is_file():
+            raise LocalServiceError(f"the Flink configuration template is missing: {template}")
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        quoted = {name: json.dumps(str(value)) for name, value in {
+            "log_dir": self.log_dir, "pid_dir": self.pid_dir, "tmp_dir": self.work_dir / "tmp",
+            "web_tmp_dir": self.work_dir / "tmp" / "web", "checkpoints_uri": self.checkpoints_dir.as_uri(),
+            "savepoints_uri": self.savepoints_dir.as_uri(), "python": sys.executable,
+        }.items()}
+        text = string.Template(template.read_text()).substitute(
+            rest_port=rest_port, rpc_port=rpc_port, slots=SLOTS_PER_TASKMANAGER, **quoted)
+        (self.conf_dir / "config.yaml").write_text(text)
+        for name in _LOG4J_FILES:
+            shutil.copyfile(source / name, self.conf_dir / name)
+        (self.conf_dir / "workers").write_text("localhost\n" * self.taskmanagers)
+        (self.conf_dir / "masters").write_text(f"127.0.0.1:{rest_port}\n")
+
+    def _link_lib_dir(self) -> None:
+        """FLINK_LIB_DIR: pyflink's lib jars plus opt/flink-python, so pemja is on the cluster class path."""
+        home = pyflink_home()
+        jars = sorted((home / "lib").glob("*.jar"))
+        python_jars = sorted((home / "opt").glob("flink-python-*.jar"))
+        if not any(jar.name.startswith("flink-dist") for jar in jars) or len(python_jars) != 1:
+            raise LocalServiceError(
+                f"the pyflink package at {home} lacks lib/flink-dist-*.jar or exactly one opt/flink-python-*.jar: "
+                "reinstall apache-flink"
+            )
+        if self.lib_dir.exists():
+            shutil.rmtree(self.lib_dir)
+        self.lib_dir.mkdir(parents=True)
+        for jar in [*jars, *python_jars]:
+            (self.lib_dir / jar.name).symlink_to(jar)
+
+    def _launch_taskmanagers(self, count: int, also: Sequence[subprocess.Popen] = ()) -> list[TaskManagerProcess]:
+        """Run ``taskmanager.sh start`` ``count`` times at once, each with its own resource id; record the PIDs.
+
+        ``also``: scripts started before, to wait for with these.
+        """
+        state = self._read_state()
+        first = state["next_taskmanager"]
+        resource_ids = [f"tm-{n}" for n in range(first, first + count)]
+        state["next_taskmanager"] = first + count
+        self._write_state(state)
+        before = set(self._pid_lines(_TASKMANAGER_PID_FILE))
+        scripts = [*also, *(self._spawn_script("taskmanager.sh", "start", "-D", f"taskmanager.resource-id={rid}")
+                            for rid in resource_ids)]
+        failures = []
+        for script in scripts:  # wait for every script before reporting any failure: none is left running
+            try:
+                self._finish_script(script)
+            except LocalServiceError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+        new = [pid for pid in self._pid_lines(_TASKMANAGER_PID_FILE) if pid not in before]
+        found = {_resource_id_of(pid): pid for pid in new}
+        if len(new) == 1 and count == 1:
+            found = {resource_ids[0]: new[0]}
+        missing = [rid for rid in resource_ids if rid not in found]
+        if missing:
+            raise LocalServiceError(f"taskmanager.sh start recorded no PID for {', '.join(missing)}; the logs end "
+                                    f"with:\n{self._log_tail()}")
+        state = self._read_state()
+        state["taskmanagers"].update({rid: found[rid] for rid in resource_ids})
+        self._write_state(state)
+        return [TaskManagerProcess(rid, found[rid]) for rid in resource_ids]
+
+    def _wait_for_taskmanagers(self, resource_ids: set[str], timeout_s: float) -> None:
+        """Wait until the REST API lists ``resource_ids`` among the registered TaskManagers, with their slots."""
+        state = self._read_state()
+        rest_url = f"http://127.0.0.1:{state['rest_port']}"
+        deadline = time.monotonic() + timeout_s
+        seen = "the REST API did not answer"
+        while time.monotonic() < deadline:
+            if not pid_alive(state["jobmanager_pid"]):
+                raise LocalServiceError(f"the Flink JobManager exited while starting; the logs end with:\n"
+                                        f"{self._log_tail()}")
+            dead = sorted(rid for rid in resource_ids if not pid_alive(state["taskmanagers"][rid]))
+            if dead:
+                raise LocalServiceError(f"TaskManager(s) {', '.join(dead)} exited while starting; the logs end "
+                                        f"with:\n{self._log_tail()}")
+            try:
+                registered = {tm["id"]: tm for tm in self._get(rest_url, "/taskmanagers", timeout_s=3)["taskmanagers"]}
+                seen = f"registered TaskManagers: {sorted(registered) or 'none'}"
+                if all(rid in registered and registered[rid]["slotsNumber"] == SLOTS_PER_TASKMANAGER
+                       for rid in resource_ids):
+                    return
+            except (OSError, ValueError, KeyError):
+                pass  # not up yet; the deadline bounds the retries
+            time.sleep(0.25)
+        raise LocalServiceError(
+            f"TaskManager(s) {', '.join(sorted(resource_ids))} did not register with the Flink cluster at {rest_url} "
+            f"within {timeout_s:.0f} s ({seen}); the logs ({self.log_dir}) end with:\n{self._log_tail()}"
+        )
+
+    def _check_identity(self) -> None:
+        """Make sure the REST API that answered is this cluster's (not another one's on a reused port)."""
+        config = {entry["key"]: entry["value"] for entry in self.rest_get("/jobmanager/config")}
+        if config.get("state.savepoints.dir") != self.savepoints_dir.as_uri():
+            raise LocalServiceError(
+                f"the Flink REST API at {self.rest_url} belongs to another cluster (savepoints dir "
+                f"{config.get('state.savepoints.dir')!r}): choose another port"
+            )
+
+    def _spawn_script(self, name: str, *args: str) -> subprocess.Popen:
+        command = [str(pyflink_home() / "bin" / name), *args]
+        # A new session: the daemons outlive the caller (the CLI) and are stopped by PID.
+        return subprocess.Popen(command, env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=self.work_dir, text=True, start_new_session=True)
+
+    def _finish_script(self, script: subprocess.Popen, timeout_s: float = 120.0, check: bool = True) -> str:
+        what = " ".join(Path(script.args[0]).name if i == 0 else arg for i, arg in enumerate(script.args))
+        try:
+            output, _ = script.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            script.kill()
+            script.communicate()
+            raise LocalServiceError(f"{what} did not finish within {timeout_s:.0f} s") from exc
+        if check and (script.returncode != 0 or "[ERROR]" in output):
+            raise LocalServiceError(f"{what} failed (exit {script.returncode}):\n{_tail(output, 20)}"
+                                    f"\nThe logs end with:\n{self._log_tail()}")
+        return output
+
+    def _script(self, name: str, *args: str, timeout_s: float = 120.0, check: bool = True) -> str:
+        return self._finish_script(self._spawn_script(name, *args), timeout_s, check)
+
+    def _pid_lines(self, name: str) -> list[int]:
+        try:
+            return [int(line) for line in (self.pid_dir / name).read_text().split() if line.isdigit()]
+        except FileNotFoundError:
+            return []
+
+    def _last_pid(self, name: str) -> int | None:
+        lines = self._pid_lines(name)
+        return lines[-1] if lines else None
+
+    def _recorded_pids(self) -> list[int]:
+        """Every PID this work directory knows of: the state file's and Flink's own PID files'."""
+        state = self._read_state() or {}
+        pids = [*state.get("taskmanagers", {}).values(), *self._pid_lines(_TASKMANAGER_PID_FILE)]
+        pids += [state["jobmanager_pid"]] if state.get("jobmanager_pid") else []
+        pids += self._pid_lines(_JOBMANAGER_PID_FILE)
+        return list(dict.fromkeys(pids))
+
+    def _clean_up_leftovers(self) -> None:
+        """Before a start: end processes a dead JobManager left behind and forget its PID files."""
+        _terminate_all([pid for pid in self._recorded_pids() if pid_alive(pid)], 10)
+        for name in (_JOBMANAGER_PID_FILE, _TASKMANAGER_PID_FILE):
+            (self.pid_dir / name).unlink(missing_ok=True)
+        self._state_file.unlink(missing_ok=True)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        parts = []
+        for path in sorted(self.log_dir.glob("flink-*-*-*.*")):
+            if path.suffix in (".log", ".out") and "client" not in path.name:
+                text = _tail(path.read_text(errors="replace"), lines)
+                if text:
+                    parts.append(f"--- {path.name}\n{text}")
+        return "\n".join(parts) or "(no logs)"
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_state(self, state: dict) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self._state_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=1))
+        temporary.replace(self._state_file)
+
+    @staticmethod
+    def _get(rest_url: str, path: str, timeout_s: float) -> Any:
+        with urllib.request.urlopen(rest_url + path, timeout=timeout_s) as response:  # noqa: S310 - loopback
+            return json.loads(response.read())
+
+
+def _port_taken(port: int) -> bool:
+    """Whether a socket is bound to 127.0.0.1:``port`` (connections of a stopped server in TIME_WAIT do not
+    count: Flink binds with SO_REUSEADDR, so a cluster restarted on the same port must not be refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _terminate_all(pids: list[int], timeout_s: float) -> None:
+    """SIGTERM every PID at once, SIGKILL those still running after ``timeout_s``; return when all are gone."""
+    for pid in pids:
+        _send(pid, signals.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if pid_alive(pid):
+            stop_process(pid, timeout_s=0)  # SIGKILL, and wait until it is gone
+
+
+def _send(pid: int, signal: int) -> None:
+    try:
+        os.kill(pid, signal)
+    except ProcessLookupError:
+        pass
+
+
+def _resource_id_of(pid: int) -> str | None:
+    """The ``taskmanager.resource-id`` a TaskManager process was started with (from its command line)."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for argument in arguments:
+        if argument.startswith("taskmanager.resource-id="):
+            return argument.split("=", 1)[1]
+    return None
+
+
+def _explain_client_failure(output: str) -> str:
+    """The useful part of a failed `flink` client's output: the Python traceback of a `-py` job (without
+    Java frames, with its last Java causes) if there is one, else the end of the output."""
+    lines = output.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return _tail(output, 30)
+    python = []
+    for line in lines[starts[-1]:]:
+        if line.startswith(("ERROR ", "WARN ")):  # the client's own log lines follow the Python output
+            break
+        if not line.lstrip().startswith(("at ", "... ")):
+            python.append(line)
+    causes = list(dict.fromkeys(line for line in python if line.startswith("Caused by:")))
+    shown = [line for line in python if not line.startswith("Caused by:")]
+    return "\n".join([*shown[:30], *causes[-2:]])
+
+
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

@@ -1,0 +1,394 @@
+"""A local standalone Flink session cluster (pyflink's bin/ scripts) running the agent job with ``flink run -py``.
+
+1. Lifecycle: start, status, REST API, a TaskManager added, stop, and no process left.
+2. A TaskManager killed with SIGKILL mid-stream: Flink restores the job on the other TaskManager from the
+   latest checkpoint; the committed outputs equal a failure-free reference computed by construction, every
+   logical call ran, and only calls of the actions the kill interrupted ran a second time (DESIGN §1).
+   Then a second thread-mode job runs on the TaskManager that ran the first (DESIGN §7's pemja problem,
+   which the cluster's FLINK_LIB_DIR and parent-first ``pemja.`` fix).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from flink_agents_replay.keygroups import key_group
+from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.local.flink_cluster import SLOTS_PER_TASKMANAGER, LocalFlinkCluster
+from flink_agents_replay.local.processes import pid_alive
+from flink_agents_replay.operator import AgentOutput
+from flink_agents_replay.runner import RunInput, execute_run
+from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import canonical_output, make_inputs, produce_inputs
+
+pytestmark = pytest.mark.integration
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "agent_failover_job.py"
+SIGNING_KEY = "test-signing-key-0123456789"
+#: The chain agent's tools in call order; consecutive pairs are its three actions' calls.
+CHAIN_TOOLS = ("classifier", "lookup", "writer", "checker", "sender", "archiver")
+CALLS_PER_ACTION = 2
+CALLS_PER_INPUT = len(CHAIN_TOOLS)
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] | str):
+    """Poll ``condition`` until it returns something truthy (returned); fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s:.0f} s: {what() if callable(what) else what}")
+        time.sleep(0.2)
+
+
+def reference(inputs: list[dict], path: Path) -> tuple[Counter, dict[str, int]]:
+    """The failure-free outputs and logical calls, by construction: each key's inputs run in topic order."""
+    counter = InvocationCounter(path)
+    agent = chain_agent(counter)
+    memory: dict[str, dict] = {}
+    seqs: Counter = Counter()
+    outputs = []
+    for record in inputs:
+        key = record["key"]
+        seqs[key] += 1
+        result = execute_run(agent, RunInput(key, key_group(key, "STRING", 128), seqs[key], record),
+                             memory.get(key, {}))
+        memory[key] = result.memory
+        outputs += [canonical_output(AgentOutput(key, seqs[key], out.id, out.output)) for out in result.outputs]
+    return Counter(outputs), logical_call_counts(counter)
+
+
+def check_repeats_confined_to_interrupted_actions(calls: dict[str, int]) -> list[str]:
+    """Check DESIGN §1 after one SIGKILL; return the logical calls that ran twice.
+
+    A call whose completion was journaled never runs again. What a kill can interrupt, per key, is the
+    one action in progress: its call under way (a "sender" call there is *in doubt*: started, never
+    reported back; the default policy makes it again) and, with the default ``per_action`` durability,
+    its earlier call whose record was still travelling. So for each key every repeated call belongs to
+    that key's one interrupted action (same seq, same action) and ran exactly twice.
+    """
+    interrupted: dict[str, set[tuple[int, int]]] = {}
+    for name, count in calls.items():
+        if count > 1:
+            assert count == 2, f"{name} ran {count} times after a single failure"
+            key, seq, position = _call_position(name)
+            interrupted.setdefault(key, set()).add((seq, position // CALLS_PER_ACTION))
+    spread = {key: sorted(actions) for key, actions in interrupted.items() if len(actions) > 1}
+    assert spread == {}, f"calls of completed actions ran again (key: [(seq, action)...]): {spread}"
+    return sorted(name for name, count in calls.items() if count > 1)
+
+
+def _call_position(name: str) -> tuple[str, int, int]:
+    """(key, seq, position in the run) of a chain agent's logical call ``call:<tool>:<argument>``."""
+    _, tool, argument = name.split(":", 2)
+    match = re.search(r"(key-\d+)\|(\d+)\|", argument)  # every argument nests "<key>|<seq>|<input>"
+    assert match, f"unexpected call name {name}"
+    return match.group(1), int(match.group(2)), CHAIN_TOOLS.index(tool)
+
+
+def job_args(bootstrap: str, input_topic: str, output_topic: str, counter_path: Path, *extra: str) -> list[str]:
+    return ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
+            "--journal-topic", f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter_path),
+            "--signing-key", SIGNING_KEY, "--parallelism", "2", "--checkpoint-interval-ms", "500", *extra]
+
+
+def diagnostics(cluster: LocalFlinkCluster, job_id: str) -> str:
+    """Job status, subtask states and the latest exceptions, for failure messages.
+
+    Only REST resources that make the JobManager fetch no TaskManager metrics (see ``job_subtasks``).
+    """
+    try:
+        status = cluster.job_status(job_id)
+        subtasks = cluster.job_subtasks(job_id)
+        history = cluster.rest_get(f"/jobs/{job_id}/exceptions").get("exceptionHistory", {}).get("entries", [])
+        checkpoints = cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]
+    except Exception as exc:  # noqa: BLE001 - diagnostics must not hide the real failure
+        return f"(REST API: {exc})"
+    tasks = ", ".join(f"{t['vertex'][:30]} {t['subtask']}: {t['status']} on {t['taskmanager']}" for t in subtasks)
+    errors = "\n".join(_first_and_root_cause(entry["stacktrace"]) for entry in history[:2])
+    return f"job {status}; {tasks}; checkpoints {checkpoints}\n{errors}"
+
+
+def _first_and_root_cause(stacktrace: str) -> str:
+    lines = stacktrace.splitlines()
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    return "\n".join([lines[0], *causes[-2:]]) if lines else ""
+
+
+class CommittedOutputs:
+    """Reads the output topic like a downstream consumer that sees committed transactions only."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        partitions = self.admin.list_topics(topic, timeout=30).topics[topic].partitions
+        self.partitions = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+        self.rows: list[tuple] = []
+
+    def poll(self, seconds: float = 0.5) -> list[tuple]:
+        """Read what arrives within ``seconds``; return every row read so far."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = self.consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                self.rows.append(tuple(json.loads(message.value())))
+        return self.rows
+
+    def read_to_committed_end(self, timeout_s: float = 60) -> list[tuple]:
+        """Read on until every partition reaches its last stable offset as it is now; return all rows."""
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import OffsetSpec
+
+        futures = self.admin.list_offsets({tp: OffsetSpec.latest() for tp in self.partitions},
+                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
+        ends = {tp.partition: future.result().offset for tp, future in futures.items()}
+
+        def reached() -> bool:
+            self.poll(0.2)
+            return all(tp.offset >= ends[tp.partition] for tp in self.consumer.position(self.partitions))
+
+        wait_until(reached, timeout_s, lambda: f"positions {self.consumer.position(self.partitions)}, ends {ends}")
+        return self.rows
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def run_bounded_job(cluster: LocalFlinkCluster, bootstrap: str, input_topic: str, output_topic: str,
+                    counter_path: Path, on: set[str]) -> tuple[list[tuple], dict[str, int], tuple[float, float]]:
+    """Submit the job on a bounded input without restarts; return its committed outputs, calls and timings."""
+    counter = InvocationCounter(counter_path)
+    begun = time.monotonic()
+    job_id = cluster.submit_python_job(JOB, *job_args(bootstrap, input_topic, output_topic, counter_path,
+                                                       "--bounded", "--restart-attempts", "0"))
+    submitted_s = time.monotonic() - begun
+    wait_until(lambda: cluster.job_status(job_id) in ("FINISHED", "FAILED", "CANCELED"), 120,
+               lambda: diagnostics(cluster, job_id))
+    assert cluster.job_status(job_id) == "FINISHED", diagnostics(cluster, job_id)
+    assert set(cluster.job_taskmanagers(job_id)) == on
+    reader = CommittedOutputs(bootstrap, output_topic)
+    try:
+        rows = reader.read_to_committed_end()
+    finally:
+        reader.close()
+    return rows, logical_call_counts(counter), (round(submitted_s, 1), round(time.monotonic() - begun, 1))
+
+
+@pytest.fixture
+def log_append_time_topic(kafka_admin):
+    """Factory of output topics whose records get the broker's time (deleted after the test).
+
+    At the end of a bounded input the operator emits the remaining runs' outputs from its drain timer, and
+    Flink stamps them with that timer's time, Long.MAX_VALUE - 1: a CreateTime topic rejects them
+    (InvalidTimestampException) and the exactly-once KafkaSink fails the job. LogAppendTime ignores it.
+    """
+    from confluent_kafka.admin import NewTopic
+
+    created: list[str] = []
+
+    def create() -> str:
+        name = f"flink-out-{uuid.uuid4().hex[:10]}"
+        topic = NewTopic(name, 1, 1, config={"message.timestamp.type": "LogAppendTime"})
+        for future in kafka_admin.create_topics([topic], request_timeout=30).values():
+            future.result(timeout=60)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in kafka_admin.delete_topics(created, request_timeout=30).values():
+            future.result(timeout=60)
+
+
+@pytest.fixture
+def flink_cluster(tmp_path_factory):
+    """Factory of local clusters in temporary work directories; every one is stopped at the end, even on failure."""
+    clusters: list[LocalFlinkCluster] = []
+
+    def make(**kwargs) -> LocalFlinkCluster:
+        cluster = LocalFlinkCluster(tmp_path_factory.mktemp("flink-cluster"), **kwargs)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        pids = cluster._recorded_pids()
+        cluster.stop()
+        assert not [pid for pid in pids if pid_alive(pid)], "processes of the cluster survived stop()"
+
+
+# -- tests ---------------------------------------------------------------------------------------------
+def test_start_names_a_taken_port_and_a_missing_java(tmp_path, monkeypatch):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        cluster = LocalFlinkCluster(tmp_path / "taken", rest_port=taken)
+        with pytest.raises(LocalServiceError, match=rf"REST port {taken} on 127.0.0.1 is already in use.*--rest-port"):
+            cluster.start()
+        assert not cluster.status().running and not (tmp_path / "taken" / "cluster.json").exists()
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java here
+    with pytest.raises(LocalServiceError, match="'java' is not on PATH: install a Java 17 JDK"):
+        LocalFlinkCluster(tmp_path / "nojava").start()
+
+
+def test_lifecycle_start_status_rest_add_taskmanager_stop_leaves_no_process(flink_cluster):
+    cluster = flink_cluster(taskmanagers=1)
+    assert not cluster.status().running
+
+    begun = time.monotonic()
+    status = cluster.start()
+    started_s = time.monotonic() - begun
+    assert status.running and status.registered_taskmanagers == 1 and status.slots_total == SLOTS_PER_TASKMANAGER
+    assert list(status.taskmanager_pids) == ["tm-1"]
+    assert pid_alive(status.jobmanager_pid) and pid_alive(status.taskmanager_pids["tm-1"])
+    assert status.rest_url == cluster.rest_url and "running" in status.describe()
+    assert cluster.rest_get("/overview")["flink-version"].startswith("2.")
+    config = {entry["key"]: entry["value"] for entry in cluster.rest_get("/jobmanager/config")}
+    assert config["python.execution-mode"] == "thread"
+    assert config["classloader.parent-first-patterns.additional"] == "pemja."
+    assert config["state.savepoints.dir"] == cluster.savepoints_dir.as_uri()
+    assert config["execution.checkpointing.dir"] == cluster.checkpoints_dir.as_uri()
+    assert any(link.name.startswith("flink-python-") for link in cluster.lib_dir.iterdir())
+    assert cluster.start().jobmanager_pid == status.jobmanager_pid, "a second start() must reuse the cluster"
+    listed = cluster.flink_command("list", check=True)
+    assert "No running jobs" in listed.stdout, listed.stdout
+
+    begun = time.monotonic()
+    added = cluster.start_taskmanager()
+    added_s = time.monotonic() - begun
+    assert added.resource_id == "tm-2" and pid_alive(added.pid)
+    status = cluster.status()
+    assert status.registered_taskmanagers == 2 and status.slots_total == 2 * SLOTS_PER_TASKMANAGER
+    assert set(status.taskmanager_pids) == {"tm-1", "tm-2"}
+
+    pids = [status.jobmanager_pid, *status.taskmanager_pids.values()]
+    rest_port = int(status.rest_url.rsplit(":", 1)[1])
+    begun = time.monotonic()
+    assert cluster.stop() is True
+    stopped_s = time.monotonic() - begun
+    assert [pid for pid in pids if pid_alive(pid)] == []
+    assert not cluster.status().running
+    assert not list(cluster.pid_dir.glob("*.pid"))
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", rest_port), timeout=5).close()
+    assert cluster.stop() is False
+    print(f"\nlocal Flink: start {started_s:.1f} s, TaskManager added in {added_s:.1f} s, stop {stopped_s:.1f} s")
+
+
+def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
+        kafka_bootstrap, new_topic, log_append_time_topic, flink_cluster, tmp_path, operator_log):
+    """Two TaskManagers; the one running the job is SIGKILLed; Flink restores the job on the other.
+
+    Then a second thread-mode job runs on that surviving TaskManager, which already ran one: without the
+    cluster's pemja fix it would loop in RESTARTING (DESIGN §7).
+    """
+    keys, per_key, call_delay_s = 8, 10, 0.1
+    total_calls = keys * per_key * CALLS_PER_INPUT
+    inputs = make_inputs(keys, per_key)
+    expected, expected_calls = reference(inputs, tmp_path / "reference.db")
+    input_topic = produce_inputs(kafka_bootstrap, inputs)
+    output_topic = new_topic(prefix="flink-out")
+    counter = InvocationCounter(tmp_path / "calls.db")
+
+    cluster = flink_cluster(taskmanagers=2)
+    begun = time.monotonic()
+    cluster.start()
+    started_s = time.monotonic() - begun
+    begun = time.monotonic()
+    job_id = cluster.submit_python_job(JOB, *job_args(kafka_bootstrap, input_topic, output_topic, counter.path,
+                                                       "--call-delay-s", str(call_delay_s),
+                                                       "--restart-attempts", "5"))
+    submitted_s = time.monotonic() - begun
+
+    def checkpoints() -> dict:
+        return cluster.rest_get(f"/jobs/{job_id}/checkpoints")
+
+    # Kill once calls are under way and a checkpoint holds some of the job's progress.
+    wait_until(lambda: checkpoints()["counts"]["completed"] >= 1 and counter.count("calls") >= total_calls // 10,
+               120, lambda: f"calls {counter.count('calls')}; {diagnostics(cluster, job_id)}")
+    running_on = cluster.job_taskmanagers(job_id)
+    victim = max(running_on, key=running_on.get)
+    calls_at_kill = counter.count("calls")
+    checkpoints_at_kill = checkpoints()["counts"]["completed"]
+    killed_pid = cluster.kill_taskmanager(resource_id=victim)
+    killed_at = time.monotonic()
+    assert not pid_alive(killed_pid)
+    assert calls_at_kill < total_calls, "the job finished its work before the kill: slow its calls down"
+
+    # Flink notices the lost TaskManager, restores the latest checkpoint on the other one and runs again.
+    restored = wait_until(lambda: checkpoints()["latest"]["restored"], 120,
+                          lambda: f"no restore reported; {diagnostics(cluster, job_id)}")
+    restored_s = time.monotonic() - killed_at
+
+    [survivor] = cluster.taskmanager_processes()
+
+    def running_again() -> bool:  # every subtask RUNNING, on the survivor (the REST API answers from a cache)
+        return cluster.job_status(job_id) == "RUNNING" and all(
+            t["status"] == "RUNNING" and t["taskmanager"] == survivor for t in cluster.job_subtasks(job_id))
+
+    wait_until(running_again, 120, lambda: diagnostics(cluster, job_id))
+    running_s = time.monotonic() - killed_at
+
+    reader = CommittedOutputs(kafka_bootstrap, output_topic)
+    try:
+        wait_until(lambda: set(reader.poll()) >= set(expected), 180,
+                   lambda: f"{len(set(reader.rows) & set(expected))} of {len(expected)} outputs committed, "
+                           f"{counter.count('calls')} calls; {diagnostics(cluster, job_id)}")
+        complete_s = time.monotonic() - killed_at
+        # One more completed checkpoint commits anything still pending, duplicates included; then read on.
+        last = checkpoints()["counts"]["completed"]
+        wait_until(lambda: checkpoints()["counts"]["completed"] > last, 60, lambda: diagnostics(cluster, job_id))
+        rows = reader.read_to_committed_end()
+    finally:
+        reader.close()
+    cluster.flink_command("cancel", job_id, check=True)
+
+    assert Counter(rows) == expected
+    calls = logical_call_counts(counter)
+    assert calls.keys() == expected_calls.keys()
+    repeated = check_repeats_confined_to_interrupted_actions(calls)
+    log = operator_log()
+    restores = [line for line in log if " restored: " in line]
+    assert restores, "the operator did not restore its journal position from the checkpoint"
+    in_doubt = sum(1 for line in log if "to 'sender' in doubt: made again" in line)
+    repeated_sends = sum(1 for name in repeated if name.startswith("call:sender:"))
+    assert repeated_sends <= in_doubt, "a repeated external call was not reported as in doubt"
+    in_flight = sum(int(line.split("; ")[-1].split()[0]) for line in restores)
+    print(f"\nlocal Flink failover: start {started_s:.1f} s, submit {submitted_s:.1f} s; killed {victim} "
+          f"(pid {killed_pid}, running {running_on}) after {calls_at_kill}/{total_calls} calls and "
+          f"{checkpoints_at_kill} checkpoints; restore of checkpoint {restored['id']} reported after "
+          f"{restored_s:.1f} s, all tasks running after {running_s:.1f} s, all outputs committed after "
+          f"{complete_s:.1f} s; runs in flight at the restored checkpoint: {in_flight}; calls interrupted by the "
+          f"kill and made again: {len(repeated)} ({repeated_sends} external, {in_doubt} reported in doubt)")
+
+    # A second thread-mode job on the surviving TaskManager (no restarts: a pemja failure fails it at once).
+    wait_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: diagnostics(cluster, job_id))
+    small = make_inputs(keys=3, per_key=2)
+    small_expected, small_calls = reference(small, tmp_path / "reference-small.db")
+    rows, calls, took = run_bounded_job(cluster, kafka_bootstrap, produce_inputs(kafka_bootstrap, small),
+                                        log_append_time_topic(), tmp_path / "calls-second.db", on={survivor})
+    assert Counter(rows) == small_expected
+    assert calls == small_calls
+    assert survivor in cluster.taskmanager_processes(), "the TaskManager died after running two jobs"
+    print(f"second job on {survivor}: submitted in {took[0]} s, finished and read in {took[1]} s")

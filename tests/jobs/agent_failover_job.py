@@ -1,0 +1,106 @@
+"""Test job for ``flink run -py``: Kafka inputs -> chain agent -> exactly-once Kafka outputs.
+
+Reads JSON inputs ``{"key": ..., "n": ...}`` from a Kafka topic (unbounded by default: a job on a session
+cluster runs until cancelled, with runs in flight across ordinary checkpoints), keys them by ``key``
+(``Types.STRING()``), runs :func:`flink_agents_replay.testing.agents.chain_agent` with an
+:class:`~flink_agents_replay.testing.counter.InvocationCounter` file that outlives killed TaskManagers,
+and writes every output as ``json.dumps(canonical_output(output))`` with Flink's exactly-once
+``KafkaSink`` (committed at checkpoints: read it with ``isolation.level=read_committed``).
+
+The source and the JSON parsing run with parallelism 1, so the agent has one upstream instance and every
+key's inputs arrive in topic order, also after a restore (DESIGN §13). Used by
+``tests/integration/test_local_flink.py``::
+
+    flink run -d -py tests/jobs/agent_failover_job.py --bootstrap-servers 127.0.0.1:9092 \\
+        --input-topic in --output-topic out --journal-topic journal --counter-path /tmp/calls.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+
+from pyflink.common import Types, WatermarkStrategy
+from pyflink.common.serialization import SimpleStringSchema
+from pyflink.datastream.connectors.base import DeliveryGuarantee
+from pyflink.datastream.connectors.kafka import (
+    KafkaOffsetsInitializer,
+    KafkaRecordSerializationSchema,
+    KafkaSink,
+    KafkaSource,
+)
+
+from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.local.jars import kafka_connector_jar
+from flink_agents_replay.pipeline import connect_to_agent
+from flink_agents_replay.testing.agents import chain_agent
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import canonical_output
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--input-topic", required=True)
+    parser.add_argument("--output-topic", required=True)
+    parser.add_argument("--journal-topic", required=True)
+    parser.add_argument("--counter-path", required=True, help="SQLite file of the InvocationCounter")
+    parser.add_argument("--signing-key", required=True, help="journal signing key (16+ characters)")
+    parser.add_argument("--parallelism", type=int, default=2, help="parallelism of the agent and the sink")
+    parser.add_argument("--checkpoint-interval-ms", type=int, default=500)
+    parser.add_argument("--restart-attempts", type=int, default=3, help="fixed-delay restarts after a failure")
+    parser.add_argument("--restart-delay-ms", type=int, default=500)
+    parser.add_argument("--call-delay-s", type=float, default=0.0, help="how long each tool call takes")
+    parser.add_argument("--max-concurrent-runs", type=int, default=16, help="agent runs in flight per subtask")
+    parser.add_argument("--bounded", action="store_true", help="end the job at the input topic's current end")
+    parser.add_argument("--job-name", default="flink-agents-replay agent failover job")
+    return parser.parse_args(argv)
+
+
+def build(args: argparse.Namespace):
+    """The job's environment, with the pipeline defined on it."""
+    env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
+                             restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
+                             jars=[kafka_connector_jar()])
+    builder = (
+        KafkaSource.builder().set_bootstrap_servers(args.bootstrap_servers).set_topics(args.input_topic)
+        .set_group_id(f"agent-failover-job-{uuid.uuid4().hex[:8]}")
+        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
+        .set_value_only_deserializer(SimpleStringSchema())
+    )
+    if args.bounded:
+        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
+    records = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
+    # Parallelism 1 like the source (chained to it): one upstream instance for the agent (DESIGN §13).
+    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).set_parallelism(1)
+    keyed = parsed.key_by(lambda record: record["key"], key_type=Types.STRING())
+    agent = chain_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s)
+    config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
+              "signing_key": args.signing_key, "max_concurrent_runs": args.max_concurrent_runs}
+    outputs = connect_to_agent(keyed, agent, config)
+    sink = (
+        KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
+        .set_record_serializer(
+            KafkaRecordSerializationSchema.builder().set_topic(args.output_topic)
+            .set_value_serialization_schema(SimpleStringSchema()).build()
+        )
+        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
+        .set_transactional_id_prefix(f"agent-failover-{uuid.uuid4().hex[:8]}")
+        .set_property("transaction.timeout.ms", "120000")
+        .build()
+    )
+    (outputs.map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING())
+     .uid("agent-failover/serialize").sink_to(sink).uid("agent-failover/sink"))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    build(args).execute(args.job_name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
