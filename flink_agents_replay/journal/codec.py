@@ -75,6 +75,16 @@ class RecordCodec:
 
     def decode(self, record_key: bytes, value: bytes, *, where: str = "") -> DecodedRecord:
         """Verify and decode a record value; raise :class:`SignatureError` if it is not ours."""
+        header, body = self.verify(record_key, value, where=where)
+        return DecodedRecord(RecordKind(header["kind"]), header["producer"], header["fp"], header["ts"],
+                             cloudpickle.loads(body))
+
+    def verify(self, record_key: bytes, value: bytes, *, where: str = "") -> tuple[dict, bytes]:
+        """Check a record's signature and producer; return its header and its still-pickled payload.
+
+        Recovery verifies every record as it reads it but unpickles a key's payloads only when that key
+        replays: unpickling is most of the cost of reading the journal back.
+        """
         context = f" ({where})" if where else ""
         if value is None or len(value) < _PREFIX.size + _MAC_SIZE:
             raise SignatureError(f"journal record{context} is too short to be a flink-agents-replay record")
@@ -99,8 +109,7 @@ class RecordCodec:
                 f"journal record{context} was written by {header['producer']!r}, not by this operator "
                 f"({self.producer!r}): each agent needs its own journal topic"
             )
-        payload = cloudpickle.loads(unsigned[start + header_length:])
-        return DecodedRecord(RecordKind(header["kind"]), header["producer"], header["fp"], header["ts"], payload)
+        return header, unsigned[start + header_length:]
 
     @staticmethod
     def peek_header(value: bytes) -> dict | None:

@@ -17,11 +17,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from flink_agents_replay.journal.records import CallOutcome, CallRecord, CompletionRecord, RunPosition
+import cloudpickle
+
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.records import CallOutcome, CallRecord, CompletionRecord, RecordKind, RunPosition
+from flink_agents_replay.journal.store import StoredRecord
 
 __all__ = ["KeyHistory", "RecoveryIndex"]
 
 ActionSlot = tuple[int, str, str]  # (seq, event id, action)
+_INDEXED_KINDS = (RecordKind.CALL.value, RecordKind.COMPLETION.value)
 
 
 @dataclass
@@ -107,15 +112,38 @@ class KeyHistory:
 
 
 class RecoveryIndex:
-    """Recovered records of one subtask, by key digest, with per-partition bookkeeping for pruning."""
+    """Recovered records of one subtask, by key digest, with per-partition bookkeeping for pruning.
 
-    def __init__(self) -> None:
+    Records may be filed raw (:meth:`add_raw`): a key's records are verified and unpickled when
+    :meth:`history` first asks for that key, so a restore costs little more than reading the partitions,
+    and the rest is spread over the keys that actually replay. A record is still verified before its
+    payload is unpickled; one that fails raises :class:`~flink_agents_replay.errors.SignatureError`.
+    """
+
+    def __init__(self, codec: RecordCodec | None = None) -> None:
+        self._codec = codec
         self._keys: dict[str, KeyHistory] = {}
+        self._raw: dict[str, list[StoredRecord]] = {}
         self.records_read = 0  # every record read, including those a filter skipped
 
     def history(self, digest_of_key: str) -> KeyHistory | None:
         """The key's recovered history, or ``None`` when the journal had nothing for it."""
+        raw = self._raw.pop(digest_of_key, None)
+        if raw is not None:
+            for stored in raw:
+                header, payload = self._codec.verify(
+                    stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
+                if header["kind"] in _INDEXED_KINDS:
+                    record = cloudpickle.loads(payload)
+                    if isinstance(record, (CallRecord, CompletionRecord)):
+                        self.add(digest_of_key, raw[0].partition, raw[0].offset, record)
         return self._keys.get(digest_of_key)
+
+    def add_raw(self, digest_of_key: str, stored: StoredRecord) -> None:
+        """File one record as read, to be verified and decoded when its key first replays."""
+        if self._codec is None:
+            raise ValueError("a RecoveryIndex without a codec cannot take raw records")
+        self._raw.setdefault(digest_of_key, []).append(stored)
 
     def add(self, digest_of_key: str, partition: int, offset: int, record: CallRecord | CompletionRecord) -> None:
         """File one decoded record."""
@@ -137,12 +165,12 @@ class RecoveryIndex:
         """Per partition, the first offset still needed by some key's unreplayed history."""
         floors: dict[int, int] = {}
         # Called on the task thread while runs mutate their keys' histories: read only fixed fields.
-        for history in list(self._keys.values()):
-            if history.partition is not None and history.first_offset is not None:
-                current = floors.get(history.partition)
-                floors[history.partition] = history.first_offset if current is None else min(
-                    current, history.first_offset)
+        firsts = [(h.partition, h.first_offset) for h in list(self._keys.values())]
+        firsts += [(raw[0].partition, raw[0].offset) for raw in list(self._raw.values())]
+        for partition, first in firsts:
+            if partition is not None and first is not None:
+                floors[partition] = first if partition not in floors else min(floors[partition], first)
         return floors
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._keys) + len(self._raw)

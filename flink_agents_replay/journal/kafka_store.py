@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _REQUIRED_PRODUCER_SETTINGS = {"enable.idempotence": True, "acks": "all"}
 _READ_BATCH = 2000
+_TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 class _KafkaDelivery(Delivery):
@@ -175,11 +176,19 @@ class KafkaJournalStore(JournalStore):
         request = {TopicPartition(self.topic, p): spec for p in partitions}
         if not request:
             return {}
-        futures = self._admin.list_offsets(request, request_timeout=self.timeout_s)
-        try:
-            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
-        except KafkaException as exc:
-            raise JournalError(f"could not list offsets of journal topic {self.topic!r}: {exc.args[0]}") from None
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.05
+        while True:
+            futures = self._admin.list_offsets(request, request_timeout=self.timeout_s)
+            try:
+                return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+            except KafkaException as exc:
+                error = exc.args[0]
+                # A new topic's leaders, or a leader moving, answer with retriable errors for a while.
+                if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
+                    raise JournalError(f"could not list offsets of journal topic {self.topic!r}: {error}") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         return self._list_offsets(partitions, OffsetSpec.latest())
@@ -208,6 +217,8 @@ class KafkaJournalStore(JournalStore):
                         f"reading journal topic {self.topic!r} stalled for {self.timeout_s:.0f} s with partitions "
                         f"{sorted(remaining)} unfinished"
                     )
+                if messages:
+                    deadline_idle = time.monotonic() + self.timeout_s
                 for message in messages:
                     if message.error():
                         raise JournalError(f"reading journal topic {self.topic!r} failed: {message.error()}")
@@ -215,11 +226,9 @@ class KafkaJournalStore(JournalStore):
                     bounds = remaining.get(partition)
                     if bounds is None or offset >= bounds[1]:
                         continue
-                    deadline_idle = time.monotonic() + self.timeout_s
                     yield StoredRecord(partition, offset, message.key(), message.value())
                     if offset + 1 >= bounds[1]:
-                        del remaining[partition]
-                        consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+                        del remaining[partition]  # later messages of a finished partition are skipped above
         finally:
             consumer.close()
 

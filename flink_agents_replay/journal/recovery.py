@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import CallRecord, CompletionRecord, parse_journal_key
+from flink_agents_replay.journal.records import parse_journal_key
 from flink_agents_replay.journal.store import JournalStore
 
 __all__ = ["read_recovery_index"]
@@ -24,11 +24,14 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
                         end: Mapping[int, int], keep: RecordFilter | None = None) -> RecoveryIndex:
     """Read ``[start[p], end[p])`` of each partition, verify every record, and index it by key.
 
+    Records are verified and unpickled when their key first replays (:meth:`RecoveryIndex.history`).
+
     ``keep(partition, offset, key_digest, seq)`` may exclude records known to be unneeded (those of runs
     the checkpoint already holds). A record that fails verification raises
-    :class:`~flink_agents_replay.errors.SignatureError`: recovery never skips a record silently.
+    :class:`~flink_agents_replay.errors.SignatureError` when its key replays: a record is never used
+    unverified, and never skipped silently.
     """
-    index = RecoveryIndex()
+    index = RecoveryIndex(codec)
     begun = time.monotonic()
     for stored in store.read(start, end):
         index.records_read += 1
@@ -40,9 +43,7 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
                                  "writes to the journal topic") from None
         if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
             continue  # a run the checkpoint already holds: never unpickled
-        decoded = codec.decode(stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
-        if isinstance(decoded.payload, (CallRecord, CompletionRecord)):
-            index.add(digest_of_key, stored.partition, stored.offset, decoded.payload)
+        index.add_raw(digest_of_key, stored)
     log.debug("read %d journal records from %d partitions in %.2f s", index.records_read, len(start),
               time.monotonic() - begun)
     return index

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Delivery", "JournalStore", "StoredRecord"]
 
 
-@dataclass(frozen=True)
-class StoredRecord:
-    """One record as read back."""
+class StoredRecord(NamedTuple):
+    """One record as read back (a tuple: a restore creates one per record)."""
 
     partition: int
     offset: int

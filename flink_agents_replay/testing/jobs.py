@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
@@ -22,7 +25,10 @@ from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
-__all__ = ["canonical_output", "make_inputs", "produce_inputs", "run_agent_job"]
+__all__ = [
+    "canonical_output", "job_ended", "make_inputs", "produce_inputs", "run_agent_job", "running_job",
+    "stop_with_savepoint", "trigger_savepoint", "wait_until",
+]
 
 
 def make_inputs(keys: int, per_key: int) -> list[dict]:
@@ -86,3 +92,66 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
         if until_outputs is None:
             return list(results)
         return list(itertools.islice(results, until_outputs))
+
+
+@contextmanager
+def running_job(env, name: str) -> Iterator[Any]:
+    """Submit the job (``execute_async``); cancel it on the way out unless it ended; always wait for its end."""
+    client = env.execute_async(name)
+    try:
+        yield client
+    finally:
+        if not job_ended(client):
+            client.cancel().result()
+        try:
+            client.get_job_execution_result().result()
+        except Exception:  # noqa: BLE001 - a cancelled job reports its cancellation as an exception
+            pass
+
+
+def job_ended(client) -> bool:
+    """Whether the job reached a globally terminal state (or its per-job MiniCluster is gone)."""
+    try:
+        return client.get_job_status().result().is_globally_terminal_state()
+    except Exception:  # noqa: BLE001 - the per-job MiniCluster is gone once the job ended
+        return True
+
+
+def wait_until(client, condition: Callable[[], bool], what: str, timeout_s: float = 90.0,
+               between: Callable[[], None] | None = None) -> None:
+    """Poll ``condition`` until it holds; fail at once if the job ends first, or after ``timeout_s``.
+
+    ``between`` runs between polls (default: a 50 ms pause).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if job_ended(client):
+            if condition():
+                return
+            client.get_job_execution_result().result()  # raises the job's failure, if any
+            raise AssertionError(f"the job ended before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        if between is not None:
+            between()
+        else:
+            time.sleep(0.05)
+
+
+def _canonical_format():
+    from pyflink.java_gateway import get_gateway
+
+    return get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
+
+
+def stop_with_savepoint(client, directory: str | Path) -> str:
+    """Stop the job with a savepoint; return its path.
+
+    PyFlink 2.3's ``JobClient.stop_with_savepoint`` calls a Java overload that no longer exists.
+    """
+    return client._j_job_client.stopWithSavepoint(False, str(directory), _canonical_format()).get()
+
+
+def trigger_savepoint(client, directory: str | Path) -> str:
+    """Take a savepoint of the running job (it keeps running); return its path."""
+    return client._j_job_client.triggerSavepoint(str(directory), _canonical_format()).get()

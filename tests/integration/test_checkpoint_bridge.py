@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from flink_agents_replay.checkpoint_bridge import CheckpointHooks, process_with_
 from flink_agents_replay.checkpoint_bridge.wiring import BRIDGE_OPERATOR_CLASS, DEFAULT_OPERATOR_NAME
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.runtime_info import subtask_info
+from flink_agents_replay.testing.jobs import running_job, stop_with_savepoint, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -202,48 +201,15 @@ def completes_per_subtask(log: EventLog, run: str, parallelism: int, at_least: i
     return condition
 
 
-@contextmanager
-def running_job(env, name: str):
-    """Submit the job; cancel it on the way out unless it already ended (the MiniCluster then shuts down)."""
-    client = env.execute_async(name)
-    try:
-        yield client
-    finally:
-        if not _ended(client):
-            client.cancel().result()
-        try:
-            client.get_job_execution_result().result()
-        except Exception:  # a cancelled job reports its cancellation as an exception
-            pass
 
 
-def _ended(client) -> bool:
-    try:
-        return client.get_job_status().result().is_globally_terminal_state()
-    except Exception:  # the per-job MiniCluster is gone once the job ended
-        return True
 
 
-def wait_until(client, condition, what: str, timeout_s: float = JOB_TIMEOUT_S) -> None:
-    """Poll ``condition`` until it holds; fail at once if the job ends first, or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if _ended(client):
-            if condition():
-                return
-            client.get_job_execution_result().result()  # raises the job's failure, if any
-            raise AssertionError(f"the job ended before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
-def stop_with_savepoint(client, directory: Path) -> str:
-    """PyFlink 2.3's ``JobClient.stop_with_savepoint`` calls a Java overload that no longer exists."""
-    from pyflink.java_gateway import get_gateway
 
-    canonical = get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
-    return client._j_job_client.stopWithSavepoint(False, str(directory), canonical).get()
+
+
 
 
 def jvm_pid() -> int:

@@ -193,32 +193,6 @@ def run_bounded_job(cluster: LocalFlinkCluster, bootstrap: str, input_topic: str
 
 
 @pytest.fixture
-def log_append_time_topic(kafka_admin):
-    """Factory of output topics whose records get the broker's time (deleted after the test).
-
-    At the end of a bounded input the operator emits the remaining runs' outputs from its drain timer, and
-    Flink stamps them with that timer's time, Long.MAX_VALUE - 1: a CreateTime topic rejects them
-    (InvalidTimestampException) and the exactly-once KafkaSink fails the job. LogAppendTime ignores it.
-    """
-    from confluent_kafka.admin import NewTopic
-
-    created: list[str] = []
-
-    def create() -> str:
-        name = f"flink-out-{uuid.uuid4().hex[:10]}"
-        topic = NewTopic(name, 1, 1, config={"message.timestamp.type": "LogAppendTime"})
-        for future in kafka_admin.create_topics([topic], request_timeout=30).values():
-            future.result(timeout=60)
-        created.append(name)
-        return name
-
-    yield create
-    if created:
-        for future in kafka_admin.delete_topics(created, request_timeout=30).values():
-            future.result(timeout=60)
-
-
-@pytest.fixture
 def flink_cluster(tmp_path_factory):
     """Factory of local clusters in temporary work directories; every one is stopped at the end, even on failure."""
     clusters: list[LocalFlinkCluster] = []
@@ -297,7 +271,7 @@ def test_lifecycle_start_status_rest_add_taskmanager_stop_leaves_no_process(flin
 
 
 def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
-        kafka_bootstrap, new_topic, log_append_time_topic, flink_cluster, tmp_path, operator_log):
+        kafka_bootstrap, new_topic, flink_cluster, tmp_path, operator_log):
     """Two TaskManagers; the one running the job is SIGKILLed; Flink restores the job on the other.
 
     Then a second thread-mode job runs on that surviving TaskManager, which already ran one: without the
@@ -387,7 +361,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
     small = make_inputs(keys=3, per_key=2)
     small_expected, small_calls = reference(small, tmp_path / "reference-small.db")
     rows, calls, took = run_bounded_job(cluster, kafka_bootstrap, produce_inputs(kafka_bootstrap, small),
-                                        log_append_time_topic(), tmp_path / "calls-second.db", on={survivor})
+                                        new_topic(1, "flink-out"), tmp_path / "calls-second.db", on={survivor})
     assert Counter(rows) == small_expected
     assert calls == small_calls
     assert survivor in cluster.taskmanager_processes(), "the TaskManager died after running two jobs"

@@ -15,10 +15,8 @@ import urllib.request
 import uuid
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -41,6 +39,7 @@ from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import running_job, stop_with_savepoint, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -112,51 +111,15 @@ def _agent_job(bootstrap: str, input_topic: str, agent, agent_config: dict, *, p
     return env
 
 
-@contextmanager
-def _running(env, name: str):
-    """Submit the job; cancel it on the way out unless it already ended; always wait for its end."""
-    client = env.execute_async(name)
-    try:
-        yield client
-    finally:
-        if not _ended(client):
-            client.cancel().result()
-        try:
-            client.get_job_execution_result().result()
-        except Exception:  # a cancelled job reports its cancellation as an exception
-            pass
 
 
-def _ended(client) -> bool:
-    try:
-        return client.get_job_status().result().is_globally_terminal_state()
-    except Exception:  # the per-job MiniCluster is gone once the job ended
-        return True
 
 
-def _wait_until(client, condition, what: str, timeout_s: float = JOB_TIMEOUT_S, between=None) -> None:
-    """Poll ``condition`` until it holds; fail at once if the job ends first, or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if _ended(client):
-            if condition():
-                return
-            client.get_job_execution_result().result()  # raises the job's failure, if any
-            raise AssertionError(f"the job ended before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        if between is not None:
-            between()
-        else:
-            time.sleep(0.05)
 
 
-def _stop_with_savepoint(client, directory: Path) -> str:
-    """PyFlink 2.3's ``JobClient.stop_with_savepoint`` calls a Java overload that no longer exists."""
-    from pyflink.java_gateway import get_gateway
 
-    canonical = get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
-    return client._j_job_client.stopWithSavepoint(False, str(directory), canonical).get()
+
+
 
 
 def _rest(port: int, path: str):
@@ -287,28 +250,28 @@ def test_rescale_2_to_3_to_1_through_savepoints_repeats_nothing_and_reads_only_o
 
     def stop_mid_batch(client, calls_before: int) -> str:
         """Stop with a savepoint once every key's first run of the batch has started calling (runs in flight)."""
-        _wait_until(client, lambda: invocation_counter.count("calls") >= calls_before + len(keys),
+        wait_until(client, lambda: invocation_counter.count("calls") >= calls_before + len(keys),
                     "the new batch's runs to start")
-        return _stop_with_savepoint(client, savepoints)
+        return stop_with_savepoint(client, savepoints)
 
     try:
         lines_before = len(operator_log())
         produce(2)
-        with _running(job(2), "rescale p=2") as client:
-            _wait_until(client, outputs.at_least(len(produced)), "the first batch's outputs")
+        with running_job(job(2), "rescale p=2") as client:
+            wait_until(client, outputs.at_least(len(produced)), "the first batch's outputs")
             first = stop_mid_batch(client, produce(5))
         phase1 = operator_log()[lines_before:]
 
         lines_before = len(operator_log())
-        with _running(job(3, first), "rescale p=3") as client:
-            _wait_until(client, outputs.at_least(len(produced)), "the outputs of every input so far")
+        with running_job(job(3, first), "rescale p=3") as client:
+            wait_until(client, outputs.at_least(len(produced)), "the outputs of every input so far")
             second = stop_mid_batch(client, produce(5))
         phase2 = operator_log()[lines_before:]
 
         lines_before = len(operator_log())
-        with _running(job(1, second), "rescale p=1") as client:
+        with running_job(job(1, second), "rescale p=1") as client:
             produce(2)
-            _wait_until(client, outputs.at_least(len(produced)), "the outputs of every input")
+            wait_until(client, outputs.at_least(len(produced)), "the outputs of every input")
         phase3 = operator_log()[lines_before:]
         outputs.poll()
     finally:
@@ -425,9 +388,9 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
         time.sleep(0.03)
 
     started = time.time()
-    with _running(env, "pruning") as client:
+    with running_job(env, "pruning") as client:
         job_id = str(client.get_job_id())
-        _wait_until(client, lambda: invocation_counter.count("calls") >= CALLS_PER_RUN * len(inputs),
+        wait_until(client, lambda: invocation_counter.count("calls") >= CALLS_PER_RUN * len(inputs),
                     "every input's calls", between=sample)
         finished_at = time.time()
 
@@ -437,7 +400,7 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
             return last.remaining == 0 and _operator_metric_sum(port, job_id, "journal_records_pruned") == sum(
                 last.low.values())
 
-        _wait_until(client, fully_pruned, "the journal to be pruned to its end and the metric to show it", 30)
+        wait_until(client, fully_pruned, "the journal to be pruned to its end and the metric to show it", 30)
         triggers = _completed_checkpoint_triggers(port, job_id)
         pruned_metric = _operator_metric_sum(port, job_id, "journal_records_pruned")
     elapsed = time.time() - started
@@ -504,9 +467,9 @@ def test_stop_with_savepoint_leaves_no_agent_run_executing(kafka_bootstrap, new_
     env = _agent_job(kafka_bootstrap, input_topic, agent,
                      _agent_config(kafka_bootstrap, f"journal-stop-{uuid.uuid4().hex[:8]}", len(keys)),
                      parallelism=1, checkpoint_interval_ms=300, rest_port=free_port())
-    with _running(env, "stop with runs in flight") as client:
-        _wait_until(client, lambda: invocation_counter.count("calls") >= len(keys), "every run's first call")
-        _stop_with_savepoint(client, tmp_path / "savepoints")
+    with running_job(env, "stop with runs in flight") as client:
+        wait_until(client, lambda: invocation_counter.count("calls") >= len(keys), "every run's first call")
+        stop_with_savepoint(client, tmp_path / "savepoints")
     at_stop = invocation_counter.count("calls")
     assert at_stop < CALLS_PER_RUN * len(keys), "the runs had finished before the savepoint"
     # A run left behind makes its next call within one call's time (0.8 s): watch for twice that.

@@ -9,14 +9,13 @@ import pytest
 from pyflink.common import Types, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
-from pyflink.java_gateway import get_gateway
 
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import produce_inputs
+from flink_agents_replay.testing.jobs import produce_inputs, trigger_savepoint
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +66,12 @@ def test_changed_input_after_restore_re_executes_only_that_keys_later_history(ka
     counter = InvocationCounter(tmp_path / "calls.db")
     journal_topic = f"journal-{uuid.uuid4().hex[:8]}"
     topic_a = produce_inputs(kafka_bootstrap, FIRST)
-    canonical = get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
 
     # Phase 1 (no periodic checkpoints): seqs 1-3, savepoint, then seqs 4-5 journaled after the savepoint.
     client = _start_job(kafka_bootstrap, topic_a, counter, journal_topic, "inputs-a")
     try:
         _wait_for(lambda: counter.count("outputs:inputs-a") == len(FIRST), "the first batch")
-        savepoint = client._j_job_client.triggerSavepoint(str(tmp_path / "savepoints"), canonical).get()
+        savepoint = trigger_savepoint(client, tmp_path / "savepoints")
     finally:
         client.cancel().result()
     # Seqs 4-5 from the savepoint, journaled (no periodic checkpoint prunes them).
@@ -112,12 +110,11 @@ def test_changed_input_after_restore_re_executes_only_that_keys_later_history(ka
 def test_restoring_a_savepoint_older_than_the_pruning_point_is_refused_unless_accepted(kafka_bootstrap, tmp_path):
     counter = InvocationCounter(tmp_path / "calls.db")
     journal_topic = f"journal-{uuid.uuid4().hex[:8]}"
-    canonical = get_gateway().jvm.org.apache.flink.core.execution.SavepointFormatType.CANONICAL
     topic = produce_inputs(kafka_bootstrap, FIRST)
     client = _start_job(kafka_bootstrap, topic, counter, journal_topic, "inputs", checkpoint_interval_ms=200)
     try:
         _wait_for(lambda: counter.count("outputs:inputs") == len(FIRST), "the first batch")
-        old = client._j_job_client.triggerSavepoint(str(tmp_path / "savepoints"), canonical).get()
+        old = trigger_savepoint(client, tmp_path / "savepoints")
         first_pruned = _low_watermarks_sum(kafka_bootstrap, journal_topic)
         # Later checkpoints delete the records the old savepoint would need... once there are some after it.
         more = [{"key": k, "n": i} for i in range(3, 6) for k in KEYS]

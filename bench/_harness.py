@@ -1,0 +1,339 @@
+"""Shared pieces of the benchmarks: a broker, a timed agent job, a benchmark agent, tables.
+
+Not a benchmark itself. The scripts in this directory import it (their own directory is on ``sys.path``
+when run as ``python bench/<script>.py``) and register it with cloudpickle *by value*, so the agent and
+the functions defined here reach the Flink worker even though the worker cannot import ``bench/``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from flink_agents_replay.operator import LOG_FILE_ENV
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SIGNING_KEY = "bench-signing-key-0123456789"
+
+# The operator logs a line per subtask start/close: keep them out of the tables.
+os.environ.setdefault(LOG_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="far-bench-log-"), "operator.log"))
+
+
+# -- broker ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def broker() -> Iterator[str]:
+    """A Kafka broker for the benchmark: ``$KAFKA_BOOTSTRAP_SERVERS``, or a temporary local one."""
+    from flink_agents_replay.testing.kafka import KafkaSource, kafka_bootstrap_servers, select_kafka_source
+
+    source = select_kafka_source()
+    began = time.monotonic()
+    with kafka_bootstrap_servers(source) as bootstrap:
+        print(f"# Kafka: {source.value} broker at {bootstrap} (ready in {time.monotonic() - began:.1f} s)",
+              flush=True)
+        try:
+            yield bootstrap
+        finally:
+            if source is not KafkaSource.LOCAL:  # a temporary local broker takes its topics with it
+                delete_topics(bootstrap)
+
+
+#: Topics the benchmark created (inputs, journals), deleted at the end on a broker that outlives it.
+CREATED_TOPICS: list[str] = []
+
+
+def delete_topics(bootstrap: str) -> None:
+    """Delete the topics in :data:`CREATED_TOPICS` (best effort)."""
+    from confluent_kafka.admin import AdminClient
+
+    if not CREATED_TOPICS:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference until the futures resolve
+    futures = admin.delete_topics(list(CREATED_TOPICS), request_timeout=30)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=60)
+        except Exception as exc:  # noqa: BLE001 - cleanup: report and go on
+            print(f"# could not delete topic {topic}: {exc}")
+    CREATED_TOPICS.clear()
+
+
+def load1() -> float:
+    """The 1-minute load average (other work on the machine shows up here)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def machine_note() -> str:
+    """One line about the machine: CPUs and the load average when the benchmark started."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return f"# machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
+# -- the benchmark agent ---------------------------------------------------------------------------
+def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_action: int = 1,
+                result_bytes: int = 200) -> Any:
+    """An agent of ``actions`` chained actions with ``calls_per_action`` calls each.
+
+    The tool is a plain function that sleeps ``call_delay_s`` (the stand-in for a model or an API: I/O
+    that releases the GIL) and returns a string of about ``result_bytes`` bytes. The first action writes
+    one memory path; the last emits one OutputEvent, so every input produces exactly one output.
+    Defined inside a function so that cloudpickle ships the classes by value.
+    """
+    from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+    from flink_agents_replay.resources import Tool
+
+    filler = "x" * max(0, result_bytes - 40)
+
+    def tool(argument: str) -> str:
+        if call_delay_s:
+            time.sleep(call_delay_s)
+        return f"{argument[:40]}|{filler}"
+
+    class Step(Event):
+        """Sent from one action to the next."""
+
+    def make_action(index: int):
+        last = index == actions - 1
+
+        def step(event, ctx):
+            text = event.input["key"] if index == 0 else event.text
+            for call in range(calls_per_action):
+                text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|{index}|{call}|{text[:40]}")
+            if index == 0:
+                ctx.memory.set("last", text[:64])
+            ctx.send_event(OutputEvent(output={"seq": ctx.seq}) if last else Step(text=text))
+
+        step.__name__ = step.__qualname__ = f"step{index}"
+        return action(InputEvent if index == 0 else Step)(step)
+
+    namespace = {f"step{i}": make_action(i) for i in range(actions)}
+    agent_type = type("BenchAgent", (Agent,), namespace)
+    return agent_type(name=name, resources={"tool": Tool(tool, side_effects="none")})
+
+
+def agent_config(bootstrap: str, **overrides: Any) -> dict:
+    """A config dict for the benchmark's operator: a fresh journal topic per job."""
+    topic = f"bench-journal-{uuid.uuid4().hex[:8]}"
+    if overrides.get("journal_enabled", True):
+        CREATED_TOPICS.append(topic)
+    return {"kafka": {"bootstrap.servers": bootstrap}, "journal_topic": topic, "signing_key": SIGNING_KEY,
+            **overrides}
+
+
+def prepare_journal_topic(config: Mapping[str, Any], partitions: int = 128, timeout_s: float = 60.0) -> None:
+    """Create the journal topic now and wait until every partition answers an offsets request.
+
+    A freshly created topic on a busy broker can answer ``NOT_LEADER_FOR_PARTITION`` for a while; the
+    operator's first checkpoint would then fail (its offsets request does not retry).
+    """
+    if not config.get("journal_enabled", True):
+        return
+    from flink_agents_replay.errors import JournalError
+    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+
+    store = KafkaJournalStore(config["kafka"], config["journal_topic"], partitions)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                store.end_offsets(range(partitions))
+                return
+            except JournalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        store.close()
+
+
+def produce_bench_inputs(bootstrap: str, keys: int, runs: int) -> str:
+    """A one-partition input topic of ``runs`` inputs spread round-robin over ``keys`` keys."""
+    from flink_agents_replay.testing.jobs import produce_inputs
+
+    records = [{"key": f"key-{i % keys:04d}", "n": i // keys} for i in range(runs)]
+    topic = produce_inputs(bootstrap, records)
+    CREATED_TOPICS.append(topic)
+    return topic
+
+
+def _stamp(output) -> tuple:
+    """(key, seq, emission time): added right after the agent operator, fused into its Python operator."""
+    return (output.key, output.seq, time.time())
+
+
+def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mapping[str, Any], runs: int, *,
+                    checkpoint_interval_ms: int | None = 1000) -> JobResult:
+    """Run ``agent`` on an *unbounded* Kafka input of ``runs`` inputs until ``runs`` outputs arrived.
+
+    Returns the sorted emission times (wall clock, taken in the job as each output leaves the agent
+    operator) and the CPU time the Flink JVM and a local broker spent in the measured window: from the
+    end of the first wave of runs (the ``max_concurrent_runs``-th output) to the last output.
+    The input is unbounded so that every variant runs the same steady-state code path: at the end of a
+    *bounded* input the operator drains the remaining runs inside the final watermark, a different
+    path, and the job's start-up and shutdown would count too.
+    """
+    import itertools
+    import json
+
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+
+    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.local.jars import kafka_connector_jar
+    from flink_agents_replay.pipeline import connect_to_agent
+
+    prepare_journal_topic(config)
+    env = create_environment(parallelism=1, checkpoint_interval_ms=checkpoint_interval_ms,
+                             jars=[kafka_connector_jar()])
+    source = (
+        KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(input_topic)
+        .set_group_id(f"bench-{uuid.uuid4().hex[:8]}")
+        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
+        .set_value_only_deserializer(SimpleStringSchema())
+        .build()
+    )
+    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
+    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
+        lambda record: record["key"], key_type=Types.STRING())
+    stamped = connect_to_agent(keyed, agent, config).map(_stamp, output_type=Types.PICKLED_BYTE_ARRAY())
+    with stamped.execute_and_collect(f"bench {agent.name}") as results, CpuSampler() as cpu:
+        rows = list(itertools.islice(results, runs))
+    if len(rows) != runs:
+        raise RuntimeError(f"expected {runs} outputs, got {len(rows)}")
+    stamps = sorted(t for _, _, t in rows)
+    # The first `concurrency` runs start together and end together: measuring from the first output would
+    # count that first wave's outputs without its time. The window starts at the end of the first wave.
+    start = min(int(config.get("max_concurrent_runs", 8)) - 1, len(stamps) // 4)
+    return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]))
+
+
+@dataclass
+class JobResult:
+    """Emission times of a timed job and the CPU seconds spent between its first and last output."""
+
+    stamps: list[float]
+    start: int  # index of the output the measured window starts at (the end of the first wave of runs)
+    flink_cpu_s: float = float("nan")  # the Flink JVM: task thread, embedded Python, agent threads, librdkafka
+    broker_cpu_s: float = float("nan")  # the local Kafka broker (NaN for an external one)
+
+    @property
+    def runs(self) -> int:
+        """Outputs in the window (after its first)."""
+        return len(self.stamps) - 1 - self.start
+
+    @property
+    def seconds(self) -> float:
+        return self.stamps[-1] - self.stamps[self.start]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(c) for c in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    if pid is None:
+        return float("nan")
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
+
+
+class CpuSampler:
+    """Samples the CPU time of the Flink JVM (PyFlink's gateway child) and of a local broker child at 20 Hz.
+
+    Linux only (``/proc``); elsewhere every figure is NaN.
+    """
+
+    def __init__(self, interval_s: float = 0.05):
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        me = os.getpid()
+        kids = {pid: _cmdline(pid) for pid in _children(me)}
+        self.flink_pid = next((p for p, c in kids.items() if "PythonGatewayServer" in c), None)
+        self.broker_pid = next((p for p, c in kids.items() if "kafka.Kafka" in c), None)
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
+            if self._stop.wait(self.interval_s):
+                self.samples.append((time.time(), _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
+                return
+
+    def between(self, start: float, end: float) -> tuple[float, float]:
+        """CPU seconds (Flink, broker) spent between two wall-clock times, linearly interpolated."""
+        def at(t: float, column: int) -> float:
+            times = [s[0] for s in self.samples]
+            i = bisect.bisect_left(times, t)
+            if i <= 0:
+                return self.samples[0][column]
+            if i >= len(self.samples):
+                return self.samples[-1][column]
+            (t0, *a), (t1, *b) = self.samples[i - 1], self.samples[i]
+            w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+            return a[column - 1] + w * (b[column - 1] - a[column - 1])
+
+        if len(self.samples) < 2:
+            return float("nan"), float("nan")
+        return at(end, 1) - at(start, 1), at(end, 2) - at(start, 2)
+
+
+# -- tables ----------------------------------------------------------------------------------------
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain-text table, right-aligned numbers."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print()
+    print(title)
+    print("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    sys.stdout.flush()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
