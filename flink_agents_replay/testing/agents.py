@@ -57,8 +57,11 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
         return invoke
 
     def maybe_fail() -> None:
-        if fail_after_calls is not None and counter.count("calls") >= fail_after_calls \
-                and counter.count("fault_fired") == 0 and counter.increment("fault_fired") == 1:
+        if fail_after_calls is None or counter.count("fault_fired") or counter.count("calls") < fail_after_calls:
+            return
+        # Several runs may get here at once: the one whose claim is first fires, exactly once per file.
+        if counter.increment("fault_claims") == 1:
+            counter.increment("fault_fired")
             if before_failure is not None:
                 before_failure()
             raise InjectedFailure(f"injected failure after {counter.count('calls')} calls")
