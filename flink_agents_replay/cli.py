@@ -21,42 +21,40 @@ from flink_agents_replay.local.errors import LocalServiceError
 __all__ = ["main"]
 
 
+def _service(service, action: str, after_start) -> int:
+    """start / stop / status of a local service; status exits 3 when it is not running (like systemctl)."""
+    if action == "start":
+        already = service.status().running
+        status = service.start()
+        print(("already " if already else "") + status.describe())
+        after_start(status)
+    elif action == "stop":
+        print("stopped" if service.stop() else "was not running")
+    else:
+        status = service.status()
+        print(status.describe())
+        return 0 if status.running else 3
+    return 0
+
+
 def _kafka(args: argparse.Namespace) -> int:
     from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
 
-    broker = LocalKafkaBroker(args.work_dir, port=args.port)
-    if args.action == "start":
-        already = broker.status().running
-        status = broker.start()
-        print(("already " if already else "") + status.describe())
-        print(f"export KAFKA_BOOTSTRAP_SERVERS={status.bootstrap_servers}")
-    elif args.action == "stop":
-        print("stopped" if broker.stop() else "was not running")
-    else:
-        status = broker.status()
-        print(status.describe())
-        return 0 if status.running else 3  # like `systemctl status`: 3 = not running
-    return 0
+    return _service(LocalKafkaBroker(args.work_dir, port=args.port), args.action,
+                    lambda status: print(f"export KAFKA_BOOTSTRAP_SERVERS={status.bootstrap_servers}"))
 
 
 def _flink(args: argparse.Namespace) -> int:
     from flink_agents_replay.local.flink_cluster import LocalFlinkCluster, pyflink_home
 
     cluster = LocalFlinkCluster(args.work_dir, rest_port=args.rest_port, taskmanagers=args.taskmanagers)
-    if args.action == "start":
-        already = cluster.status().running
-        status = cluster.start()
-        print(("already " if already else "") + status.describe())
+
+    def how_to_submit(_status) -> None:
         print("# submit jobs with Flink's client from the pyflink package, in this environment:")
         print(f"export FLINK_CONF_DIR={cluster.conf_dir} FLINK_LIB_DIR={cluster.lib_dir}")
         print(f"# {pyflink_home() / 'bin' / 'flink'} run -d -py job.py")
-    elif args.action == "stop":
-        print("stopped" if cluster.stop() else "was not running")
-    else:
-        status = cluster.status()
-        print(status.describe())
-        return 0 if status.running else 3  # like `systemctl status`: 3 = not running
-    return 0
+
+    return _service(cluster, args.action, how_to_submit)
 
 
 def _at_least_one(text: str) -> int:
