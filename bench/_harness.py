@@ -184,29 +184,18 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
     path, and the job's start-up and shutdown would count too.
     """
     import itertools
-    import json
 
-    from pyflink.common import Types, WatermarkStrategy
-    from pyflink.common.serialization import SimpleStringSchema
-    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+    from pyflink.common import Types
 
     from flink_agents_replay.flink_env import create_environment
     from flink_agents_replay.local.jars import kafka_connector_jar
     from flink_agents_replay.pipeline import connect_to_agent
+    from flink_agents_replay.testing.jobs import keyed_json_inputs
 
     prepare_journal_topic(config)
     env = create_environment(parallelism=1, checkpoint_interval_ms=checkpoint_interval_ms,
                              jars=[kafka_connector_jar()])
-    source = (
-        KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(input_topic)
-        .set_group_id(f"bench-{uuid.uuid4().hex[:8]}")
-        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_value_only_deserializer(SimpleStringSchema())
-        .build()
-    )
-    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
-    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
-        lambda record: record["key"], key_type=Types.STRING())
+    keyed = keyed_json_inputs(env, bootstrap, input_topic)
     stamped = connect_to_agent(keyed, agent, config).map(_stamp, output_type=Types.PICKLED_BYTE_ARRAY())
     with stamped.execute_and_collect(f"bench {agent.name}") as results, CpuSampler() as cpu:
         rows = list(itertools.islice(results, runs))

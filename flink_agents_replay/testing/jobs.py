@@ -26,8 +26,8 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
-    "canonical_output", "job_ended", "make_inputs", "produce_inputs", "run_agent_job", "running_job",
-    "stop_with_savepoint", "trigger_savepoint", "wait_until",
+    "canonical_output", "job_ended", "keyed_json_inputs", "make_inputs", "produce_inputs", "run_agent_job",
+    "running_job", "stop_with_savepoint", "trigger_savepoint", "wait_until",
 ]
 
 
@@ -55,6 +55,32 @@ def canonical_output(output: AgentOutput) -> tuple:
     return (output.key, output.seq, json.dumps(output.output, sort_keys=True))
 
 
+def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool = False,
+                      source_uid: str = "inputs"):
+    """The inputs of ``topic`` (JSON records ``{"key": ...}``), from its earliest offset, keyed by ``key``.
+
+    The source and the parsing run at parallelism 1, so the agent has one upstream instance and a key's
+    inputs keep their order after a restore (a rebalance before keyBy would reorder them, DESIGN §13). Both
+    have uids: generated ids depend on chaining, which changes with parallelism.
+    """
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+
+    builder = (
+        KafkaSource.builder().set_bootstrap_servers(bootstrap_servers).set_topics(topic)
+        .set_group_id(f"agent-inputs-{uuid.uuid4().hex[:8]}")
+        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
+        .set_value_only_deserializer(SimpleStringSchema())
+    )
+    if bounded:
+        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
+    records = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "inputs")
+    records = records.uid(source_uid).set_parallelism(1)
+    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid("parse").set_parallelism(1)
+    return parsed.key_by(lambda record: record["key"], key_type=Types.STRING())
+
+
 def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config: Mapping[str, Any], *,
                   parallelism: int = 1, checkpoint_interval_ms: int = 500, restart_attempts: int = 0,
                   flink_config: Mapping[str, str] | None = None, until_outputs: int | None = None) -> list[tuple]:
@@ -65,27 +91,13 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
     checkpoints (at the end of a bounded input the operator drains every remaining run inside the final
     watermark, during which no checkpoint is taken).
     """
-    from pyflink.common import Types, WatermarkStrategy
-    from pyflink.common.serialization import SimpleStringSchema
-    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+    from pyflink.common import Types
 
     from flink_agents_replay.pipeline import connect_to_agent
 
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
                              restart_attempts=restart_attempts, jars=[kafka_connector_jar()], config=flink_config)
-    builder = (
-        KafkaSource.builder().set_bootstrap_servers(bootstrap_servers).set_topics(input_topic)
-        .set_group_id(f"agent-job-{uuid.uuid4().hex[:8]}")
-        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_value_only_deserializer(SimpleStringSchema())
-    )
-    if until_outputs is None:
-        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
-    source = builder.build()
-    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
-    # Parallelism 1 like the source: a rebalance before keyBy would reorder a key's inputs (DESIGN §13).
-    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).set_parallelism(1).key_by(
-        lambda record: record["key"], key_type=Types.STRING())
+    keyed = keyed_json_inputs(env, bootstrap_servers, input_topic, bounded=until_outputs is None)
     outputs = connect_to_agent(keyed, agent, config)
     rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())
     with rows.execute_and_collect(f"agent {agent.name}") as results:

@@ -21,14 +21,12 @@ from itertools import pairwise
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
-from pyflink.common import Types, WatermarkStrategy
+from pyflink.common import Types
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import (
-    KafkaOffsetsInitializer,
     KafkaRecordSerializationSchema,
     KafkaSink,
-    KafkaSource,
 )
 
 from flink_agents_replay.flink_env import create_environment
@@ -39,7 +37,7 @@ from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import running_job, stop_with_savepoint, wait_until
+from flink_agents_replay.testing.jobs import keyed_json_inputs, running_job, stop_with_savepoint, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -82,17 +80,7 @@ def _agent_job(bootstrap: str, input_topic: str, agent, agent_config: dict, *, p
         flink_config["execution.savepoint.path"] = savepoint
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
                              jars=[kafka_connector_jar()], config=flink_config)
-    source = (
-        KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(input_topic)
-        .set_group_id(f"agent-job-{uuid.uuid4().hex[:8]}")
-        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_value_only_deserializer(SimpleStringSchema())
-        .build()
-    )
-    # Every stateful operator has a uid: auto-generated ids depend on chaining, which changes with parallelism.
-    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").uid("inputs").set_parallelism(1)
-    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid("parse").set_parallelism(1)
-    keyed = parsed.key_by(lambda record: record["key"], key_type=Types.STRING())
+    keyed = keyed_json_inputs(env, bootstrap, input_topic)
     outputs = connect_to_agent(keyed, agent, agent_config)
     rows = outputs.map(_output_json, output_type=Types.STRING())  # fused into the agent operator
     if output_topic is None:

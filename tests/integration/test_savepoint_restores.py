@@ -6,16 +6,14 @@ import time
 import uuid
 
 import pytest
-from pyflink.common import Types, WatermarkStrategy
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+from pyflink.common import Types
 
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import produce_inputs, trigger_savepoint
+from flink_agents_replay.testing.jobs import keyed_json_inputs, produce_inputs, trigger_savepoint
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +38,7 @@ def _start_job(bootstrap, topic, counter, journal_topic, source_uid, savepoint=N
         config["execution.savepoint.path"] = savepoint
     env = create_environment(parallelism=1, jars=[kafka_connector_jar()], config=config,
                              checkpoint_interval_ms=checkpoint_interval_ms)
-    source = (KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(topic)
-              .set_group_id(f"div-{uuid.uuid4().hex[:6]}").set_starting_offsets(KafkaOffsetsInitializer.earliest())
-              .set_value_only_deserializer(SimpleStringSchema()).build())
-    records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").uid(source_uid)
-    keyed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).key_by(
-        lambda r: r["key"], key_type=Types.STRING())
+    keyed = keyed_json_inputs(env, bootstrap, topic, source_uid=source_uid)
     agent = chain_agent(counter)
     outputs = connect_to_agent(keyed, agent, {
         "kafka": {"bootstrap.servers": bootstrap}, "journal_topic": journal_topic,

@@ -22,14 +22,12 @@ import json
 import sys
 import uuid
 
-from pyflink.common import Types, WatermarkStrategy
+from pyflink.common import Types
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import (
-    KafkaOffsetsInitializer,
     KafkaRecordSerializationSchema,
     KafkaSink,
-    KafkaSource,
 )
 
 from flink_agents_replay.flink_env import create_environment
@@ -37,7 +35,7 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import canonical_output
+from flink_agents_replay.testing.jobs import canonical_output, keyed_json_inputs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,18 +62,7 @@ def build(args: argparse.Namespace):
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
                              restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
                              jars=[kafka_connector_jar()])
-    builder = (
-        KafkaSource.builder().set_bootstrap_servers(args.bootstrap_servers).set_topics(args.input_topic)
-        .set_group_id(f"agent-failover-job-{uuid.uuid4().hex[:8]}")
-        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_value_only_deserializer(SimpleStringSchema())
-    )
-    if args.bounded:
-        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
-    records = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "inputs").set_parallelism(1)
-    # Parallelism 1 like the source (chained to it): one upstream instance for the agent (DESIGN §13).
-    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).set_parallelism(1)
-    keyed = parsed.key_by(lambda record: record["key"], key_type=Types.STRING())
+    keyed = keyed_json_inputs(env, args.bootstrap_servers, args.input_topic, bounded=args.bounded)
     agent = chain_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s)
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
               "signing_key": args.signing_key, "max_concurrent_runs": args.max_concurrent_runs}
