@@ -29,7 +29,8 @@ Limits of the guarantee (each detected, counted and logged, never silent):
 * A call made outside ``ctx.call`` is invisible to the journal and runs again after a failure.
 * A call that started and never reported back (the process died during it) is *in doubt*: resources
   with external side effects journal a "started" record first, and their ``in_doubt`` policy decides
-  (run again by default, or fail, or assume done).
+  (run again by default, or fail, or assume done). ``current_call_id()`` gives the call's stable id, to
+  pass to a service as an idempotency key so that a call made again still takes effect once.
 * Reuse follows each key's input order. If a restored key receives a different input at a journaled
   position, that key's later records are dropped and its actions run again (divergence).
 * Records written by other action code are reused by default, with a warning and a metric
@@ -58,6 +59,7 @@ __all__ = [
     "Tool",
     "action",
     "connect_to_agent",
+    "current_call_id",
 ]
 
 _EXPORTS = {
@@ -74,6 +76,7 @@ _EXPORTS = {
     "Tool": "flink_agents_replay.resources",
     "AgentOutput": "flink_agents_replay.operator",
     "connect_to_agent": "flink_agents_replay.pipeline",
+    "current_call_id": "flink_agents_replay.resources",
 }
 
 if TYPE_CHECKING:
@@ -81,7 +84,7 @@ if TYPE_CHECKING:
     from flink_agents_replay.config import AgentConfig
     from flink_agents_replay.operator import AgentOutput
     from flink_agents_replay.pipeline import connect_to_agent
-    from flink_agents_replay.resources import ChatModel, InDoubtPolicy, SideEffects, Tool
+    from flink_agents_replay.resources import ChatModel, InDoubtPolicy, SideEffects, Tool, current_call_id
 
 
 def __getattr__(name: str):

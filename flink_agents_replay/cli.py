@@ -4,8 +4,11 @@
     flink-agents-replay local kafka status|stop [--work-dir DIR]
     flink-agents-replay local flink start [--rest-port N] [--taskmanagers N] [--work-dir DIR]
     flink-agents-replay local flink status|stop [--work-dir DIR]
+    flink-agents-replay local model start [--port N] [--delay-ms N] [--work-dir DIR]
+    flink-agents-replay local model status|stop [--work-dir DIR]
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
+    flink-agents-replay demo [--tickets N] [--parallelism N] [--model-delay-ms N]
 """
 
 from __future__ import annotations
@@ -57,6 +60,20 @@ def _flink(args: argparse.Namespace) -> int:
     return _service(cluster, args.action, how_to_submit)
 
 
+def _model(args: argparse.Namespace) -> int:
+    from flink_agents_replay.local.model_server import LocalModelServer
+
+    return _service(LocalModelServer(args.work_dir, port=args.port, delay_ms=args.delay_ms), args.action,
+                    lambda status: print(f"export OPENAI_BASE_URL={status.base_url}"))
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def _at_least_one(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -95,6 +112,16 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from flink_agents_replay.demo import format_table, run_demo
+
+    result = run_demo(tickets=args.tickets, customers=args.customers, parallelism=args.parallelism,
+                      model_delay_ms=args.model_delay_ms, feed_per_second=args.feed_per_second, job_script=args.job)
+    print()
+    print(format_table(result))
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
@@ -120,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="config, logs, PIDs, checkpoints and savepoints (default: $FLINK_AGENTS_REPLAY_HOME/flink)")
     flink.set_defaults(handler=_flink)
 
+    model = services.add_parser("model", help="an OpenAI-compatible stub model and order-lookup service, "
+                                "counting every request (offline demo and tests)")
+    model.add_argument("action", choices=["start", "stop", "status"])
+    model.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free port; default 8000)")
+    model.add_argument("--delay-ms", type=_non_negative, default=0,
+                       help="wait before answering each chat or order request, a slow model (default 0)")
+    model.add_argument("--work-dir", type=Path, default=None,
+                       help="log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/model-server)")
+    model.set_defaults(handler=_model)
+
     jars = services.add_parser("jars", help="fetch jars from Maven Central into the cache")
     jars.add_argument("action", choices=["fetch"])
     jars.add_argument("bundles", nargs="*", choices=[[], "kafka-broker", "flink-connectors"], default=[],
@@ -133,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
     inspect.add_argument("--all-partitions", action="store_true", help="also list partitions never written")
     inspect.set_defaults(handler=_inspect)
+
+    demo = commands.add_parser("demo", help="the support-ticket agent on a local Flink cluster whose TaskManager is "
+                               "killed mid-stream: prints calls made, repeated (0) and replies written once")
+    demo.add_argument("--tickets", type=_at_least_one, default=300, help="tickets to feed (default 300)")
+    demo.add_argument("--customers", type=_at_least_one, default=40, help="distinct customers (default 40)")
+    demo.add_argument("--parallelism", type=_at_least_one, default=2, help="agent parallelism (default 2, max 4)")
+    demo.add_argument("--model-delay-ms", type=_non_negative, default=40,
+                      help="how long each model and order request takes (default 40)")
+    demo.add_argument("--feed-per-second", type=_non_negative, default=25.0, help="tickets fed per second")
+    demo.add_argument("--job", type=Path, default=None, help="job script (default: jobs/agent_job.py here)")
+    demo.set_defaults(handler=_demo)
     return parser
 
 

@@ -15,13 +15,28 @@ from __future__ import annotations
 import enum
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool"]
+__all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
+
+_CALL_ID: ContextVar[str | None] = ContextVar("flink_agents_replay_call_id", default=None)
+
+
+def current_call_id() -> str | None:
+    """The id of the ``ctx.call`` being made now, or ``None`` outside one.
+
+    It names the *logical* call (agent, key, seq, event, action, position in the action), so it is the same
+    when a call is made again after a failure — a call that was in doubt. Pass it to a service as an
+    idempotency key (``ChatModel`` sends it as the ``Idempotency-Key`` header) and a service that honours
+    such keys performs the effect once even then.
+    """
+    return _CALL_ID.get()
 
 
 class SideEffects(str, enum.Enum):
@@ -96,11 +111,13 @@ class ChatModel(Resource):
         base_url: API root, e.g. ``https://api.openai.com/v1`` (default ``$OPENAI_BASE_URL``).
         api_key: bearer token (default ``$OPENAI_API_KEY``; none for local servers).
         timeout_s: per-request timeout.
+        retries: further attempts after a transient failure (connection refused or reset, timeout, HTTP 429
+            or 5xx), with a growing pause; the request is the same each time, so the call stays one call.
         params: extra request fields (``temperature`` ...), passed through as given.
     """
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 60.0, params: Mapping[str, Any] | None = None,
+                 timeout_s: float = 60.0, retries: int = 3, params: Mapping[str, Any] | None = None,
                  side_effects: SideEffects | str = SideEffects.NONE,
                  in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
@@ -108,6 +125,7 @@ class ChatModel(Resource):
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
         self._api_key = api_key
         self.timeout_s = timeout_s
+        self.retries = retries
         self.params = dict(params or {})
         if not self.model:
             raise ValueError("ChatModel needs a model name: ChatModel('gpt-4o-mini', ...) or $OPENAI_MODEL")
@@ -130,18 +148,29 @@ class ChatModel(Resource):
 
     def _post(self, path: str, body: Mapping[str, Any]) -> Any:
         headers = {"Content-Type": "application/json"}
+        call_id = current_call_id()
+        if call_id is not None:  # lets an endpoint that honours idempotency keys answer a call in doubt once
+            headers["Idempotency-Key"] = call_id
         api_key = self._api_key or os.environ.get("OPENAI_API_KEY")
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            raise ChatModelError(f"{self.base_url}{path} answered {exc.code}: {detail}", exc.code) from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise ChatModelError(f"could not reach {self.base_url}{path}: {exc}") from None
+        data = json.dumps(body).encode()
+        for attempt in range(self.retries + 1):
+            request = urllib.request.Request(self.base_url + path, data=data, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode(errors="replace")[:300]
+                error = ChatModelError(f"{self.base_url}{path} answered {exc.code}: {detail}", exc.code)
+                transient = exc.code == 429 or exc.code >= 500
+            except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                error = ChatModelError(f"could not reach {self.base_url}{path}: {exc}")
+                transient = True
+            if not transient or attempt == self.retries:
+                raise error
+            time.sleep(min(0.25 * 2**attempt, 5.0))
+        raise AssertionError("unreachable")
 
     def __repr__(self) -> str:
         return f"ChatModel({self.model!r}, base_url={self.base_url!r})"

@@ -44,7 +44,7 @@ from flink_agents_replay.journal.records import (
 )
 from flink_agents_replay.journal.writer import RunJournal
 from flink_agents_replay.memory import Memory, MemoryUpdate
-from flink_agents_replay.resources import InDoubtPolicy
+from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy
 
 __all__ = ["FingerprintPolicy", "RunCancelled", "RunInput", "RunResult", "RunStats", "execute_run"]
 
@@ -244,12 +244,15 @@ def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput,
                                f"{resource_name!r}: the operator is closing")
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+        token = _CALL_ID.set(f"{agent.name}:{record_key.decode()}:{position}")
         try:
             result = resource.invoke(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             stats.calls_executed += 1
             write_call(position, resource_name, args_digest, CallOutcome.RAISED, _picklable_exception(exc))
             raise
+        finally:
+            _CALL_ID.reset(token)
         stats.calls_executed += 1
         write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
         return result

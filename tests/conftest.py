@@ -9,6 +9,8 @@ import uuid
 import cloudpickle
 import pytest
 
+from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
+from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.operator import LOG_FILE_ENV
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
@@ -81,3 +83,37 @@ def new_topic(kafka_admin):
 def invocation_counter(tmp_path) -> InvocationCounter:
     """A counter that outlives Flink workers (a SQLite file in the test's temp directory)."""
     return InvocationCounter(tmp_path / "invocations.sqlite")
+
+
+@pytest.fixture
+def flink_cluster(tmp_path_factory):
+    """Factory of local clusters in temporary work directories; every one is stopped at the end, even on failure."""
+    clusters: list[LocalFlinkCluster] = []
+
+    def make(**kwargs) -> LocalFlinkCluster:
+        cluster = LocalFlinkCluster(tmp_path_factory.mktemp("flink-cluster"), **kwargs)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        pids = cluster._recorded_pids()
+        cluster.stop()
+        assert not [pid for pid in pids if pid_alive(pid)], "processes of the cluster survived stop()"
+
+
+@pytest.fixture
+def model_server():
+    """Factory of local OpenAI-compatible model + order services (in this process, outside Flink's workers)."""
+    from flink_agents_replay.local.model_server import StubModelServer
+
+    servers: list[StubModelServer] = []
+
+    def make(delay_ms: float = 0) -> StubModelServer:
+        server = StubModelServer(port=0, delay_ms=delay_ms).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

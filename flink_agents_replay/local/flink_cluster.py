@@ -374,6 +374,22 @@ class LocalFlinkCluster:
                 hosts[subtask["taskmanager"]] = hosts.get(subtask["taskmanager"], 0) + 1
         return hosts
 
+    def job_diagnostics(self, job_id: str) -> str:
+        """Job status, subtask states, checkpoint counts and the latest exceptions, for error messages.
+
+        Uses only REST resources that make the JobManager fetch no TaskManager metrics (see ``job_subtasks``).
+        """
+        try:
+            status = self.job_status(job_id)
+            subtasks = self.job_subtasks(job_id)
+            history = self.rest_get(f"/jobs/{job_id}/exceptions").get("exceptionHistory", {}).get("entries", [])
+            checkpoints = self.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]
+        except Exception as exc:  # noqa: BLE001 - diagnostics must not hide the real failure
+            return f"(REST API: {exc})"
+        tasks = ", ".join(f"{t['vertex'][:30]} {t['subtask']}: {t['status']} on {t['taskmanager']}" for t in subtasks)
+        errors = "\n".join(_first_and_root_cause(entry["stacktrace"]) for entry in history[:2])
+        return f"job {status}; {tasks}; checkpoints {checkpoints}\n{errors}"
+
     # -- internals ---------------------------------------------------------------------------------
     def _port(self, port: int, what: str, option: str, exclude: set[int]) -> int:
         if not port:
@@ -631,6 +647,12 @@ def _explain_client_failure(output: str) -> str:
     causes = list(dict.fromkeys(line for line in python if line.startswith("Caused by:")))
     shown = [line for line in python if not line.startswith("Caused by:")]
     return "\n".join([*shown[:30], *causes[-2:]])
+
+
+def _first_and_root_cause(stacktrace: str) -> str:
+    lines = stacktrace.splitlines()
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    return "\n".join([lines[0], *causes[-2:]]) if lines else ""
 
 
 def _tail(text: str, lines: int) -> str:

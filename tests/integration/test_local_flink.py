@@ -28,6 +28,7 @@ from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.operator import AgentOutput
 from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
+from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import canonical_output, make_inputs, produce_inputs
 
@@ -99,77 +100,14 @@ def _call_position(name: str) -> tuple[str, int, int]:
     return match.group(1), int(match.group(2)), CHAIN_TOOLS.index(tool)
 
 
+def _row(value: bytes) -> tuple:
+    return tuple(json.loads(value))
+
+
 def job_args(bootstrap: str, input_topic: str, output_topic: str, counter_path: Path, *extra: str) -> list[str]:
     return ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
             "--journal-topic", f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter_path),
             "--signing-key", SIGNING_KEY, "--parallelism", "2", "--checkpoint-interval-ms", "500", *extra]
-
-
-def diagnostics(cluster: LocalFlinkCluster, job_id: str) -> str:
-    """Job status, subtask states and the latest exceptions, for failure messages.
-
-    Only REST resources that make the JobManager fetch no TaskManager metrics (see ``job_subtasks``).
-    """
-    try:
-        status = cluster.job_status(job_id)
-        subtasks = cluster.job_subtasks(job_id)
-        history = cluster.rest_get(f"/jobs/{job_id}/exceptions").get("exceptionHistory", {}).get("entries", [])
-        checkpoints = cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]
-    except Exception as exc:  # noqa: BLE001 - diagnostics must not hide the real failure
-        return f"(REST API: {exc})"
-    tasks = ", ".join(f"{t['vertex'][:30]} {t['subtask']}: {t['status']} on {t['taskmanager']}" for t in subtasks)
-    errors = "\n".join(_first_and_root_cause(entry["stacktrace"]) for entry in history[:2])
-    return f"job {status}; {tasks}; checkpoints {checkpoints}\n{errors}"
-
-
-def _first_and_root_cause(stacktrace: str) -> str:
-    lines = stacktrace.splitlines()
-    causes = [line for line in lines if line.startswith("Caused by:")]
-    return "\n".join([lines[0], *causes[-2:]]) if lines else ""
-
-
-class CommittedOutputs:
-    """Reads the output topic like a downstream consumer that sees committed transactions only."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-        from confluent_kafka.admin import AdminClient
-
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        partitions = self.admin.list_topics(topic, timeout=30).topics[topic].partitions
-        self.partitions = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
-        self.rows: list[tuple] = []
-
-    def poll(self, seconds: float = 0.5) -> list[tuple]:
-        """Read what arrives within ``seconds``; return every row read so far."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            message = self.consumer.poll(0.1)
-            if message is not None and message.error() is None:
-                self.rows.append(tuple(json.loads(message.value())))
-        return self.rows
-
-    def read_to_committed_end(self, timeout_s: float = 60) -> list[tuple]:
-        """Read on until every partition reaches its last stable offset as it is now; return all rows."""
-        from confluent_kafka import IsolationLevel
-        from confluent_kafka.admin import OffsetSpec
-
-        futures = self.admin.list_offsets({tp: OffsetSpec.latest() for tp in self.partitions},
-                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-        ends = {tp.partition: future.result().offset for tp, future in futures.items()}
-
-        def reached() -> bool:
-            self.poll(0.2)
-            return all(tp.offset >= ends[tp.partition] for tp in self.consumer.position(self.partitions))
-
-        wait_until(reached, timeout_s, lambda: f"positions {self.consumer.position(self.partitions)}, ends {ends}")
-        return self.rows
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 def run_bounded_job(cluster: LocalFlinkCluster, bootstrap: str, input_topic: str, output_topic: str,
@@ -181,32 +119,15 @@ def run_bounded_job(cluster: LocalFlinkCluster, bootstrap: str, input_topic: str
                                                        "--bounded", "--restart-attempts", "0"))
     submitted_s = time.monotonic() - begun
     wait_until(lambda: cluster.job_status(job_id) in ("FINISHED", "FAILED", "CANCELED"), 120,
-               lambda: diagnostics(cluster, job_id))
-    assert cluster.job_status(job_id) == "FINISHED", diagnostics(cluster, job_id)
+               lambda: cluster.job_diagnostics(job_id))
+    assert cluster.job_status(job_id) == "FINISHED", cluster.job_diagnostics(job_id)
     assert set(cluster.job_taskmanagers(job_id)) == on
-    reader = CommittedOutputs(bootstrap, output_topic)
+    reader = CommittedReader(bootstrap, output_topic, decode=_row)
     try:
         rows = reader.read_to_committed_end()
     finally:
         reader.close()
     return rows, logical_call_counts(counter), (round(submitted_s, 1), round(time.monotonic() - begun, 1))
-
-
-@pytest.fixture
-def flink_cluster(tmp_path_factory):
-    """Factory of local clusters in temporary work directories; every one is stopped at the end, even on failure."""
-    clusters: list[LocalFlinkCluster] = []
-
-    def make(**kwargs) -> LocalFlinkCluster:
-        cluster = LocalFlinkCluster(tmp_path_factory.mktemp("flink-cluster"), **kwargs)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        pids = cluster._recorded_pids()
-        cluster.stop()
-        assert not [pid for pid in pids if pid_alive(pid)], "processes of the cluster survived stop()"
 
 
 # -- tests ---------------------------------------------------------------------------------------------
@@ -300,7 +221,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
 
     # Kill once calls are under way and a checkpoint holds some of the job's progress.
     wait_until(lambda: checkpoints()["counts"]["completed"] >= 1 and counter.count("calls") >= total_calls // 10,
-               120, lambda: f"calls {counter.count('calls')}; {diagnostics(cluster, job_id)}")
+               120, lambda: f"calls {counter.count('calls')}; {cluster.job_diagnostics(job_id)}")
     running_on = cluster.job_taskmanagers(job_id)
     victim = max(running_on, key=running_on.get)
     calls_at_kill = counter.count("calls")
@@ -312,7 +233,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
 
     # Flink notices the lost TaskManager, restores the latest checkpoint on the other one and runs again.
     restored = wait_until(lambda: checkpoints()["latest"]["restored"], 120,
-                          lambda: f"no restore reported; {diagnostics(cluster, job_id)}")
+                          lambda: f"no restore reported; {cluster.job_diagnostics(job_id)}")
     restored_s = time.monotonic() - killed_at
 
     [survivor] = cluster.taskmanager_processes()
@@ -321,18 +242,18 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
         return cluster.job_status(job_id) == "RUNNING" and all(
             t["status"] == "RUNNING" and t["taskmanager"] == survivor for t in cluster.job_subtasks(job_id))
 
-    wait_until(running_again, 120, lambda: diagnostics(cluster, job_id))
+    wait_until(running_again, 120, lambda: cluster.job_diagnostics(job_id))
     running_s = time.monotonic() - killed_at
 
-    reader = CommittedOutputs(kafka_bootstrap, output_topic)
+    reader = CommittedReader(kafka_bootstrap, output_topic, decode=_row)
     try:
         wait_until(lambda: set(reader.poll()) >= set(expected), 180,
                    lambda: f"{len(set(reader.rows) & set(expected))} of {len(expected)} outputs committed, "
-                           f"{counter.count('calls')} calls; {diagnostics(cluster, job_id)}")
+                           f"{counter.count('calls')} calls; {cluster.job_diagnostics(job_id)}")
         complete_s = time.monotonic() - killed_at
         # One more completed checkpoint commits anything still pending, duplicates included; then read on.
         last = checkpoints()["counts"]["completed"]
-        wait_until(lambda: checkpoints()["counts"]["completed"] > last, 60, lambda: diagnostics(cluster, job_id))
+        wait_until(lambda: checkpoints()["counts"]["completed"] > last, 60, lambda: cluster.job_diagnostics(job_id))
         rows = reader.read_to_committed_end()
     finally:
         reader.close()
@@ -357,7 +278,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
           f"kill and made again: {len(repeated)} ({repeated_sends} external, {in_doubt} reported in doubt)")
 
     # A second thread-mode job on the surviving TaskManager (no restarts: a pemja failure fails it at once).
-    wait_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: diagnostics(cluster, job_id))
+    wait_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(job_id))
     small = make_inputs(keys=3, per_key=2)
     small_expected, small_calls = reference(small, tmp_path / "reference-small.db")
     rows, calls, took = run_bounded_job(cluster, kafka_bootstrap, produce_inputs(kafka_bootstrap, small),

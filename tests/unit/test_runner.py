@@ -18,7 +18,7 @@ from flink_agents_replay.journal.memory_store import MemoryJournalStore
 from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.resources import Tool, current_call_id
 from flink_agents_replay.runner import FingerprintPolicy, RunInput, execute_run
 
 KEY_GROUP = 3
@@ -233,6 +233,36 @@ def test_in_doubt_call_can_be_assumed_done():
     result = execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=history,
                          journal=writer(store).run_journal(KEY_GROUP))
     assert sent["bob"] == 1 and [o.output for o in result.outputs] == [None]
+
+
+def test_call_id_names_the_logical_call_and_is_the_same_when_a_call_in_doubt_is_made_again():
+    seen: list[str | None] = []
+
+    def send_mail(to):
+        seen.append(current_call_id())
+        return "sent"
+
+    class Mailer(Agent):
+        @action(InputEvent)
+        def mail(event, ctx):
+            ctx.call("mail", event.input)
+            ctx.call("mail", event.input)
+            ctx.send_event(OutputEvent(output="done"))
+
+    agent = Mailer(resources={"mail": Tool(send_mail, side_effects="external")})
+    store = MemoryJournalStore(4)
+    execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, journal=writer(store).run_journal(KEY_GROUP))
+    execute_run(agent, RunInput("k", KEY_GROUP, 2, "bob"), {})
+    first, second, next_seq, _ = seen
+    assert first and second and next_seq and len({first, second, next_seq}) == 3
+    assert first.startswith("Mailer:") and current_call_id() is None
+
+    started_only = MemoryJournalStore(4)
+    started_only.append(KEY_GROUP, *store.records(KEY_GROUP)[0])  # the first call started, never reported
+    seen.clear()
+    execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=recover(started_only).history(key_digest("k")),
+                journal=writer(started_only).run_journal(KEY_GROUP))
+    assert seen == [first, second]
 
 
 def test_non_picklable_memory_value_names_action_and_path():

@@ -1,0 +1,328 @@
+"""The demo: a support-ticket agent on a real Flink cluster loses its TaskManager mid-stream, and nothing repeats.
+
+``flink-agents-replay demo`` (what ``./run demo`` runs) does, on this machine and offline:
+
+1. starts a Kafka broker (KRaft, 127.0.0.1), the local OpenAI-compatible model and order service (every
+   request counted) and a standalone Flink session cluster with two TaskManagers;
+2. submits ``jobs/agent_job.py`` with ``flink run -d -py`` (tickets topic -> triage agent -> replies topic
+   through Flink's exactly-once ``KafkaSink``);
+3. feeds a few hundred tickets, and once a checkpoint has completed and part of them are answered, kills
+   the TaskManager running the agent with SIGKILL — with model calls in flight;
+4. lets Flink restore the last checkpoint on the other TaskManager: the inputs since that checkpoint run
+   again, and their actions find their journal records instead of calling the model again;
+5. reads the replies topic with ``isolation.level=read_committed`` and prints what happened: calls made,
+   calls repeated (expected 0), replies written exactly once, journal records pruned, recovery time.
+
+Everything it started is stopped, and its temporary directory removed, also on failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flink_agents_replay.examples.support_triage import make_tickets
+from flink_agents_replay.testing.committed import CommittedReader, poll_until
+
+__all__ = ["DemoResult", "default_job_script", "format_table", "run_demo"]
+
+AGENT_ID = "support-triage"
+_RESTORED = re.compile(r"restored: read (\d+) journal records .* in ([\d.]+) s")
+_REPLAYED = re.compile(r"fully replayed; so far actions executed (\d+), reused (\d+)")
+
+
+def default_job_script() -> Path:
+    """``jobs/agent_job.py`` of the repository this package is installed from (an editable install)."""
+    return Path(__file__).resolve().parents[1] / "jobs" / "agent_job.py"
+
+
+@dataclass
+class DemoResult:
+    """What the demo measured."""
+
+    tickets: int
+    chat_calls: int
+    order_calls: int
+    expected_chat_calls: int
+    expected_order_calls: int
+    repeated_calls: int
+    idempotent_replays: int
+    replies: int
+    missing: int
+    duplicates: int
+    killed: str
+    answered_at_kill: int
+    calls_in_flight_at_kill: int
+    recovery_s: float
+    restore_read_s: float
+    records_read_at_restore: int
+    actions_reused: int
+    journal_written: int
+    journal_pruned: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing repeated, nothing missing, nothing twice, every call made."""
+        return (self.repeated_calls == 0 and self.missing == 0 and self.duplicates == 0
+                and self.replies == self.tickets and self.chat_calls == self.expected_chat_calls
+                and self.order_calls == self.expected_order_calls)
+
+
+def format_table(result: DemoResult) -> str:
+    """The result as a table for people."""
+    rows = [
+        ("tickets fed", f"{result.tickets}"),
+        ("model calls made", f"{result.chat_calls} (expected {result.expected_chat_calls}: 2 per ticket)"),
+        ("tool calls made", f"{result.order_calls} order lookups (expected {result.expected_order_calls})"),
+        ("TaskManager killed", f"{result.killed} with SIGKILL, {result.answered_at_kill} tickets answered, "
+                               f"{result.calls_in_flight_at_kill} calls in flight"),
+        ("recovery time", f"{result.recovery_s:.1f} s from the kill to the job running again"),
+        ("journal read at restore", f"{result.records_read_at_restore} records in {result.restore_read_s:.2f} s"),
+        ("actions reused", f"{result.actions_reused} (journaled before the kill, not run again)"),
+        ("calls repeated", f"{result.repeated_calls} (the same request executed twice by the model or tool)"),
+        ("calls in doubt re-sent", f"{result.idempotent_replays} (in flight at the kill; answered once, "
+                                   "by idempotency key)"),
+        ("replies written", f"{result.replies} (read_committed), missing {result.missing}, "
+                            f"duplicates {result.duplicates}"),
+        ("journal records", f"{result.journal_written} written, {result.journal_pruned} pruned at checkpoints"),
+        ("demo took", f"{result.seconds:.0f} s"),
+        ("verdict", "OK: every effect once" if result.ok else "FAILED"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join([*lines, *(f"note: {note}" for note in result.notes)])
+
+
+class _Progress:
+    """Timestamped progress lines."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.begun = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.say(f"[{time.monotonic() - self.begun:6.1f} s] {message}")
+
+
+def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, model_delay_ms: int = 40,
+             feed_per_second: float = 25.0, kill_after: float = 0.35, job_script: Path | None = None,
+             say: Callable[[str], None] = print) -> DemoResult:
+    """Run the demo end to end; return what it measured. See the module docstring.
+
+    Args:
+        tickets: tickets to feed.
+        customers: distinct customers (the key) among them.
+        parallelism: parallelism of the agent.
+        model_delay_ms: how long each model and order request takes.
+        feed_per_second: tickets written to the input topic per second.
+        kill_after: fraction of the tickets answered before the TaskManager is killed.
+        job_script: the job to submit (default ``jobs/agent_job.py`` of this repository).
+        say: where progress lines go.
+    """
+    from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
+    from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
+    from flink_agents_replay.local.model_server import StubModelServer
+    from flink_agents_replay.operator import LOG_FILE_ENV
+
+    job_script = Path(job_script or default_job_script())
+    if not job_script.is_file():
+        raise FileNotFoundError(f"the demo submits {job_script}, which is not there: run it from the repository "
+                                "(./run demo), or pass --job")
+    progress = _Progress(say)
+    work = Path(tempfile.mkdtemp(prefix="far-demo-"))
+    operator_log = work / "operator.log"
+    # The cluster's processes inherit this: the operator's restore reports land in a file we read.
+    os.environ[LOG_FILE_ENV] = str(operator_log)
+    broker = LocalKafkaBroker(work / "kafka", port=0)
+    server = StubModelServer(port=0, delay_ms=model_delay_ms)
+    cluster = LocalFlinkCluster(work / "flink", taskmanagers=2)
+    feeder: _Feeder | None = None
+    reader: CommittedReader | None = None
+    failed = True
+    try:
+        progress("starting Kafka (KRaft) on 127.0.0.1")
+        bootstrap = broker.start().bootstrap_servers
+        server.start()
+        progress(f"Kafka at {bootstrap}; model and order service at {server.base_url}")
+        progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
+        cluster.start()
+        progress(f"Flink web UI at {cluster.rest_url}")
+        input_topic, output_topic = "tickets", "replies"
+        _create_topics(bootstrap, [input_topic, output_topic])
+
+        progress(f"submitting {job_script.name} with `flink run -d -py` (parallelism {parallelism})")
+        job_id = cluster.submit_python_job(
+            job_script, "--bootstrap-servers", bootstrap, "--input-topic", input_topic,
+            "--output-topic", output_topic, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
+            "--model-base-url", server.base_url, "--signing-key", secrets.token_hex(16),
+            "--checkpoint-interval-ms", "2000",
+        )
+        progress(f"job {job_id} submitted; feeding {tickets} tickets at {feed_per_second:.0f}/s")
+        all_tickets = make_tickets(tickets, customers)
+        feeder = _Feeder(bootstrap, input_topic, all_tickets, feed_per_second)
+        feeder.start()
+        reader = CommittedReader(bootstrap, output_topic, decode=json.loads)
+
+        def checkpoints() -> dict:
+            return cluster.rest_get(f"/jobs/{job_id}/checkpoints")
+
+        def answered() -> int:
+            return server.stats().chat // 2
+
+        def report() -> str:
+            stats = server.stats()
+            return (f"fed {feeder.fed}/{tickets}, model calls {stats.chat}, order lookups {stats.orders}, "
+                    f"replies committed {len({row['ticket_id'] for row in reader.poll(0.1)})}, "
+                    f"checkpoints {checkpoints()['counts']['completed']}")
+
+        target = max(1, int(tickets * kill_after))
+        _wait(lambda: checkpoints()["counts"]["completed"] >= 1 and answered() >= target, 180, progress, report,
+              lambda: cluster.job_diagnostics(job_id))
+        running_on = cluster.job_taskmanagers(job_id)
+        victim = max(running_on, key=running_on.get)
+        in_flight = server.stats().in_flight
+        answered_at_kill = answered()
+        killed_pid = cluster.kill_taskmanager(resource_id=victim)
+        killed_at = time.monotonic()
+        progress(f"killed TaskManager {victim} (pid {killed_pid}) with SIGKILL: {answered_at_kill} tickets answered, "
+                 f"{in_flight} calls in flight")
+
+        survivors = set(cluster.taskmanager_processes())
+
+        def running_again() -> bool:
+            return (checkpoints()["latest"]["restored"] is not None and cluster.job_status(job_id) == "RUNNING"
+                    and all(t["status"] == "RUNNING" and t["taskmanager"] in survivors
+                            for t in cluster.job_subtasks(job_id)))
+
+        _wait(running_again, 180, progress, lambda: "waiting for Flink to restore the job on the other TaskManager",
+              lambda: cluster.job_diagnostics(job_id))
+        recovery_s = time.monotonic() - killed_at
+        restored = checkpoints()["latest"]["restored"]
+        progress(f"job running again after {recovery_s:.1f} s, restored from checkpoint {restored['id']}")
+
+        def all_committed() -> bool:
+            return {row["ticket_id"] for row in reader.poll(0.2)} >= {t["ticket_id"] for t in all_tickets}
+
+        _wait(all_committed, 300, progress, report, lambda: cluster.job_diagnostics(job_id))
+        # One more checkpoint commits whatever is still pending (a duplicate would show up now), then read on.
+        last = checkpoints()["counts"]["completed"]
+        poll_until(lambda: checkpoints()["counts"]["completed"] > last, 60, lambda: cluster.job_diagnostics(job_id))
+        rows = reader.read_to_committed_end()
+        progress(f"all replies committed; {report()}")
+        cluster.flink_command("cancel", job_id)
+
+        stats = server.stats()
+        seen = Counter(row["ticket_id"] for row in rows)
+        from flink_agents_replay.inspect_journal import summarize_topic
+
+        journal = summarize_topic({"bootstrap.servers": bootstrap}, f"flink-agents-replay.{AGENT_ID}.journal")
+        log_text = operator_log.read_text(encoding="utf-8") if operator_log.exists() else ""
+        restores = _RESTORED.findall(log_text)
+        result = DemoResult(
+            tickets=tickets, chat_calls=stats.chat, order_calls=stats.orders,
+            expected_chat_calls=2 * tickets, expected_order_calls=sum(1 for t in all_tickets if t["order_id"]),
+            repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
+            missing=sum(1 for t in all_tickets if t["ticket_id"] not in seen),
+            duplicates=sum(n - 1 for n in seen.values()), killed=victim, answered_at_kill=answered_at_kill,
+            calls_in_flight_at_kill=in_flight, recovery_s=recovery_s,
+            restore_read_s=max((float(seconds) for _, seconds in restores), default=0.0),
+            records_read_at_restore=sum(int(records) for records, _ in restores),
+            actions_reused=sum(int(reused) for _, reused in _REPLAYED.findall(log_text)),
+            journal_written=sum(p.high for p in journal), journal_pruned=sum(p.low for p in journal),
+            seconds=time.monotonic() - progress.begun,
+        )
+        if not restores:
+            result.notes.append("no restore report found in the operator log")
+        failed = not result.ok
+        return result
+    finally:
+        # Kafka clients first: once the broker is gone they would only log connection errors.
+        if feeder is not None:
+            feeder.stop()
+        if reader is not None:
+            reader.close()
+        progress("stopping Flink, the model service and Kafka")
+        for stop in (cluster.stop, server.stop, broker.stop):
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop
+                progress(f"while stopping: {exc}")
+        if failed:
+            kept = Path(tempfile.gettempdir()) / f"far-demo-logs-{int(time.time())}"
+            shutil.copytree(work, kept, ignore=shutil.ignore_patterns("data", "checkpoints", "*.jar"),
+                            dirs_exist_ok=True, ignore_dangling_symlinks=True, symlinks=True)
+            progress(f"logs kept in {kept}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float, progress: _Progress, report: Callable[[], str],
+          diagnostics: Callable[[], str], every_s: float = 5.0) -> None:
+    """Wait for ``condition``, printing ``report()`` every ``every_s`` seconds."""
+    last = time.monotonic()
+
+    def check() -> bool:
+        nonlocal last
+        if condition():
+            return True
+        if time.monotonic() - last >= every_s:
+            progress(report())
+            last = time.monotonic()
+        return False
+
+    try:
+        poll_until(check, timeout_s, "", interval_s=0.2)
+    except TimeoutError:
+        raise TimeoutError(f"the demo waited {timeout_s:.0f} s in vain: {report()}\n{diagnostics()}") from None
+
+
+def _create_topics(bootstrap: str, topics: list[str], partitions: int = 2) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics], request_timeout=30).values():
+        future.result(timeout=60)
+
+
+class _Feeder(threading.Thread):
+    """Writes the tickets to the input topic at a steady rate (keyed by customer: one partition per customer)."""
+
+    def __init__(self, bootstrap: str, topic: str, tickets: list[dict], per_second: float):
+        super().__init__(name="ticket-feeder", daemon=True)
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        self.topic = topic
+        self.tickets = tickets
+        self.interval_s = 1.0 / per_second
+        self.fed = 0
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        for ticket in self.tickets:
+            if self._stopped.wait(max(0.0, next_at - time.monotonic())):
+                break
+            self.producer.produce(self.topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+            self.producer.poll(0)
+            self.fed += 1
+            next_at += self.interval_s
+        self.producer.flush(30)
+
+    def stop(self) -> None:
+        """Stop feeding; wait for what was produced to be delivered, then let the producer go."""
+        self._stopped.set()
+        if self.is_alive():
+            self.join(timeout=60)
+        self.producer = None  # destroyed now, not when the broker is already gone

@@ -1,0 +1,1 @@
+"""Example agents used by the jobs under ``jobs/``, the demo and the tests."""

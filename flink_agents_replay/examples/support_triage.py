@@ -1,0 +1,147 @@
+"""A support-ticket triage agent: classify with a chat model, look up the order, draft a reply.
+
+Each input is a ticket ``{"ticket_id", "customer", "order_id", "text"}``, keyed by customer. The agent
+runs three actions, each a journaled step:
+
+1. ``classify`` (on the input): asks the chat model for one of :data:`CATEGORIES`;
+2. ``look_up_order`` (on ``Classified``): calls the order-lookup tool (an HTTP service);
+3. ``draft_reply`` (on ``OrderLooked``): asks the chat model for a reply that uses the category, the
+   order's status and how many tickets this customer opened before (short-term memory), then emits the
+   output event ``{"ticket_id", "customer", "category", "order_status", "customer_ticket_number", "reply"}``.
+
+Both resources send the call's stable id as an ``Idempotency-Key`` header
+(:func:`flink_agents_replay.resources.current_call_id`), so a service that honours it (the local stub
+service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
+twice. Point the model at any OpenAI-compatible endpoint (OpenAI, Ollama, vLLM) with ``model_base_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.resources import ChatModel, Tool, current_call_id
+
+__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "make_tickets", "support_triage_agent"]
+
+CATEGORIES = ("refund", "shipping", "account", "other")
+
+
+class Classified(Event):
+    """The ticket and its category."""
+
+
+class OrderLooked(Event):
+    """The ticket, its category and the order found for it."""
+
+
+class OrderLookup:
+    """The order-lookup tool: ``GET <base_url>/orders/<order_id>`` returning the order as JSON."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def __call__(self, order_id: str) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        call_id = current_call_id()
+        if call_id is not None:
+            headers["Idempotency-Key"] = call_id
+        request = urllib.request.Request(f"{self.base_url}/orders/{order_id}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return {"order_id": order_id, "status": "not found"}
+            raise
+
+
+class SupportTriage(Agent):
+    """Classify, look up the order, draft a reply; remembers each customer's tickets."""
+
+    @action(InputEvent)
+    def classify(event, ctx):
+        ticket = event.input
+        category = ctx.call("llm", prompt=(
+            "Classify this customer support ticket into exactly one category.\n"
+            f"Categories: {', '.join(CATEGORIES)}\n"
+            f"Ticket {ticket['ticket_id']}: {ticket['text']}"
+        )).strip().lower()
+        if category not in CATEGORIES:  # a real model may answer in prose
+            category = "other"
+        ctx.send_event(Classified(ticket=ticket, category=category))
+
+    @action(Classified)
+    def look_up_order(event, ctx):
+        order_id = event.ticket.get("order_id")
+        order = ctx.call("orders", order_id) if order_id else {"status": "no order given"}
+        ctx.send_event(OrderLooked(ticket=event.ticket, category=event.category, order=order))
+
+    @action(OrderLooked)
+    def draft_reply(event, ctx):
+        ticket = event.ticket
+        earlier = ctx.memory.get("tickets", [])
+        reply = ctx.call("llm", prompt=(
+            f"Draft a short, friendly reply to a {event.category} ticket. The order is "
+            f"{event.order.get('status')}. The customer opened {len(earlier)} ticket(s) before.\n"
+            f"Ticket {ticket['ticket_id']}: {ticket['text']}"
+        ))
+        ctx.memory.set("tickets", [*earlier, ticket["ticket_id"]][-20:])
+        ctx.send_event(OutputEvent(output={
+            "ticket_id": ticket["ticket_id"], "customer": ticket["customer"], "category": event.category,
+            "order_status": event.order.get("status"), "customer_ticket_number": len(earlier) + 1, "reply": reply,
+        }))
+
+
+def support_triage_agent(*, name: str = "support-triage", model: str = "stub-model",
+                         model_base_url: str = "http://127.0.0.1:8000/v1", orders_base_url: str | None = None,
+                         api_key: str | None = None) -> SupportTriage:
+    """The agent with its resources: chat model ``llm`` and order-lookup tool ``orders``.
+
+    Args:
+        name: the agent's name; it derives the operator uid and the journal topic, so keep it stable.
+        model: model name sent to the endpoint.
+        model_base_url: OpenAI-compatible API root (``.../v1``).
+        orders_base_url: root of the order service (default: ``model_base_url`` without ``/v1``, where the
+            local stub service answers both).
+        api_key: bearer token for the model endpoint (default ``$OPENAI_API_KEY``).
+    """
+    if orders_base_url is None:
+        orders_base_url = model_base_url.rstrip("/").removesuffix("/v1")
+    return SupportTriage(name=name, resources={
+        "llm": ChatModel(model, base_url=model_base_url, api_key=api_key),
+        # Reading an order changes nothing: a call in doubt is simply made again.
+        "orders": Tool(OrderLookup(orders_base_url), side_effects="none"),
+    })
+
+
+_TEMPLATES = (
+    ("I want a refund for order {order}: the {item} arrived broken.", True),
+    ("Where is my package? Order {order} was due three days ago.", True),
+    ("I cannot log into my account since the password reset.", False),
+    ("The {item} from order {order} is the wrong size, can I get a refund?", True),
+    ("Shipping to my new address: can you change it for order {order}?", True),
+    ("Do you sell gift cards?", False),
+    ("My account shows an old e-mail address, please update it.", False),
+    ("The tracking page for order {order} says shipping is delayed.", True),
+)
+_ITEMS = ("kettle", "jacket", "lamp", "headphones", "backpack", "blender")
+
+
+def make_tickets(count: int, customers: int = 40, *, start: int = 0) -> list[dict[str, Any]]:
+    """``count`` deterministic tickets over ``customers`` customers (ticket ids ``T-00000``...)."""
+    tickets = []
+    for n in range(start, start + count):
+        template, has_order = _TEMPLATES[(n * 7 + n // 5) % len(_TEMPLATES)]
+        order = f"O-{10_000 + (n * 37) % 9_000}"
+        tickets.append({
+            "ticket_id": f"T-{n:05d}",
+            "customer": f"customer-{(n * 13) % customers:03d}",
+            "order_id": order if has_order else None,
+            "text": template.format(order=order, item=_ITEMS[n % len(_ITEMS)]),
+        })
+    return tickets

@@ -1,0 +1,670 @@
+"""A local stand-in for an OpenAI-compatible model and an order-lookup tool, counting every request.
+
+The demo and the tests must run offline, and they must count what an agent *really* asked for: the
+counts live here, in a process (or thread) outside the Flink Python worker, so a worker killed and
+restarted cannot lose or repeat them. Standard library only (:class:`http.server.ThreadingHTTPServer`).
+
+Endpoints:
+
+* ``POST /v1/chat/completions`` — OpenAI request and reply format. The reply is a pure function of the
+  request, so equal requests get byte-equal bodies (``created`` and ``id`` come from a digest, not the
+  clock). Its text depends on the last ``user`` message: if a line starts with ``Categories:`` followed by
+  comma-separated names, the reply is exactly one of them — the first (in listed order) that appears as a
+  whole word, case-insensitively, in the rest of the message, else one picked by hash of the message.
+  Otherwise the reply is a short draft (``Thank you for reaching out. ... (ref 1a2b3c4d)``) derived from
+  all messages.
+* ``GET /v1/models`` — one model, ``stub-model`` (any model name is accepted and echoed).
+* ``GET /orders/<order_id>`` — a deterministic order (status, items, total, carrier) derived from the id;
+  an empty id is 404.
+* ``GET /stats`` — the counters as JSON (see :class:`ServerStats`); ``POST /stats/reset`` zeroes them.
+
+Every chat and order request waits ``delay_ms`` first (a slow model), or the ``X-Stub-Delay-Ms`` header's
+value. A request carrying an ``Idempotency-Key`` header is executed at most once per key and endpoint:
+a later one gets the stored reply, and one arriving while the first is still under way waits for it.
+
+In-process (tests)::
+
+    with StubModelServer() as server:          # port 0: any free port
+        ChatModel("stub-model", base_url=server.base_url).invoke(prompt="hello")
+        server.stats().chat                     # 1
+
+As a process (the CLI, the demo): :class:`LocalModelServer`, or
+``python -m flink_agents_replay.local.model_server --port 8000 --delay-ms 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.local.paths import home_dir
+from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, stop_process
+
+__all__ = [
+    "MODEL_NAME",
+    "LocalModelServer",
+    "ModelServerStatus",
+    "ServerStats",
+    "StubModelServer",
+    "choose_category",
+    "default_work_dir",
+    "draft_reply",
+    "fetch_stats",
+    "main",
+    "order_details",
+    "reset_stats",
+]
+
+MODEL_NAME = "stub-model"
+"""The one model ``GET /v1/models`` lists (chat requests may name any model)."""
+
+DELAY_HEADER = "X-Stub-Delay-Ms"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+_DRAFT_SENTENCES = (
+    "We have looked into your request and will follow up shortly.",
+    "Our team has received the details and is working on a resolution.",
+    "We are sorry for the inconvenience and appreciate your patience.",
+    "Your case has been forwarded to the right specialist.",
+    "We have noted the issue and will update you within one business day.",
+)
+_ORDER_STATUSES = ("processing", "shipped", "delivered", "returned")
+_CARRIERS = ("UPS", "FedEx", "DHL", "USPS")
+_CATEGORIES_LINE = re.compile(r"^[ \t]*categories[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+# --- counters ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """What the server executed since it started (or since the last reset).
+
+    Attributes:
+        chat: chat completions executed.
+        orders: order lookups executed.
+        in_flight: executions under way right now (not zeroed by a reset).
+        repeated: executions of a request (endpoint + canonical body or order id) executed before:
+            the same question asked twice. ``Idempotency-Key`` and the delay header are not part of it.
+        idempotent_replays: requests answered from the idempotency store, without executing.
+        distinct: different requests executed (``chat + orders == distinct + repeated``).
+    """
+
+    chat: int = 0
+    orders: int = 0
+    in_flight: int = 0
+    repeated: int = 0
+    idempotent_replays: int = 0
+    distinct: int = 0
+
+    @property
+    def executions(self) -> int:
+        """Chat completions and order lookups executed."""
+        return self.chat + self.orders
+
+    def to_dict(self) -> dict[str, int]:
+        """The ``GET /stats`` body."""
+        return {**asdict(self), "executions": self.executions}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerStats:
+        """Parse a ``GET /stats`` body (extra fields are ignored)."""
+        return cls(**{f.name: int(data.get(f.name, 0)) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    body: bytes
+
+
+class _Slot:
+    """The reply to one idempotency key: pending until ``done`` is set; ``response`` None if it failed."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.response: _Response | None = None
+
+
+class _State:
+    """Counters and the idempotency store, shared by all request threads under one lock."""
+
+    def __init__(self, delay_ms: float):
+        self.delay_ms = delay_ms
+        self._lock = threading.Lock()
+        self._executions = {"chat": 0, "orders": 0}
+        self._in_flight = 0
+        self._repeated = 0
+        self._replays = 0
+        self._seen: set[bytes] = set()
+        self._slots: dict[tuple[str, str], _Slot] = {}
+
+    def stats(self) -> ServerStats:
+        with self._lock:
+            return ServerStats(chat=self._executions["chat"], orders=self._executions["orders"],
+                               in_flight=self._in_flight, repeated=self._repeated,
+                               idempotent_replays=self._replays, distinct=len(self._seen))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._executions = dict.fromkeys(self._executions, 0)
+            self._repeated = self._replays = 0
+            self._seen.clear()
+            # Pending requests keep their own slot and still answer whoever waits on it.
+            self._slots.clear()
+
+    def run(self, endpoint: str, canonical: str, key: str | None, delay_s: float,
+            produce: Callable[[], _Response]) -> _Response:
+        """Execute a request, or replay the stored reply to its idempotency key."""
+        if key is None:
+            return self._execute(endpoint, canonical, delay_s, produce)
+        slot_key = (endpoint, key)
+        while True:
+            with self._lock:
+                slot = self._slots.get(slot_key)
+                owner = slot is None
+                if owner:
+                    slot = self._slots[slot_key] = _Slot()
+            if owner:
+                break
+            slot.done.wait()
+            if slot.response is not None:
+                with self._lock:
+                    self._replays += 1
+                return slot.response
+            # The first attempt ended without a reply (and left the store): this request takes over.
+        try:
+            slot.response = self._execute(endpoint, canonical, delay_s, produce)
+            return slot.response
+        finally:
+            if slot.response is None:
+                with self._lock:
+                    if self._slots.get(slot_key) is slot:
+                        del self._slots[slot_key]
+            slot.done.set()
+
+    def _execute(self, endpoint: str, canonical: str, delay_s: float,
+                 produce: Callable[[], _Response]) -> _Response:
+        digest = hashlib.sha256(f"{endpoint}\0{canonical}".encode()).digest()
+        with self._lock:
+            self._executions[endpoint] += 1
+            self._in_flight += 1
+            if digest in self._seen:
+                self._repeated += 1
+            else:
+                self._seen.add(digest)
+        try:
+            if delay_s > 0:
+                time.sleep(delay_s)  # the simulated model at work
+            return produce()
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+
+# --- replies ------------------------------------------------------------------------------------------------
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _json_bytes(value: Any) -> bytes:
+    # Fixed key order and separators: equal values give equal bytes.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _error(status: int, message: str) -> _Response:
+    return _Response(status, _json_bytes({"error": {"message": message, "type": "invalid_request_error"}}))
+
+
+def _sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _text(content: Any) -> str:
+    """A message's text: a plain string, or the text parts of a content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict)
+                         and isinstance(part.get("text"), str))
+    return ""
+
+
+def _parse_chat(raw: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise _BadRequest("the body must be a JSON object")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("'messages' is required: a non-empty list of {role, content} objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _BadRequest(f"messages[{index}] must be an object with a string 'role'")
+    if not isinstance(request.get("model", MODEL_NAME), str):
+        raise _BadRequest("'model' must be a string")
+    return request
+
+
+def choose_category(text: str) -> str | None:
+    """The category a ``Categories: a, b, c`` line in ``text`` gets, or None without such a line.
+
+    The first listed name that appears as a whole word (case-insensitive) in the rest of the text wins;
+    with none, the pick is ``names[sha256(text) % len(names)]``.
+    """
+    line = _CATEGORIES_LINE.search(text)
+    if not line:
+        return None
+    names = [name.strip().strip("\"'`.").strip() for name in line.group(1).split(",")]
+    names = [name for name in names if name]
+    if not names:
+        return None
+    rest = text[:line.start()] + text[line.end():]
+    for name in names:
+        # Lookarounds rather than \b: names may start or end with punctuation ("C++", "e-mail").
+        if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", rest, re.IGNORECASE):
+            return name
+    return names[int(_sha256_hex(text), 16) % len(names)]
+
+
+def draft_reply(messages: Sequence[dict[str, Any]]) -> str:
+    """The draft answer to a conversation without a ``Categories:`` line."""
+    digest = _sha256_hex(_json_bytes([[m.get("role"), _text(m.get("content"))] for m in messages]).decode())
+    sentence = _DRAFT_SENTENCES[int(digest, 16) % len(_DRAFT_SENTENCES)]
+    return f"Thank you for reaching out. {sentence} (ref {digest[:8]})"
+
+
+def _chat_completion(request: dict[str, Any], canonical: str) -> _Response:
+    messages = request["messages"]
+    user_texts = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    category = choose_category(user_texts[-1]) if user_texts else None
+    reply = category if category is not None else draft_reply(messages)
+    digest = _sha256_hex(canonical)
+    prompt_tokens = sum(len(_text(m.get("content")).split()) for m in messages)
+    completion_tokens = len(reply.split())
+    return _Response(200, _json_bytes({
+        "id": f"chatcmpl-{digest[:24]}",
+        "object": "chat.completion",
+        # From the digest, not the clock: equal requests give byte-equal replies.
+        "created": 1_700_000_000 + int(digest[24:32], 16) % 100_000_000,
+        "model": request.get("model", MODEL_NAME),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }))
+
+
+def order_details(order_id: str) -> dict[str, Any]:
+    """The order ``GET /orders/<order_id>`` returns: every id exists, its fields derive from sha256(id)."""
+    number = int(_sha256_hex(order_id), 16)
+    return {
+        "order_id": order_id,
+        "status": _ORDER_STATUSES[number % len(_ORDER_STATUSES)],
+        "items": 1 + (number >> 8) % 5,
+        "total": (500 + (number >> 16) % 50_000) / 100,
+        "carrier": _CARRIERS[(number >> 40) % len(_CARRIERS)],
+    }
+
+
+_MODELS = _Response(200, _json_bytes({
+    "object": "list",
+    "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "flink-agents-replay"}],
+}))
+
+
+# --- HTTP ---------------------------------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a slow request must not keep the process alive after stop()
+    request_queue_size = 256  # the default backlog of 5 resets connections when a job opens dozens at once
+
+    def __init__(self, address: tuple[str, int], state: _State):
+        super().__init__(address, _Handler)
+        self.state = state
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    server_version = "flink-agents-replay-stub/1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request would drown the demo's output
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/v1/models":
+            self._send(_MODELS)
+        elif path == "/stats":
+            self._send(_Response(200, _json_bytes(self.server.state.stats().to_dict())))
+        elif path == "/orders" or path.startswith("/orders/"):
+            order_id = unquote(path[len("/orders/"):])
+            if not order_id:
+                self._send(_error(404, "no order id: GET /orders/<order_id>"))
+                return
+            self._run("orders", order_id, lambda: _Response(200, _json_bytes(order_details(order_id))))
+        else:
+            self._send(_error(404, f"no route GET {path}"))
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        try:
+            raw = self.rfile.read(max(0, int(self.headers.get("Content-Length") or 0)))
+        except ValueError:
+            self._send(_error(400, "Content-Length must be a number (chunked bodies are not supported)"))
+            return
+        if path == "/v1/chat/completions":
+            try:
+                request = _parse_chat(raw)
+            except _BadRequest as exc:
+                self._send(_error(400, str(exc)))
+                return
+            canonical = _json_bytes(request).decode()
+            self._run("chat", canonical, lambda: _chat_completion(request, canonical))
+        elif path == "/stats/reset":
+            self.server.state.reset()
+            self._send(_Response(200, _json_bytes(self.server.state.stats().to_dict())))
+        else:
+            self._send(_error(404, f"no route POST {path}"))
+
+    def _run(self, endpoint: str, canonical: str, produce: Callable[[], _Response]) -> None:
+        header = self.headers.get(DELAY_HEADER)
+        try:
+            delay_ms = self.server.state.delay_ms if header is None else float(header)
+            if not math.isfinite(delay_ms) or delay_ms < 0:
+                raise ValueError
+        except ValueError:
+            self._send(_error(400, f"{DELAY_HEADER} must be a number of milliseconds >= 0, got {header!r}"))
+            return
+        key = self.headers.get(IDEMPOTENCY_HEADER) or None
+        self._send(self.server.state.run(endpoint, canonical, key, delay_ms / 1000, produce))
+
+    def _send(self, response: _Response) -> None:
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        self.wfile.write(response.body)
+
+
+class StubModelServer:
+    """The stub service on a background thread of this process.
+
+    Args:
+        port: port on ``host``; ``0`` picks a free one (read it back from :attr:`port`).
+        delay_ms: wait before executing each chat or order request (``X-Stub-Delay-Ms`` overrides it).
+        host: address to listen on.
+    """
+
+    def __init__(self, port: int = 0, delay_ms: float = 0, *, host: str = "127.0.0.1"):
+        if not 0 <= delay_ms < math.inf:
+            raise ValueError(f"delay_ms must be a finite number >= 0, got {delay_ms}")
+        self.host = host
+        self._requested_port = port
+        self._state = _State(delay_ms)
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StubModelServer:
+        """Bind and serve on a daemon thread; returns ``self``. A taken port raises :class:`LocalServiceError`."""
+        if self._httpd is not None:
+            return self
+        try:
+            self._httpd = _HTTPServer((self.host, self._requested_port), self._state)
+        except OSError as exc:
+            raise LocalServiceError(
+                f"cannot listen on {self.host}:{self._requested_port} ({exc.strerror}): stop what listens "
+                "there, or choose another port (--port N, or --port 0 for any free port)"
+            ) from None
+        # A short poll interval: stop() returns within 50 ms instead of the default 500.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="stub-model-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (requests under way are abandoned)."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        self._httpd = self._thread = None
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (known once started)."""
+        if self._httpd is None:
+            raise RuntimeError("the stub model server is not started: call start() first")
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """Root URL: ``http://127.0.0.1:PORT`` (``/orders/...``, ``/stats``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI API root for clients (``OPENAI_BASE_URL``): ``http://127.0.0.1:PORT/v1``."""
+        return f"{self.url}/v1"
+
+    def stats(self) -> ServerStats:
+        """The counters now."""
+        return self._state.stats()
+
+    def reset_stats(self) -> None:
+        """Zero the counters and forget stored idempotent replies (like ``POST /stats/reset``)."""
+        self._state.reset()
+
+    def __enter__(self) -> StubModelServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[:-len("/v1")] if url.endswith("/v1") else url
+
+
+def fetch_stats(url: str, timeout_s: float = 10.0) -> ServerStats:
+    """``GET /stats`` of a running server; ``url`` is its root or its ``/v1`` base URL."""
+    with urllib.request.urlopen(_root(url) + "/stats", timeout=timeout_s) as response:
+        return ServerStats.from_dict(json.loads(response.read()))
+
+
+def reset_stats(url: str, timeout_s: float = 10.0) -> ServerStats:
+    """``POST /stats/reset`` of a running server; returns the counters after the reset."""
+    request = urllib.request.Request(_root(url) + "/stats/reset", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return ServerStats.from_dict(json.loads(response.read()))
+
+
+# --- as a process -------------------------------------------------------------------------------------------
+
+
+def default_work_dir() -> Path:
+    """Work directory of the model server the CLI manages."""
+    return home_dir() / "model-server"
+
+
+@dataclass(frozen=True)
+class ModelServerStatus:
+    """What a work directory says about its model server."""
+
+    running: bool
+    pid: int | None
+    port: int | None
+    work_dir: Path
+
+    @property
+    def url(self) -> str | None:
+        """Root URL, or None when not running."""
+        return f"http://127.0.0.1:{self.port}" if self.running else None
+
+    @property
+    def base_url(self) -> str | None:
+        """OpenAI API root (``OPENAI_BASE_URL``), or None when not running."""
+        return f"{self.url}/v1" if self.running else None
+
+    def describe(self) -> str:
+        """One line for people."""
+        if self.running:
+            return f"running: pid {self.pid}, OpenAI base URL {self.base_url}, log in {self.work_dir}"
+        return f"not running (work directory {self.work_dir})"
+
+
+class LocalModelServer:
+    """The stub service as a detached process whose state (PID, port, log) lives in ``work_dir``.
+
+    Args:
+        work_dir: directory for the log and the state file; created if missing.
+        port: port on 127.0.0.1; ``0`` picks a free one.
+        delay_ms: wait before executing each chat or order request.
+        start_timeout_s: how long ``start`` waits for the server to answer.
+    """
+
+    def __init__(self, work_dir: Path | str | None = None, *, port: int = 8000, delay_ms: float = 0,
+                 start_timeout_s: float = 30.0):
+        self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir()
+        self.port = port
+        self.delay_ms = delay_ms
+        self.start_timeout_s = start_timeout_s
+
+    @property
+    def _state_file(self) -> Path:
+        return self.work_dir / "model-server.json"
+
+    @property
+    def log_file(self) -> Path:
+        """The server's stdout and stderr."""
+        return self.work_dir / "model-server.log"
+
+    def status(self) -> ModelServerStatus:
+        """Read the state file and check that its PID still runs."""
+        state = self._read_state()
+        if state and pid_alive(state["pid"]):
+            return ModelServerStatus(True, state["pid"], state["port"], self.work_dir)
+        return ModelServerStatus(False, None, None, self.work_dir)
+
+    def start(self) -> ModelServerStatus:
+        """Start the server (or return the one already running here) and wait until it answers."""
+        current = self.status()
+        if current.running:
+            return current
+        port = self.port or free_port()
+        if port_in_use(port):
+            raise LocalServiceError(
+                f"port {port} on 127.0.0.1 is already in use: stop what listens there, or choose another port "
+                "(--port N, or --port 0 for any free port)"
+            )
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # The child imports this very package, even from a checkout that is not installed.
+        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        with open(self.log_file, "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flink_agents_replay.local.model_server",
+                 "--port", str(port), "--delay-ms", str(self.delay_ms)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
+            )
+        self._state_file.write_text(json.dumps({"pid": process.pid, "port": port}))
+        try:
+            self._wait_until_ready(process, port)
+        except BaseException:
+            self.stop()
+            raise
+        return ModelServerStatus(True, process.pid, port, self.work_dir)
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the server recorded here; return whether one was running."""
+        state = self._read_state()
+        if not state:
+            return False
+        was_running = stop_process(state["pid"], timeout_s=timeout_s)
+        self._state_file.unlink(missing_ok=True)
+        return was_running
+
+    def _wait_until_ready(self, process: subprocess.Popen, port: int) -> None:
+        url = f"http://127.0.0.1:{port}/v1/models"
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise LocalServiceError(
+                    f"the model server exited with code {process.returncode} while starting; "
+                    f"its log ({self.log_file}) ends with:\n{self._log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet; the deadline bounds the retries
+            time.sleep(0.05)
+        raise LocalServiceError(
+            f"the model server did not answer on {url} within {self.start_timeout_s:.0f} s; "
+            f"its log ends with:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if not self.log_file.is_file():
+            return "(empty)"
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve in the foreground until SIGTERM or SIGINT; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m flink_agents_replay.local.model_server",
+                                     description="OpenAI-compatible stub model and order-lookup service")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0: any free port (default 8000)")
+    parser.add_argument("--delay-ms", type=float, default=0, help="wait before each chat or order request")
+    args = parser.parse_args(argv)
+    # SIGTERM (from `stop`) ends it like Ctrl-C: a KeyboardInterrupt in the main thread.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with StubModelServer(args.port, args.delay_ms, host=args.host) as server:
+            print(f"stub model server: OpenAI base URL {server.base_url}, delay {args.delay_ms:g} ms", flush=True)
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    except (LocalServiceError, ValueError) as exc:
+        print(f"model server: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The main job: support tickets from Kafka -> triage agent (durable actions) -> replies to Kafka, exactly once.
+
+Submit it to a Flink cluster with Flink's own client (see the README for the local cluster)::
+
+    flink run -d -py jobs/agent_job.py --bootstrap-servers 127.0.0.1:9092 \\
+        --input-topic tickets --output-topic replies --model-base-url http://127.0.0.1:8000/v1
+
+stop it with a savepoint and restore it, at the same or another parallelism::
+
+    flink stop --savepointPath /tmp/savepoints <job id>
+    flink run -d -s /tmp/savepoints/savepoint-... -py jobs/agent_job.py ... --parallelism 3
+
+or run it on a local MiniCluster with ``python jobs/agent_job.py ... --bounded`` (ends at the topic's end).
+
+The pipeline: a ``KafkaSource`` reads JSON tickets ``{"ticket_id", "customer", "order_id", "text"}``; the
+source and the parsing run at parallelism 1, so every customer's tickets reach the agent from one
+upstream instance and in the same order after a restore (DESIGN §13); ``key_by`` customer;
+:func:`~flink_agents_replay.pipeline.connect_to_agent` runs
+:mod:`flink_agents_replay.examples.support_triage` with its actions journaled to Kafka; each reply
+leaves through Flink's exactly-once ``KafkaSink`` (a consumer with ``isolation.level=read_committed``
+sees each one once).
+
+Keep ``--agent-id`` the same across a savepoint and its restore: it derives the agent operator's uid and
+its journal topic. Every operator has a uid, so a restore maps all state at any parallelism.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pyflink.common import Types, WatermarkStrategy
+from pyflink.common.serialization import SimpleStringSchema
+from pyflink.datastream.connectors.base import DeliveryGuarantee
+from pyflink.datastream.connectors.kafka import (
+    KafkaOffsetsInitializer,
+    KafkaRecordSerializationSchema,
+    KafkaSink,
+    KafkaSource,
+)
+
+from flink_agents_replay.config import SIGNING_KEY_ENV
+from flink_agents_replay.examples.support_triage import support_triage_agent
+from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.local.jars import kafka_connector_jar
+from flink_agents_replay.pipeline import connect_to_agent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                        help="Kafka for tickets, replies and the journal (default $KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--input-topic", default="tickets", help="topic of JSON tickets (default tickets)")
+    parser.add_argument("--output-topic", default="replies", help="topic the replies go to (default replies)")
+    parser.add_argument("--agent-id", default="support-triage",
+                        help="agent name: derives the operator uid and the journal topic; keep it across restores")
+    parser.add_argument("--journal-topic", default=None,
+                        help="journal topic (default flink-agents-replay.<agent id>.journal)")
+    parser.add_argument("--parallelism", type=int, default=2, help="parallelism of the agent and the sink")
+    parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
+    parser.add_argument("--model-base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+                        help="OpenAI-compatible API root (default $OPENAI_BASE_URL, else the local stub service)")
+    parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
+    parser.add_argument("--orders-base-url", default=None,
+                        help="order service root (default: the model URL without /v1, i.e. the stub service)")
+    parser.add_argument("--signing-key", default=os.environ.get(SIGNING_KEY_ENV),
+                        help=f"journal signing key, 16+ characters (default ${SIGNING_KEY_ENV})")
+    parser.add_argument("--max-concurrent-runs", type=int, default=16, help="agent runs in flight per subtask")
+    parser.add_argument("--durability", default="per_action", choices=["per_call", "per_action", "per_bundle"])
+    parser.add_argument("--restart-attempts", type=int, default=10, help="fixed-delay restarts after a failure")
+    parser.add_argument("--restart-delay-ms", type=int, default=1000)
+    parser.add_argument("--transactional-id-prefix", default=None,
+                        help="KafkaSink transactional id prefix (default flink-agents-replay-<agent id>)")
+    parser.add_argument("--bounded", action="store_true", help="end at the input topic's current end")
+    args = parser.parse_args(argv)
+    if not args.signing_key:
+        parser.error(f"a journal signing key is needed: --signing-key or ${SIGNING_KEY_ENV} (16+ characters)")
+    if args.parallelism < 1:
+        parser.error("--parallelism must be at least 1")
+    return args
+
+
+def build(args: argparse.Namespace):
+    """The job's environment with the pipeline defined on it."""
+    env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
+                             restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
+                             jars=[kafka_connector_jar()])
+    source = (
+        KafkaSource.builder().set_bootstrap_servers(args.bootstrap_servers).set_topics(args.input_topic)
+        .set_group_id(f"flink-agents-replay-{args.agent_id}")
+        # Used on a fresh start only: a restore continues from the offsets in the checkpoint.
+        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
+        .set_value_only_deserializer(SimpleStringSchema())
+    )
+    if args.bounded:
+        source = source.set_bounded(KafkaOffsetsInitializer.latest())
+    tickets = (
+        env.from_source(source.build(), WatermarkStrategy.no_watermarks(), "tickets").uid("tickets-source")
+        .set_parallelism(1)
+        .map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).name("parse tickets").uid("parse-tickets")
+        .set_parallelism(1)
+    )
+    keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
+
+    agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
+                                 orders_base_url=args.orders_base_url)
+    config = {
+        "kafka": {"bootstrap.servers": args.bootstrap_servers},
+        "signing_key": args.signing_key,
+        "max_concurrent_runs": args.max_concurrent_runs,
+        "durability": args.durability,
+    }
+    if args.journal_topic:
+        config["journal_topic"] = args.journal_topic
+    replies = connect_to_agent(keyed, agent, config)
+
+    sink = (
+        KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
+        .set_record_serializer(
+            KafkaRecordSerializationSchema.builder().set_topic(args.output_topic)
+            .set_value_serialization_schema(SimpleStringSchema()).build()
+        )
+        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
+        .set_transactional_id_prefix(args.transactional_id_prefix or f"flink-agents-replay-{args.agent_id}")
+        # Above the longest outage a restore must bridge, below the broker's transaction.max.timeout.ms.
+        .set_property("transaction.timeout.ms", "600000")
+        .build()
+    )
+    (
+        replies.map(lambda reply: json.dumps({"seq": reply.seq, **reply.output}, sort_keys=True),
+                    output_type=Types.STRING()).name("format replies").uid("format-replies")
+        .sink_to(sink).name("replies sink").uid("replies-sink")
+    )
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    build(args).execute(f"flink-agents-replay {args.agent_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The savepoint workflow with Flink's own client, on a local standalone cluster, with ``jobs/agent_job.py``.
+
+    flink run -d -py jobs/agent_job.py ...                 # submit
+    flink stop --savepointPath DIR <job id>                # stop with a savepoint
+    flink run -d -s <savepoint> -py jobs/agent_job.py ...  # restore, at the same and at another parallelism
+
+Three batches of tickets, one per run of the job (p=2, then p=2 from the first savepoint, then p=3 from the
+second). Every reply must be committed exactly once and equal a failure-free run computed by construction
+(so the customers' memory carried over), and the model and order service — counting every request in this
+process — must have executed every logical call once. A restore with a changed agent id (so a changed
+operator uid) must fail with Flink's own error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flink_agents_replay.examples.support_triage import make_tickets, support_triage_agent
+from flink_agents_replay.keygroups import key_group
+from flink_agents_replay.runner import RunInput, execute_run
+from flink_agents_replay.testing.committed import CommittedReader, poll_until
+
+pytestmark = pytest.mark.integration
+
+JOB = Path(__file__).resolve().parents[2] / "jobs" / "agent_job.py"
+SIGNING_KEY = "savepoint-workflow-signing-key"
+_SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
+
+
+def reference_replies(tickets: list[dict], base_url: str) -> dict[str, dict]:
+    """Every ticket's reply from a failure-free run in ticket order (each customer's tickets in order)."""
+    agent = support_triage_agent(name="reference", model_base_url=base_url)
+    memory: dict[str, dict] = {}
+    seqs: Counter = Counter()
+    replies = {}
+    for ticket in tickets:
+        customer = ticket["customer"]
+        seqs[customer] += 1
+        result = execute_run(agent, RunInput(customer, key_group(customer, "STRING", 128), seqs[customer], ticket),
+                             memory.get(customer, {}))
+        memory[customer] = result.memory
+        [output] = result.outputs
+        replies[ticket["ticket_id"]] = {"seq": seqs[customer], **output.output}
+    return replies
+
+
+def produce(bootstrap: str, topic: str, tickets: list[dict]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for ticket in tickets:
+        producer.produce(topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+    assert producer.flush(30) == 0
+
+
+def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_changed_uid(
+        kafka_bootstrap, new_topic, flink_cluster, model_server, tmp_path, operator_log):
+    batches = [make_tickets(40, customers=12, start=0), make_tickets(40, customers=12, start=40),
+               make_tickets(40, customers=12, start=80)]
+    tickets = [ticket for batch in batches for ticket in batch]
+    expected = reference_replies(tickets, model_server().base_url)
+    server = model_server(delay_ms=250)  # slow enough that runs are in flight when a savepoint is taken
+    input_topic, output_topic = new_topic(2, "tickets"), new_topic(2, "replies")
+    agent_id = f"triage-{input_topic[-6:]}"
+    savepoints = tmp_path / "savepoints"
+    cluster = flink_cluster(taskmanagers=1)
+    cluster.start()
+
+    def job_args(parallelism: int, agent: str = agent_id) -> list[str]:
+        return ["--bootstrap-servers", kafka_bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
+                "--agent-id", agent, "--parallelism", str(parallelism), "--model-base-url", server.base_url,
+                "--signing-key", SIGNING_KEY, "--checkpoint-interval-ms", "1000", "--restart-attempts", "0"]
+
+    reader = CommittedReader(kafka_bootstrap, output_topic, decode=json.loads)
+
+    def committed() -> set[str]:
+        return {row["ticket_id"] for row in reader.poll(0.2)}
+
+    def stop_with_savepoint(job_id: str) -> str:
+        result = cluster.flink_command("stop", "--savepointPath", str(savepoints), job_id, check=True)
+        match = _SAVEPOINT.search(result.stdout)
+        assert match, result.stdout
+        poll_until(lambda: cluster.job_status(job_id) == "FINISHED", 60, lambda: cluster.job_diagnostics(job_id))
+        return match.group(1)
+
+    def run_batch(batch: list[dict], parallelism: int, savepoint: str | None, last: bool) -> tuple[str, tuple]:
+        """Feed ``batch``, submit (restoring ``savepoint`` if given); stop with a savepoint mid-batch unless last."""
+        produce(kafka_bootstrap, input_topic, batch)
+        restore = ["-s", savepoint] if savepoint else []
+        log_from = len(operator_log())
+        result = cluster.flink_command("run", "-d", *restore, "-py", str(JOB), *job_args(parallelism), check=True)
+        job_id = re.search(r"JobID\s+([0-9a-f]{32})", result.stdout + result.stderr).group(1)
+        wanted = {t["ticket_id"] for t in batch}
+        if not last:
+            # Stop while this batch is being answered: runs are in flight in the savepoint.
+            poll_until(lambda: len(committed() & wanted) >= len(batch) // 4, 120,
+                       lambda: cluster.job_diagnostics(job_id))
+            savepoint = stop_with_savepoint(job_id)
+        else:
+            poll_until(lambda: committed() >= {t["ticket_id"] for t in tickets}, 180,
+                       lambda: f"{len(committed())} replies; {cluster.job_diagnostics(job_id)}")
+        restores = [line for line in operator_log()[log_from:] if " restored: " in line]
+        if restore:
+            # Every subtask of the new parallelism read its own journal partitions from the savepoint.
+            assert len(restores) == parallelism, restores
+        in_flight = sum(int(line.rsplit("; ", 1)[1].split()[0]) for line in restores)
+        return (savepoint if not last else job_id), (parallelism, len(restores), in_flight)
+
+    runs = []
+    savepoint = None
+    for number, (batch, parallelism) in enumerate(zip(batches, (2, 2, 3), strict=True)):
+        last = number == len(batches) - 1
+        outcome, run = run_batch(batch, parallelism, savepoint, last)
+        runs.append(run)
+        if last:
+            job_id = outcome
+        else:
+            savepoint = outcome
+
+    last = cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]["completed"]
+    poll_until(lambda: cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]["completed"] > last, 60,
+               lambda: cluster.job_diagnostics(job_id))
+    rows = reader.read_to_committed_end()
+    reader.close()
+    final_savepoint = stop_with_savepoint(job_id)
+
+    assert sum(in_flight for _, _, in_flight in runs) > 0, f"no run was in flight at a savepoint: {runs}"
+    replies = Counter(row["ticket_id"] for row in rows)
+    assert [t for t, n in replies.items() if n > 1] == [], "replies committed twice"
+    assert {row["ticket_id"]: row for row in rows} == expected
+    stats = server.stats()
+    assert stats.repeated == 0, f"{stats.repeated} requests executed twice"
+    assert stats.chat == 2 * len(tickets)
+    assert stats.orders == sum(1 for t in tickets if t["order_id"])
+
+    # Another agent id is another operator uid: Flink cannot map the savepoint's agent state and says so.
+    changed = cluster.flink_command("run", "-s", final_savepoint, "-py", str(JOB), *job_args(2, agent="renamed"),
+                                    timeout_s=300)
+    output = changed.stdout + changed.stderr
+    assert changed.returncode != 0
+    assert "Cannot map checkpoint/savepoint state for operator" in output, output[-3000:]
+    assert "--allowNonRestoredState" in output or "allowNonRestoredState" in output
+    print(f"\nsavepoint workflow: runs (parallelism, subtasks restored, runs in flight at the savepoint): {runs}; "
+          f"{len(tickets)} replies once each; model {stats.chat}, orders {stats.orders}, repeated {stats.repeated}, "
+          f"answered by idempotency key {stats.idempotent_replays}")
