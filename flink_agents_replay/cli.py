@@ -9,11 +9,14 @@
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
     flink-agents-replay demo [--tickets N] [--parallelism N] [--model-delay-ms N]
+    flink-agents-replay tickets feed [--count N] [--start N] [--topic tickets] [--bootstrap-servers HOST:PORT]
+    flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,6 +125,45 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _tickets(args: argparse.Namespace) -> int:
+    import json
+    from collections import Counter
+
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from flink_agents_replay.examples.support_triage import make_tickets
+
+    kafka = {"bootstrap.servers": args.bootstrap_servers}
+    try:
+        if args.action == "feed":
+            topic = args.topic or "tickets"
+            admin = AdminClient(kafka)
+            if topic not in admin.list_topics(timeout=30).topics:
+                for future in admin.create_topics([NewTopic(topic, 2, 1)], request_timeout=30).values():
+                    future.result(timeout=60)
+            producer = Producer({**kafka, "enable.idempotence": True})
+            tickets = make_tickets(args.count, args.customers, start=args.start)
+            for ticket in tickets:
+                producer.produce(topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+            if producer.flush(60):
+                raise ReplayError(f"Kafka at {args.bootstrap_servers} did not acknowledge the tickets")
+            print(f"wrote tickets {tickets[0]['ticket_id']}..{tickets[-1]['ticket_id']} to {topic}")
+            return 0
+        from flink_agents_replay.testing.committed import CommittedReader
+
+        with CommittedReader(args.bootstrap_servers, args.topic or "replies", decode=json.loads) as reader:
+            rows = reader.read_to_committed_end()
+    except (KafkaException, LookupError) as exc:
+        raise ReplayError(f"Kafka at {args.bootstrap_servers}: {exc}") from None
+    seen = Counter(row["ticket_id"] for row in rows)
+    for row in rows[-args.show:] if args.show else []:
+        print(json.dumps(row, sort_keys=True))
+    print(f"{len(rows)} committed replies for {len(seen)} tickets; answered twice: "
+          f"{sum(1 for n in seen.values() if n > 1)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
@@ -181,6 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--feed-per-second", type=_non_negative, default=25.0, help="tickets fed per second")
     demo.add_argument("--job", type=Path, default=None, help="job script (default: jobs/agent_job.py here)")
     demo.set_defaults(handler=_demo)
+
+    tickets = commands.add_parser("tickets", help="feed sample tickets to jobs/agent_job.py, read its replies")
+    tickets.add_argument("action", choices=["feed", "replies"])
+    tickets.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    tickets.add_argument("--topic", default=None, help="tickets topic to feed (default tickets) or replies topic "
+                         "to read (default replies)")
+    tickets.add_argument("--count", type=_at_least_one, default=100, help="tickets to feed (default 100)")
+    tickets.add_argument("--start", type=int, default=0, help="number of the first ticket (default 0)")
+    tickets.add_argument("--customers", type=_at_least_one, default=40, help="distinct customers (default 40)")
+    tickets.add_argument("--show", type=int, default=3, help="replies to print (default: the last 3)")
+    tickets.set_defaults(handler=_tickets)
     return parser
 
 
@@ -192,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LocalServiceError, ReplayError) as exc:
         print(f"flink-agents-replay: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

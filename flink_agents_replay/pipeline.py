@@ -12,15 +12,17 @@ those types have a key group Python can compute.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.keygroups import UnsupportedKeyTypeError
 from flink_agents_replay.operator import ActionExecutionOperator, AgentOutput
 
-__all__ = ["AgentOutput", "connect_to_agent", "key_type_of"]
+__all__ = ["AgentOutput", "check_embedded_python_path", "connect_to_agent", "key_type_of"]
 
 _JAVA_KEY_TYPES = {"String": "STRING", "Long": "LONG", "Integer": "INT"}
 
@@ -42,6 +44,27 @@ def key_type_of(keyed_stream) -> str:
             "partition of a key is its Flink key group, which only these key types let Python compute"
         )
     return _JAVA_KEY_TYPES[declared]
+
+
+def check_embedded_python_path(keyed_stream) -> None:
+    """Fail now if the agent's embedded interpreter could not import this package in the job.
+
+    The agent's operator runs in PyFlink's embedded (thread-mode) interpreter, also in a job whose other
+    Python functions run in process mode; that interpreter does not see a virtualenv's site-packages. A
+    job built from a virtualenv therefore needs ``python.pythonpath`` (``create_environment`` sets it);
+    without it the job would fail on the TaskManager with ``No module named 'pemja'``.
+    """
+    if sys.prefix == sys.base_prefix:  # no virtualenv: the embedded interpreter sees the same packages
+        return
+    settings = keyed_stream._j_data_stream.getExecutionEnvironment().getConfiguration().toMap()
+    if settings.get("python.pythonpath"):
+        return
+    raise ConfigError(
+        f"the agent runs in PyFlink's embedded (thread-mode) Python interpreter, which does not see this virtualenv "
+        f"({sys.prefix}): set python.pythonpath in the job's configuration, e.g. config.set_string("
+        "'python.pythonpath', os.pathsep.join(flink_agents_replay.flink_env.python_path())) "
+        "(flink_agents_replay.flink_env.create_environment does it)"
+    )
 
 
 def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None = None, *,
@@ -67,6 +90,7 @@ def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[s
         config = AgentConfig.from_mapping(config)
     config = config.resolved(agent.name)
     key_type = key_type_of(keyed_stream)
+    check_embedded_python_path(keyed_stream)
     if check_journal and config.journal_enabled:
         from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 

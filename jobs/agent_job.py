@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--transactional-id-prefix", default=None,
                         help="KafkaSink transactional id prefix (default flink-agents-replay-<agent id>)")
     parser.add_argument("--bounded", action="store_true", help="end at the input topic's current end")
+    parser.add_argument("--topic-partitions", type=int, default=2,
+                        help="partitions of the input and output topics if this job creates them (default 2)")
     args = parser.parse_args(argv)
     if not args.signing_key:
         parser.error(f"a journal signing key is needed: --signing-key or ${SIGNING_KEY_ENV} (16+ characters)")
@@ -82,8 +84,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def ensure_topics(bootstrap_servers: str, topics: list[str], partitions: int) -> None:
+    """Create the topics that do not exist yet (brokers often refuse to create them on first use)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    existing = admin.list_topics(timeout=30).topics
+    missing = [NewTopic(topic, partitions) for topic in topics if topic not in existing]
+    for future in admin.create_topics(missing, request_timeout=30).values() if missing else ():
+        future.result(timeout=60)
+
+
 def build(args: argparse.Namespace):
     """The job's environment with the pipeline defined on it."""
+    ensure_topics(args.bootstrap_servers, [args.input_topic, args.output_topic], args.topic_partitions)
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
                              restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
                              jars=[kafka_connector_jar()])

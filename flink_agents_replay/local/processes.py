@@ -23,6 +23,8 @@ def free_port(exclude: set[int] = frozenset()) -> int:
 def port_in_use(port: int) -> bool:
     """Whether something accepts connections on 127.0.0.1:``port`` or holds it bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers themselves bind: connections of a stopped server lingering in TIME_WAIT do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

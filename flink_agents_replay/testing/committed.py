@@ -44,7 +44,10 @@ class CommittedReader:
 
         self.decode = decode
         self.admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-        partitions = self.admin.list_topics(topic, timeout=30).topics[topic].partitions
+        metadata = self.admin.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            raise LookupError(f"topic {topic!r} does not exist on {bootstrap_servers}")
+        partitions = metadata.partitions
         self.partitions = [TopicPartition(topic, p) for p in sorted(partitions)]
         self.consumer = Consumer({"bootstrap.servers": bootstrap_servers,
                                   "group.id": f"committed-reader-{uuid.uuid4().hex[:8]}",

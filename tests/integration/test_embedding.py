@@ -176,3 +176,19 @@ def test_failover_in_a_process_mode_job_repeats_no_call(job, kafka_bootstrap, ti
     assert {name: n for name, n in calls.items() if n > 1} == {}
     assert calls.keys() == logical_call_counts(reference_counter).keys()
     assert_modes(trace, agent_traced=False)
+
+
+def test_a_virtualenv_job_without_python_path_fails_before_submission_naming_the_setting(job):
+    from pyflink.common import Configuration, Types
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.pipeline import connect_to_agent
+
+    assert sys.prefix != sys.base_prefix, "the suite runs in a virtualenv (./run tests creates .venv)"
+    config = Configuration()
+    config.set_string("python.execution-mode", "process")
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    keyed = env.from_collection(["a"]).key_by(lambda ticket: ticket, key_type=Types.STRING())
+    with pytest.raises(ConfigError, match=r"set python\.pythonpath in the job's configuration"):
+        connect_to_agent(keyed, job.support_agent(), {"journal_enabled": False})
