@@ -92,8 +92,8 @@ def format_table(result: DemoResult) -> str:
         ("journal read at restore", f"{result.records_read_at_restore} records in {result.restore_read_s:.2f} s"),
         ("actions reused", f"{result.actions_reused} (journaled before the kill, not run again)"),
         ("calls repeated", f"{result.repeated_calls} (the same request executed twice by the model or tool)"),
-        ("calls in doubt re-sent", f"{result.idempotent_replays} (in flight at the kill; answered once, "
-                                   "by idempotency key)"),
+        ("calls in doubt re-sent", f"{result.idempotent_replays} (their results had not reached the journal; "
+                                   "answered once, by idempotency key)"),
         ("replies written", f"{result.replies} (read_committed), missing {result.missing}, "
                             f"duplicates {result.duplicates}"),
         ("journal records", f"{result.journal_written} written, {result.journal_pruned} pruned at checkpoints"),
@@ -144,6 +144,7 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
     work = Path(tempfile.mkdtemp(prefix="far-demo-"))
     operator_log = work / "operator.log"
     # The cluster's processes inherit this: the operator's restore reports land in a file we read.
+    previous_log_file = os.environ.get(LOG_FILE_ENV)
     os.environ[LOG_FILE_ENV] = str(operator_log)
     broker = LocalKafkaBroker(work / "kafka", port=0)
     server = StubModelServer(port=0, delay_ms=model_delay_ms)
@@ -265,6 +266,10 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
                             dirs_exist_ok=True, ignore_dangling_symlinks=True, symlinks=True)
             progress(f"logs kept in {kept}")
         shutil.rmtree(work, ignore_errors=True)
+        if previous_log_file is None:
+            os.environ.pop(LOG_FILE_ENV, None)
+        else:
+            os.environ[LOG_FILE_ENV] = previous_log_file
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float, progress: _Progress, report: Callable[[], str],
