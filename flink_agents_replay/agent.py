@@ -31,11 +31,11 @@ import copy
 import hashlib
 import inspect
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceError
+from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceError, UnknownSubAgentError
 from flink_agents_replay.memory import Memory
 from flink_agents_replay.resources import Resource, Tool
 
@@ -132,15 +132,20 @@ class Agent:
         name: the agent's name (default: the class name). It derives the operator's uid and the
             journal topic, so changing it after a savepoint was taken breaks restoring from it.
         resources: models and tools by name; a plain callable is registered as a :class:`Tool`.
+        sub_agents: agents this one calls with ``ctx.call_agent`` (registered under their names).
     """
 
-    def __init__(self, *, name: str | None = None, resources: Mapping[str, Resource | Callable] | None = None):
+    def __init__(self, *, name: str | None = None, resources: Mapping[str, Resource | Callable] | None = None,
+                 sub_agents: Iterable[Agent] = ()):
         self.name = name or type(self).__name__
         if not self.name or any(c.isspace() for c in self.name):
             raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {self.name!r}")
         self._resources: dict[str, Resource] = {}
         for resource_name, resource in (resources or {}).items():
             self.add_resource(resource_name, resource)
+        self._sub_agents: dict[str, Agent] = {}
+        for sub_agent in sub_agents:
+            self.add_sub_agent(sub_agent)
         self.actions: tuple[ActionSpec, ...] = _collect_actions(type(self))
         if not self.actions:
             raise AgentDefinitionError(f"agent {self.name} defines no action: decorate one with @action(InputEvent)")
@@ -169,6 +174,33 @@ class Agent:
                 f"resources={{{name!r}: ...}} or agent.add_resource({name!r}, ...)"
             ) from None
 
+    def add_sub_agent(self, agent: Agent) -> Agent:
+        """Register ``agent`` as a sub-agent: actions call it with ``ctx.call_agent(agent.name, input)``."""
+        if not isinstance(agent, Agent):
+            raise AgentDefinitionError(f"a sub-agent must be an Agent instance, got {type(agent).__name__}")
+        if "." in agent.name:
+            raise AgentDefinitionError(f"a sub-agent's name names its memory scope and cannot contain '.': "
+                                       f"{agent.name!r}")
+        self._sub_agents[agent.name] = agent
+        return self
+
+    def sub_agent(self, agent_or_name: Agent | str) -> Agent:
+        """The registered sub-agent ``agent_or_name`` (an agent registered on this one, or its name)."""
+        name = agent_or_name.name if isinstance(agent_or_name, Agent) else agent_or_name
+        found = self._sub_agents.get(name)
+        if found is None:
+            known = ", ".join(sorted(self._sub_agents)) or "none"
+            raise UnknownSubAgentError(
+                f"agent {self.name} has no sub-agent {name!r} (registered: {known}); register it with "
+                f"{type(self).__name__}(sub_agents=[...]) or agent.add_sub_agent(...)"
+            )
+        return found
+
+    @property
+    def sub_agents(self) -> Mapping[str, Agent]:
+        """Registered sub-agents by name."""
+        return types.MappingProxyType(self._sub_agents)
+
     @property
     def resources(self) -> Mapping[str, Resource]:
         """All registered resources by name."""
@@ -186,12 +218,13 @@ class RunnerContext:
     """
 
     def __init__(self, *, key: Any, seq: int, memory: Memory, send: Callable[[Event], None],
-                 call: Callable[..., Any]):
+                 call: Callable[..., Any], call_agents: Callable[..., list[list[Any]]] | None = None):
         self._key = key
         self._seq = seq
         self._memory = memory
         self._send = send
         self._call = call
+        self._call_agents = call_agents
 
     @property
     def key(self) -> Any:
@@ -217,6 +250,31 @@ class RunnerContext:
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered resource; journaled, and reused instead of repeated after a failure."""
         return self._call(resource_name, *args, **kwargs)
+
+    def call_agent(self, agent: Agent | str, input: Any, *, timeout: float | None = None) -> list[Any]:  # noqa: A002
+        """Run a registered sub-agent on ``input`` and return its outputs (the ``output`` of each OutputEvent).
+
+        The call finishes when the child has no event pending, like a top-level run. The child has its own
+        memory scope under this key (memory path ``_sub_agents.<name>``), every child action and call is
+        journaled under this run, and after a failure completed child work is reused: a finished child call
+        returns its recorded outputs without running the child, an unfinished one runs only the child actions
+        that did not complete. An exception in the child is raised here, with its type (also after a
+        failover). ``timeout`` (seconds) bounds the child's run; beyond it, ``SubAgentTimeoutError``.
+        """
+        return self.call_agents([(agent, input)], timeout=timeout)[0]
+
+    def call_agents(self, calls: Iterable[tuple[Agent | str, Any]], *, timeout: float | None = None
+                    ) -> list[list[Any]]:
+        """Run several sub-agent calls ``[(agent, input), ...]`` concurrently; their outputs, in call order.
+
+        The children run on the operator's child-call pool (``max_concurrent_child_calls``), never on the
+        pool that runs inputs, and the calling action runs any child no pool thread has taken yet, so a
+        full pool slows a fan-out down but cannot deadlock it. If children raise, the first failing call's
+        exception (in call order) is raised once all of them have finished.
+        """
+        if self._call_agents is None:
+            raise RuntimeError("sub-agent calls need the runtime that runs actions")
+        return self._call_agents(list(calls), timeout)
 
 
 def _collect_actions(agent_type: type) -> tuple[ActionSpec, ...]:

@@ -35,6 +35,8 @@ class AgentConfig:
         uid: the operator's uid (default ``flink-agents-replay/<agent name>``). Changing it breaks restores.
         max_parallelism: key groups and journal partitions; pinned, because changing it breaks restores.
         max_concurrent_runs: keys whose runs execute at once per subtask.
+        max_concurrent_child_calls: threads per subtask running sub-agent calls of ``ctx.call_agents``
+            besides the calling actions themselves (a separate pool: children never wait for run slots).
         durability: when journal records are acknowledged (``per_call``, ``per_action``, ``per_bundle``).
         journal_enabled: ``False`` runs without a journal (nothing is reused after a failure).
         fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``).
@@ -55,6 +57,7 @@ class AgentConfig:
     uid: str | None = None
     max_parallelism: int = 128
     max_concurrent_runs: int = 8
+    max_concurrent_child_calls: int = 8
     durability: Durability = Durability.PER_ACTION
     journal_enabled: bool = True
     fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE
@@ -90,8 +93,9 @@ class AgentConfig:
                               f"got {self.fingerprint_policy!r}") from None
         if not 1 <= self.max_parallelism <= 32768:
             raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
-        if self.max_concurrent_runs < 1:
-            raise ConfigError(f"max_concurrent_runs must be at least 1, got {self.max_concurrent_runs}")
+        for name in ("max_concurrent_runs", "max_concurrent_child_calls"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

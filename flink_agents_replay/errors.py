@@ -9,11 +9,15 @@ __all__ = [
     "FingerprintMismatchError",
     "JournalError",
     "JournalGapError",
+    "NoSubAgentOutputError",
     "NotPicklableError",
     "ReplayError",
     "SignatureError",
+    "SubAgentCycleError",
+    "SubAgentTimeoutError",
     "TopicMismatchError",
     "UnknownResourceError",
+    "UnknownSubAgentError",
 ]
 
 
@@ -62,3 +66,19 @@ class FingerprintMismatchError(ReplayError, RuntimeError):
 
 class CallInDoubtError(ReplayError, RuntimeError):
     """A call started before a failure and never reported back; its resource's policy says ``fail``."""
+
+
+class UnknownSubAgentError(AgentDefinitionError, KeyError):
+    """``ctx.call_agent`` named an agent the calling agent does not register as a sub-agent."""
+
+
+class SubAgentCycleError(AgentDefinitionError):
+    """A sub-agent call would call an agent already on the call path (parent -> child -> parent)."""
+
+
+class NoSubAgentOutputError(ReplayError, RuntimeError):
+    """A sub-agent call finished without the child sending any OutputEvent."""
+
+
+class SubAgentTimeoutError(ReplayError, TimeoutError):
+    """A sub-agent call did not finish within its ``timeout``."""

@@ -33,6 +33,7 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.agent import Agent
+from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
 from flink_agents_replay.journal.codec import RecordCodec
@@ -55,7 +56,8 @@ LOG_FILE_ENV = "FLINK_AGENTS_REPLAY_LOG_FILE"
 _DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a bounded input
 
 _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
-             "divergences", "fingerprint_mismatches", "journal_records_pruned")
+             "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
+             "child_calls_reused")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.last_restore_ms = 0
         self.totals = RunStats()
         self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
+        # Sub-agent calls never wait for a run slot: they have a pool of their own (see child_pool).
+        self.child_pool = ChildCallPool(self.config.max_concurrent_child_calls,
+                                        thread_name_prefix=f"sub-agent-{self.subtask}")
+        # Pool sizes as counters holding a value (no Python gauges, see above), for dashboards.
+        metrics.counter("run_pool_size").inc(self.config.max_concurrent_runs)
+        metrics.counter("child_pool_size").inc(self.config.max_concurrent_child_calls)
         self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
         self.closing = threading.Event()
         self.runs: dict[Any, _InFlight] = {}
@@ -131,6 +139,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if pool is not None:
             self.closing.set()
             pool.shutdown(wait=True, cancel_futures=True)
+            self.child_pool.shutdown()
             log.info("subtask %d closing: %s", self.subtask, _describe(self.totals))
         if getattr(self, "store", None) is not None:
             self.store.close()
@@ -232,7 +241,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 self._schedule_check(ctx)
                 return
             run.future.exception()  # end of a bounded input: wait, so no output is lost
-        result: RunResult = self.runs.pop(key).future.result()  # an action's exception fails the task here
+        try:
+            result: RunResult = self.runs.pop(key).future.result()  # an action's exception fails the task here
+        except Exception:
+            raise
+        except BaseException as exc:  # SystemExit and the like inside an action: fail the task as any error would
+            raise RuntimeError(f"the run of key {key!r} ended with {type(exc).__name__}: {exc}") from exc
         yield from self._apply(key, result, ctx)
         waiting = list(self.pending_state.get() or [])
         if waiting:
@@ -264,7 +278,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         def execute() -> RunResult:
             try:
                 return execute_run(self.agent, run, memory, history=history, journal=journal,
-                                   fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set)
+                                   fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set,
+                                   child_pool=self.child_pool)
             finally:
                 self.slots.release()
 
@@ -298,19 +313,18 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
 
 def _configure_logging() -> None:
-    """Make the operator's INFO lines visible: to $FLINK_AGENTS_REPLAY_LOG_FILE, else to stderr."""
-    if getattr(log, "_flink_agents_replay_configured", False):
+    """Make the operator's INFO lines visible: to $FLINK_AGENTS_REPLAY_LOG_FILE, else to stderr (once per process:
+    the handler is marked, so a second copy of this module does not add another and double every line)."""
+    logger = logging.getLogger("flink_agents_replay")
+    if any(getattr(handler, "_flink_agents_replay", False) for handler in logger.handlers):
         return
     path = os.environ.get(LOG_FILE_ENV)
     handler = logging.FileHandler(path) if path else logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("flink_agents_replay",):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    log._flink_agents_replay_configured = True  # type: ignore[attr-defined]
-
+    handler._flink_agents_replay = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _ranges(partitions) -> str:
@@ -327,4 +341,5 @@ def _ranges(partitions) -> str:
 def _describe(stats: RunStats) -> str:
     return (f"actions executed {stats.actions_executed}, reused {stats.actions_reused}; calls executed "
             f"{stats.calls_executed}, reused {stats.calls_reused}, in doubt {stats.calls_in_doubt}; "
+            f"sub-agent calls executed {stats.child_calls_executed}, reused {stats.child_calls_reused}; "
             f"divergences {stats.divergences}")

@@ -13,8 +13,10 @@ pending. For each action it first asks the key's recovered history (if the job w
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -23,12 +25,16 @@ from typing import Any
 import cloudpickle
 
 from flink_agents_replay.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, RunnerContext, with_event_id
+from flink_agents_replay.child_pool import ChildCallPool, run_inline
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.errors import (
     AgentDefinitionError,
     CallInDoubtError,
     FingerprintMismatchError,
+    NoSubAgentOutputError,
     NotPicklableError,
+    SubAgentCycleError,
+    SubAgentTimeoutError,
 )
 from flink_agents_replay.journal.index import KeyHistory
 from flink_agents_replay.journal.records import (
@@ -37,6 +43,7 @@ from flink_agents_replay.journal.records import (
     CompletionRecord,
     RecordKind,
     RunPosition,
+    child_input_event_id,
     event_id,
     input_event_id,
     journal_key,
@@ -46,7 +53,8 @@ from flink_agents_replay.journal.writer import RunJournal
 from flink_agents_replay.memory import Memory, MemoryUpdate
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy
 
-__all__ = ["FingerprintPolicy", "RunCancelled", "RunInput", "RunResult", "RunStats", "execute_run"]
+__all__ = ["SUB_AGENT_MEMORY", "FingerprintPolicy", "RunCancelled", "RunInput", "RunResult", "RunStats",
+           "execute_run"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,8 @@ class RunStats:
     calls_in_doubt: int = 0
     divergences: int = 0
     fingerprint_mismatches: int = 0
+    child_calls_executed: int = 0
+    child_calls_reused: int = 0
 
     def add(self, other: RunStats) -> None:
         """Add ``other``'s counts to these."""
@@ -114,35 +124,93 @@ def execute_run(
     journal: RunJournal | None = None,
     fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE,
     cancelled: Callable[[], bool] | None = None,
+    child_pool: ChildCallPool | None = None,
 ) -> RunResult:
     """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
 
     ``cancelled`` is asked before every action and call: when it says yes the run raises
-    :class:`RunCancelled` (what it already journaled is reused by the next attempt).
+    :class:`RunCancelled` (what it already journaled is reused by the next attempt). ``child_pool`` runs
+    the sub-agent calls of ``ctx.call_agents`` concurrently (without it they run one after another).
     """
-    cancelled = cancelled or _never
-    digest_of_key = key_digest(run.key)
-    input_digest = digest_value(run.input)
+    context = _Run(run, history, journal, fingerprint_policy, cancelled or _never, key_digest(run.key),
+                   digest_value(run.input), child_pool)
     stats = RunStats()
     state = Memory(memory)
-    if history is not None and not history.input_matches(run.seq, input_digest):
+    if history is not None and not history.input_matches(run.seq, context.input_digest):
         # Another input than the journaled one holds this seq: nothing from here on is ours.
         if history.drop_after(RunPosition(run.seq, -1)):
             stats.divergences += 1
             log.warning("key %r seq %d: a different input than the journaled one; its later records are dropped",
                         run.key, run.seq)
-    first = with_event_id(InputEvent(run.input), input_event_id(digest_of_key, run.seq))
-    tasks: deque[tuple[Event, ActionSpec]] = deque((first, spec) for spec in agent.actions_for(first))
+    first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
+    outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
+    if history is not None:
+        history.drop_through_seq(run.seq)
+    if journal is not None:
+        journal.acknowledge()  # outputs leave only after their records are acknowledged
+    return RunResult(run.seq, state.data, outputs, stats)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every action of one run shares."""
+
+    run: RunInput
+    history: KeyHistory | None
+    journal: RunJournal | None
+    fingerprint_policy: FingerprintPolicy
+    cancelled: Callable[[], bool]
+    digest_of_key: str
+    input_digest: str
+    child_pool: ChildCallPool | None
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """One agent's part of a run: the top-level agent, or a sub-agent called by an action.
+
+    A sub-agent's records carry the order of the parent action that called it (they belong to that
+    action's step in the key's history) and its actions are journaled as ``<path>/<action>``.
+    """
+
+    agent: Agent
+    path: tuple[str, ...]  # agent names from the top-level agent down to this one
+    parent_order: int | None = None
+    deadline: float | None = None
+    timeout_s: float | None = None
+
+    @property
+    def is_child(self) -> bool:
+        return self.parent_order is not None
+
+    def action_name(self, spec: ActionSpec) -> str:
+        return "/".join((*self.path[1:], spec.name)) if self.is_child else spec.name
+
+    def check(self, context: _Run, before: str) -> None:
+        """Stop at this boundary if the operator is closing or the sub-agent call ran out of time."""
+        if context.cancelled():
+            raise RunCancelled(f"run of key {context.run.key!r} seq {context.run.seq} stopped before {before}: "
+                               "the operator is closing")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise SubAgentTimeoutError(f"sub-agent call {' -> '.join(self.path)} did not finish within "
+                                       f"{self.timeout_s} s (stopped before {before})")
+
+
+def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats: RunStats) -> list[OutputEvent]:
+    """Run every action ``first`` triggers, and the actions of the events they send, until none is pending."""
+    run, history = context.run, context.history
+    tasks: deque[tuple[Event, ActionSpec]] = deque((first, spec) for spec in scope.agent.actions_for(first))
     outputs: list[OutputEvent] = []
     order = 0
     while tasks:
-        if cancelled():
-            raise RunCancelled(f"run of key {run.key!r} seq {run.seq} stopped: the operator is closing")
         event, spec = tasks.popleft()
-        position = RunPosition(run.seq, order)
-        completion = history.completion(run.seq, event.id, spec.name) if history is not None else None
+        action = scope.action_name(spec)
+        scope.check(context, f"action {action}")
+        action_order = scope.parent_order if scope.is_child else order
+        position = RunPosition(run.seq, action_order)
+        completion = history.completion(run.seq, event.id, action) if history is not None else None
         if completion is not None and completion.fingerprint != spec.fingerprint:
-            completion = _check_fingerprint(completion, spec, run, fingerprint_policy, stats)
+            completion = _check_fingerprint(completion, spec, run, context.fingerprint_policy, stats)
         if completion is not None:
             state.apply(completion.memory_updates)
             state.take_updates()
@@ -151,39 +219,36 @@ def execute_run(
         else:
             recorded: list[CallRecord] = []
             if history is not None:
-                if history.has_records_after(position) and history.drop_after(position):
+                # A sub-agent's records share its parent action's order: only top-level steps can diverge.
+                if not scope.is_child and history.has_records_after(position) and history.drop_after(position):
                     stats.divergences += 1
                     log.warning("key %r seq %d: action %s has no journaled result but later records exist; "
                                 "the key's history diverged and its later records are dropped",
-                                run.key, run.seq, spec.name)
-                recorded = history.recorded_calls(run.seq, event.id, spec.name)
-            sent = _execute_action(agent, spec, event, run, order, state, recorded, journal, digest_of_key,
-                                   input_digest, stats, cancelled)
+                                run.key, run.seq, action)
+                recorded = history.recorded_calls(run.seq, event.id, action)
+            sent = _execute_action(context, scope, spec, action, event, action_order, state, recorded, stats)
             stats.actions_executed += 1
         for emitted in sent:
             if isinstance(emitted, OutputEvent):
                 outputs.append(emitted)
                 continue
-            handlers = agent.actions_for(emitted)
+            handlers = scope.agent.actions_for(emitted)
             if not handlers:
                 raise AgentDefinitionError(
-                    f"action {spec.name} of agent {agent.name} sent a {type(emitted).__name__} event, but no action "
-                    f"handles {type(emitted).__name__}: add @action({type(emitted).__name__}) or send an OutputEvent"
+                    f"action {spec.name} of agent {scope.agent.name} sent a {type(emitted).__name__} event, but no "
+                    f"action handles {type(emitted).__name__}: add @action({type(emitted).__name__}) or send an "
+                    "OutputEvent"
                 )
             tasks.extend((emitted, handler) for handler in handlers)
         order += 1
-    if history is not None:
-        history.drop_through_seq(run.seq)
-    if journal is not None:
-        journal.acknowledge()  # outputs leave only after their records are acknowledged
-    return RunResult(run.seq, state.data, outputs, stats)
+    return outputs
 
 
 def _check_fingerprint(completion: CompletionRecord, spec: ActionSpec, run: RunInput,
                        policy: FingerprintPolicy, stats: RunStats) -> CompletionRecord | None:
     stats.fingerprint_mismatches += 1
-    message = (f"key {run.key!r} seq {run.seq}: the journaled result of action {spec.name} was written by other "
-               f"action code (fingerprint {completion.fingerprint}, now {spec.fingerprint})")
+    message = (f"key {run.key!r} seq {run.seq}: the journaled result of action {completion.action} was written by "
+               f"other action code (fingerprint {completion.fingerprint}, now {spec.fingerprint})")
     if policy is FingerprintPolicy.FAIL:
         raise FingerprintMismatchError(message + "; the fingerprint policy is 'fail'")
     if policy is FingerprintPolicy.RE_EXECUTE:
@@ -197,29 +262,44 @@ def _never() -> bool:
     return False
 
 
-def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput, order: int, state: Memory,
-                    recorded: list[CallRecord], journal: RunJournal | None, digest_of_key: str,
-                    input_digest: str, stats: RunStats, cancelled: Callable[[], bool]) -> list[Event]:
+def _is_crash(error: BaseException | None) -> bool:
+    """An error that ends the attempt rather than being the call's outcome: the operator closing, or a
+    non-``Exception`` (``SystemExit``, ``KeyboardInterrupt``, a test's simulated crash)."""
+    return error is not None and (isinstance(error, RunCancelled) or not isinstance(error, Exception))
+
+
+#: Where a sub-agent's memory lives under its caller's key: ``_sub_agents.<name>``.
+SUB_AGENT_MEMORY = "_sub_agents"
+
+
+def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str, event: Event, order: int,
+                    state: Memory, recorded: list[CallRecord], stats: RunStats) -> list[Event]:
+    run, journal, digest_of_key = context.run, context.journal, context.digest_of_key
     sent: list[Event] = []
-    record_key = journal_key(run.key_group, run.seq, event.id, spec.name, digest_of_key)
+    record_key = journal_key(run.key_group, run.seq, event.id, action, digest_of_key)
     next_position = 0
 
     def send(new_event: Event) -> None:
-        sent.append(with_event_id(new_event, event_id(digest_of_key, run.seq, event.id, spec.name, len(sent))))
+        sent.append(with_event_id(new_event, event_id(digest_of_key, run.seq, event.id, action, len(sent))))
 
-    def call(resource_name: str, *args: Any, **kwargs: Any) -> Any:
-        nonlocal next_position, recorded
-        position = next_position
-        next_position += 1
-        resource = agent.resource(resource_name)
-        args_digest = digest_value((args, kwargs))
+    def take_recorded(position: int, resource_name: str, args_digest: str) -> CallRecord | None:
+        nonlocal recorded
         record = recorded[position] if position < len(recorded) else None
         if record is not None and record.identity() != (position, resource_name, args_digest):
             log.warning("key %r seq %d action %s: call %d differs from the journaled one (%s); "
-                        "its journaled calls from here on are not reused", run.key, run.seq, spec.name,
+                        "its journaled calls from here on are not reused", run.key, run.seq, action,
                         position, record.resource)
             recorded = recorded[:position]
             record = None
+        return record
+
+    def call(resource_name: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal next_position
+        position = next_position
+        next_position += 1
+        resource = scope.agent.resource(resource_name)
+        args_digest = digest_value((args, kwargs))
+        record = take_recorded(position, resource_name, args_digest)
         if record is not None:
             if record.outcome is CallOutcome.RETURNED:
                 stats.calls_reused += 1
@@ -230,7 +310,7 @@ def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput,
             stats.calls_in_doubt += 1
             if resource.in_doubt is InDoubtPolicy.FAIL:
                 raise CallInDoubtError(
-                    f"key {run.key!r} seq {run.seq} action {spec.name}: call {position} to {resource_name!r} "
+                    f"key {run.key!r} seq {run.seq} action {action}: call {position} to {resource_name!r} "
                     "started before a failure and never reported back; its in_doubt policy is 'fail'"
                 )
             if resource.in_doubt is InDoubtPolicy.ASSUME_DONE:
@@ -239,12 +319,10 @@ def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput,
                 return None
             log.warning("call %d to %r in doubt: made again (in_doubt policy 'rerun')", position, resource_name)
 
-        if cancelled():
-            raise RunCancelled(f"run of key {run.key!r} seq {run.seq} stopped before call {position} to "
-                               f"{resource_name!r}: the operator is closing")
+        scope.check(context, f"call {position} to {resource_name!r} in action {action}")
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
-        token = _CALL_ID.set(f"{agent.name}:{record_key.decode()}:{position}")
+        token = _CALL_ID.set(f"{scope.path[0]}:{record_key.decode()}:{position}")
         try:
             result = resource.invoke(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
@@ -257,29 +335,111 @@ def _execute_action(agent: Agent, spec: ActionSpec, event: Event, run: RunInput,
         write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
         return result
 
+    def call_agents(calls: list[tuple[Agent | str, Any]], timeout_s: float | None) -> list[list[Any]]:
+        nonlocal next_position
+        planned = []
+        for agent_or_name, child_input in calls:
+            child = scope.agent.sub_agent(agent_or_name)
+            if child.name in scope.path:
+                raise SubAgentCycleError(f"sub-agent call cycle: {' -> '.join((*scope.path, child.name))}; an agent "
+                                         "cannot call an agent that is already calling it")
+            position = next_position
+            next_position += 1
+            resource_name = f"agent:{child.name}"
+            args_digest = digest_value(child_input)
+            planned.append((child, child_input, position, resource_name, args_digest,
+                            take_recorded(position, resource_name, args_digest)))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if scope.deadline is not None:
+            deadline = scope.deadline if deadline is None else min(deadline, scope.deadline)
+
+        def child_run(child: Agent, child_input: Any, position: int, args_digest: str, child_memory: dict):
+            child_scope = _Scope(child, (*scope.path, child.name), parent_order=order, deadline=deadline,
+                                 timeout_s=timeout_s)
+            first = with_event_id(InputEvent(child_input), child_input_event_id(
+                digest_of_key, run.seq, event.id, action, position, child.name, args_digest))
+            child_state, child_stats = Memory(child_memory), RunStats()
+            outputs = _run_events(context, child_scope, first, child_state, child_stats)
+            if not outputs:
+                raise NoSubAgentOutputError(
+                    f"sub-agent call {' -> '.join(child_scope.path)} (key {run.key!r} seq {run.seq}) finished "
+                    "without an OutputEvent: the child must send at least one"
+                )
+            return [output.output for output in outputs], child_state.data, child_stats
+
+        to_run = [plan for plan in planned if plan[5] is None or plan[5].outcome is CallOutcome.STARTED]
+        thunks = [
+            (lambda plan=plan: child_run(plan[0], plan[1], plan[2], plan[4],
+                                         copy.deepcopy(state.get(f"{SUB_AGENT_MEMORY}.{plan[0].name}", {}))))
+            for plan in to_run
+        ]
+        if len(thunks) > 1 and context.child_pool is not None:
+            outcomes = context.child_pool.run_all(thunks)
+        else:
+            outcomes = run_inline(thunks)
+        executed = {plan[2]: outcome for plan, outcome in zip(to_run, outcomes, strict=True)}
+        # The operator closing, or a non-Exception (SystemExit, a test's simulated crash), is not an outcome
+        # of the child: nothing is journaled for the call, and the next attempt reuses what the child did.
+        crash = next((o.error for o in outcomes if _is_crash(o.error)), None)
+        if crash is not None:
+            raise crash
+
+        results: list[list[Any]] = []
+        failure: BaseException | None = None
+        for child, _, position, resource_name, args_digest, record in planned:
+            outcome = executed.get(position)
+            if outcome is None:  # a finished child call: its recorded result, without running the child
+                stats.child_calls_reused += 1
+                log.info("key %r seq %d: sub-agent call %s reused from the journal (not run again)", run.key,
+                         run.seq, " -> ".join((*scope.path, child.name)))
+                value, error = (record.result, None) if record.outcome is CallOutcome.RETURNED else (None,
+                                                                                                     record.result)
+            else:
+                stats.child_calls_executed += 1
+                if outcome.error is not None:
+                    value, error = None, outcome.error
+                    write_call(position, resource_name, args_digest, CallOutcome.RAISED,
+                               _picklable_exception(outcome.error))
+                else:
+                    outputs, child_memory, child_stats = outcome.value
+                    stats.add(child_stats)
+                    value, error = (outputs, child_memory), None
+                    write_call(position, resource_name, args_digest, CallOutcome.RETURNED, value)
+            if error is not None:
+                failure = failure or error
+                results.append([])
+                continue
+            outputs, child_memory = value
+            state.set(f"{SUB_AGENT_MEMORY}.{child.name}", copy.deepcopy(child_memory))
+            results.append(outputs)
+        if failure is not None:
+            raise failure
+        return results
+
     def write_call(position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
                    must_ack: bool = False) -> None:
         if journal is None:
             return
         journal.write(
             record_key, RecordKind.CALL,
-            CallRecord(run.seq, order, event.id, spec.name, position, resource_name, args_digest, outcome, result,
-                       input_digest),
+            CallRecord(run.seq, order, event.id, action, position, resource_name, args_digest, outcome, result,
+                       context.input_digest),
             fingerprint=spec.fingerprint, must_ack=must_ack,
-            what=f"the result of call {position} to {resource_name!r} in action {spec.name}",
+            what=f"the result of call {position} to {resource_name!r} in action {action}",
         )
 
     state.take_updates()
-    spec.function(event, RunnerContext(key=run.key, seq=run.seq, memory=state, send=send, call=call))
+    spec.function(event, RunnerContext(key=run.key, seq=run.seq, memory=state, send=send, call=call,
+                                       call_agents=call_agents))
     updates = state.take_updates()
     if journal is not None:
-        completion = CompletionRecord(run.seq, order, event.id, spec.name, spec.fingerprint, updates, sent,
-                                      next_position, input_digest)
+        completion = CompletionRecord(run.seq, order, event.id, action, spec.fingerprint, updates, sent,
+                                      next_position, context.input_digest)
         try:
             journal.write(record_key, RecordKind.COMPLETION, completion, fingerprint=spec.fingerprint,
-                          what=f"the result of action {spec.name}")
+                          what=f"the result of action {action}")
         except NotPicklableError as exc:
-            raise explain_unpicklable(spec.name, updates, sent) or exc from exc.__cause__
+            raise explain_unpicklable(action, updates, sent) or exc from exc.__cause__
     return sent
 
 

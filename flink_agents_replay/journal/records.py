@@ -25,6 +25,7 @@ __all__ = [
     "CompletionRecord",
     "RecordKind",
     "RunPosition",
+    "child_input_event_id",
     "event_id",
     "input_event_id",
     "journal_key",
@@ -124,3 +125,13 @@ def parse_journal_key(raw: bytes) -> tuple[int, int, str, str, str]:
     """Inverse of :func:`journal_key`: (key group, seq, event id, action, key digest)."""
     group, seq, event, action, digest = raw.decode().split(":")
     return int(group), int(seq), event, action, digest
+
+
+def child_input_event_id(digest_of_key: str, seq: int, parent_event_id: str, parent_action: str, position: int,
+                         child: str, input_digest: str) -> str:
+    """Id of the InputEvent of a sub-agent call: call ``position`` of ``parent_action`` handling ``parent_event_id``.
+
+    The child's input is part of it, so a call with another input than the journaled one starts a fresh
+    subtree instead of reusing the old child's records (divergence confined to that subtree).
+    """
+    return _short_hash("child", digest_of_key, seq, parent_event_id, parent_action, position, child, input_digest)

@@ -13,6 +13,7 @@ and a *started* record (external side effects) is acknowledged before its call i
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any
 
 from flink_agents_replay.journal.codec import RecordCodec
@@ -46,12 +47,16 @@ class JournalWriter:
 
 
 class RunJournal:
-    """The records of one run: appends them and keeps their deliveries until acknowledged."""
+    """The records of one run: appends them and keeps their deliveries until acknowledged.
+
+    Thread-safe: the sub-agent calls of one action write concurrently.
+    """
 
     def __init__(self, writer: JournalWriter, partition: int):
         self._writer = writer
         self.partition = partition
         self._pending: list[Delivery] = []
+        self._lock = threading.Lock()
         self.first_delivery: Delivery | None = None
         self.records_written = 0
 
@@ -59,11 +64,12 @@ class RunJournal:
               what: str = "journal record", must_ack: bool = False) -> None:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
         value = self._writer.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
-        delivery = self._writer.store.append(self.partition, record_key, value)
-        if self.first_delivery is None:
-            self.first_delivery = delivery
-        self.records_written += 1
-        self._pending.append(delivery)
+        with self._lock:  # the first delivery must be the first record appended
+            delivery = self._writer.store.append(self.partition, record_key, value)
+            if self.first_delivery is None:
+                self.first_delivery = delivery
+            self.records_written += 1
+            self._pending.append(delivery)
         durability = self._writer.durability
         if must_ack or durability is Durability.PER_CALL or (
             durability is Durability.PER_ACTION and kind is RecordKind.COMPLETION
@@ -72,9 +78,10 @@ class RunJournal:
 
     def acknowledge(self) -> None:
         """Wait until every record written so far is acknowledged."""
-        for delivery in self._pending:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
-        self._pending.clear()
 
     def first_offset(self, timeout_s: float) -> int | None:
         """Offset of the run's first record (waits for its acknowledgement), or None if none was written."""

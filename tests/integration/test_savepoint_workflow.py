@@ -106,10 +106,11 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
         else:
             poll_until(lambda: committed() >= {t["ticket_id"] for t in tickets}, 180,
                        lambda: f"{len(committed())} replies; {cluster.job_diagnostics(job_id)}")
-        restores = [line for line in operator_log()[log_from:] if " restored: " in line]
+        restores = sorted(set(line.split(" INFO ", 1)[-1] for line in operator_log()[log_from:]
+                              if " restored: " in line))
         if restore:
             # Every subtask of the new parallelism read its own journal partitions from the savepoint.
-            assert len(restores) == parallelism, restores
+            assert [int(line.split()[2]) for line in restores] == list(range(parallelism)), restores
         in_flight = sum(int(line.rsplit("; ", 1)[1].split()[0]) for line in restores)
         return (savepoint if not last else job_id), (parallelism, len(restores), in_flight)
 
