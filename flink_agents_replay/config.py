@@ -49,6 +49,11 @@ class AgentConfig:
         replication_factor: replication of a created journal topic (default: the broker's).
         topic_config: topic settings of a created journal topic.
         poll_interval_ms: how often a key with a run in flight checks whether it finished.
+        restore_input_order: after a restore, run each key's inputs in the order the journal recorded
+            them, holding back inputs that arrive before their recorded predecessors (several upstream
+            instances per key, DESIGN §13); ``False`` runs them in arrival order.
+        order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
+            its recorded history from there is invalidated and its waiting inputs run in arrival order.
     """
 
     kafka: Mapping[str, Any] = field(default_factory=dict)
@@ -69,6 +74,8 @@ class AgentConfig:
     replication_factor: int | None = None
     topic_config: Mapping[str, str] = field(default_factory=dict)
     poll_interval_ms: int = 5
+    restore_input_order: bool = True
+    order_restore_timeout_s: float = 30.0
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
@@ -96,7 +103,7 @@ class AgentConfig:
         for name in ("max_concurrent_runs", "max_concurrent_child_calls"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s"):
+        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.poll_interval_ms < 1:

@@ -35,12 +35,13 @@ from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.digest import digest_value
 from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
-from flink_agents_replay.journal.records import key_digest
+from flink_agents_replay.journal.records import RunPosition, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal
 from flink_agents_replay.keygroups import key_group, key_group_range
@@ -57,7 +58,7 @@ _DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a b
 
 _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
              "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
-             "child_calls_reused")
+             "child_calls_reused", "order_restore_timeouts", "inputs_reordered")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.in_flight_state = runtime_context.get_state(
             ValueStateDescriptor("in_flight", Types.PICKLED_BYTE_ARRAY()))
         self.pending_state = runtime_context.get_list_state(ListStateDescriptor("pending", Types.PICKLED_BYTE_ARRAY()))
+        # When a restored key waits for a recorded predecessor (DESIGN §13): the deadline of that wait.
+        self.order_wait_state = runtime_context.get_state(ValueStateDescriptor("order_wait_deadline", Types.LONG()))
         metrics = runtime_context.get_metrics_group().add_group("flink_agents_replay")
         self.counters = {name: metrics.counter(name) for name in _COUNTERS}
         # A counter holding a value, not a Python gauge: Flink reads gauges on its metrics thread, and a
@@ -107,6 +110,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.restore_gauge = metrics.counter("last_restore_duration_ms")
         self.last_restore_ms = 0
         self.totals = RunStats()
+        self.order_restore_timeouts = 0
         self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
         # Sub-agent calls never wait for a run slot: they have a pool of their own (see child_pool).
         self.child_pool = ChildCallPool(self.config.max_concurrent_child_calls,
@@ -200,7 +204,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 firsts.append((group, first))
         marker = build_marker(ends, firsts, self.index.floor_offsets())
         self.prunes.remember(checkpoint_id, marker)
-        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight)
+        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, self.index.unreplayed())
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
@@ -222,15 +226,22 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.in_flight_state.value() is not None:
             self.pending_state.add(cloudpickle.dumps(value))  # one run per key: wait, in order
             return
+        if self.restored and self.config.restore_input_order and self._has_recorded_order(key):
+            self.pending_state.add(cloudpickle.dumps(value))  # the recorded order decides which input is next
+            self._start_next(key, ctx)
+            return
         self._start(key, value, ctx)
         yield from ()
 
     def on_timer(self, timestamp, ctx):
         key = ctx.get_current_key()
         raw = self.in_flight_state.value()
-        if raw is None:
-            return
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
+        if raw is None:
+            deadline = self.order_wait_state.value()
+            if deadline is not None and (draining or timestamp >= deadline):
+                self._order_wait_timed_out(key, "the input ended" if draining else "timed out", ctx)
+            return
         run = self.runs.get(key)
         if run is None:  # restored from a checkpoint with this run in flight: submit it again
             seq, value = cloudpickle.loads(raw)
@@ -248,12 +259,67 @@ class ActionExecutionOperator(KeyedProcessFunction):
         except BaseException as exc:  # SystemExit and the like inside an action: fail the task as any error would
             raise RuntimeError(f"the run of key {key!r} ended with {type(exc).__name__}: {exc}") from exc
         yield from self._apply(key, result, ctx)
+        # Also when draining: _start re-registers the drain timer, which fires later in the same
+        # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
+        self._start_next(key, ctx)
+
+    # -- order restoration (DESIGN §13) ------------------------------------------------------------
+    def _has_recorded_order(self, key) -> bool:
+        """Whether the restored journal still holds accepted inputs of ``key`` beyond its current seq."""
+        history = self.index.history(key_digest(key))
+        return history is not None and history.last_recorded_seq() > (self.seq_state.value() or 0)
+
+    def _start_next(self, key, ctx) -> None:
+        """Start the key's next waiting input: the one the journal recorded next, else the first to arrive."""
         waiting = list(self.pending_state.get() or [])
-        if waiting:
-            self.pending_state.update(waiting[1:])
-            # Also when draining: _start re-registers the drain timer, which fires later in the same
-            # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
-            self._start(key, cloudpickle.loads(waiting[0]), ctx)
+        if not waiting:
+            return
+        chosen = 0
+        if self.restored and self.config.restore_input_order and self._has_recorded_order(key):
+            history = self.index.history(key_digest(key))
+            expected = history.recorded_input((self.seq_state.value() or 0) + 1)
+            # No record at the next seq (deleted, e.g. after accept_reexecution_after_gap): nothing to wait for.
+            chosen = 0 if expected is None else next(
+                (i for i, raw in enumerate(waiting) if digest_value(cloudpickle.loads(raw)) == expected), None)
+            if chosen is None:  # its recorded predecessor has not come back yet: wait for it (bounded)
+                self._await_predecessor(ctx)
+                return
+            if chosen:
+                self.counters["inputs_reordered"].inc()
+        if self.restored:  # only a restored key can be waiting (its history keeps the index non-empty)
+            self._end_order_wait(ctx)
+        self.pending_state.update(waiting[:chosen] + waiting[chosen + 1:])
+        self._start(key, cloudpickle.loads(waiting[chosen]), ctx)
+
+    def _await_predecessor(self, ctx) -> None:
+        if self.order_wait_state.value() is not None:
+            return
+        deadline = ctx.timer_service().current_processing_time() + int(self.config.order_restore_timeout_s * 1000)
+        self.order_wait_state.update(deadline)
+        ctx.timer_service().register_processing_time_timer(deadline)
+        ctx.timer_service().register_event_time_timer(_DRAIN_TIMER)  # a bounded input's end ends the wait too
+
+    def _end_order_wait(self, ctx) -> None:
+        deadline = self.order_wait_state.value()
+        if deadline is not None:
+            self.order_wait_state.clear()
+            ctx.timer_service().delete_processing_time_timer(deadline)
+
+    def _order_wait_timed_out(self, key, why: str, ctx) -> None:
+        """A recorded input never came back: drop the key's recorded history from there, run what waits."""
+        next_seq = (self.seq_state.value() or 0) + 1
+        history = self.index.history(key_digest(key))
+        dropped = history.drop_after(RunPosition(next_seq - 1, 2**62)) if history is not None else 0
+        waiting = len(list(self.pending_state.get() or []))
+        self.counters["order_restore_timeouts"].inc()
+        self.order_restore_timeouts += 1
+        log.warning("subtask %d key %r: order restore %s after %.1f s waiting for the input recorded at seq %d; "
+                    "the key's recorded history from there on is invalidated (%d records) and its %d waiting "
+                    "inputs run in arrival order", self.subtask, key, why, self.config.order_restore_timeout_s,
+                    next_seq, dropped, waiting)
+        self.order_wait_state.clear()
+        self.index.forget_if_empty(key_digest(key))
+        self._start_next(key, ctx)
 
     # -- internals ---------------------------------------------------------------------------------
     def _start(self, key, value, ctx) -> None:

@@ -38,6 +38,8 @@ from flink_agents_replay.errors import (
 )
 from flink_agents_replay.journal.index import KeyHistory
 from flink_agents_replay.journal.records import (
+    ACCEPTED_ACTION,
+    AcceptedRecord,
     CallOutcome,
     CallRecord,
     CompletionRecord,
@@ -143,6 +145,10 @@ def execute_run(
             log.warning("key %r seq %d: a different input than the journaled one; its later records are dropped",
                         run.key, run.seq)
     first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
+    if journal is not None:  # the key's accepted order, before anything the run does (DESIGN §11)
+        journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
+                      RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest),
+                      what=f"the accepted record of input {run.seq}")
     outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
     if history is not None:
         history.drop_through_seq(run.seq)

@@ -5,6 +5,12 @@ under its key (:class:`RecoveryIndex`). A replayed run then asks its key's :clas
 action: a *completion* means "skip, re-apply, re-emit"; *calls* without a completion mean the action
 was cut short and its recorded calls are served in order.
 
+Accepted records give the key's accepted order: seq -> digest of the input. A record for a seq that
+carries another digest than an earlier one supersedes the key's history from that seq on: the journal is
+read in write order, and a key's records are written one run at a time, so a later record for the seq
+means a restore ran another input there (after a divergence or an order-restore timeout) and the older
+records belong to an abandoned history.
+
 Divergence: history is positional — (seq, order of the action in its run). When a replayed action
 finds no completion at position P although the key has records *after* P, or finds a record written
 for a different input, the key's history has diverged from the journal: every entry of that key after
@@ -20,13 +26,22 @@ from dataclasses import dataclass, field
 import cloudpickle
 
 from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import CallOutcome, CallRecord, CompletionRecord, RecordKind, RunPosition
+from flink_agents_replay.journal.records import (
+    AcceptedRecord,
+    CallOutcome,
+    CallRecord,
+    CompletionRecord,
+    RecordKind,
+    RunPosition,
+    parse_journal_key,
+)
 from flink_agents_replay.journal.store import StoredRecord
 
 __all__ = ["KeyHistory", "RecoveryIndex"]
 
 ActionSlot = tuple[int, str, str]  # (seq, event id, action)
-_INDEXED_KINDS = (RecordKind.CALL.value, RecordKind.COMPLETION.value)
+_INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.CALL.value, RecordKind.COMPLETION.value)
+_LAST = 2**62  # an order after every action of a seq
 
 
 @dataclass
@@ -35,22 +50,42 @@ class KeyHistory:
 
     completions: dict[ActionSlot, CompletionRecord] = field(default_factory=dict)
     calls: dict[ActionSlot, dict[int, CallRecord]] = field(default_factory=lambda: defaultdict(dict))
+    accepted: dict[int, str] = field(default_factory=dict)  # seq -> input digest, from accepted records
     input_digests: dict[int, str] = field(default_factory=dict)
     partition: int | None = None
     first_offset: int | None = None
 
+    def add_accepted(self, record: AcceptedRecord) -> None:
+        """File an accepted record."""
+        self._note_input(record.seq, record.input_digest)
+        self.accepted[record.seq] = record.input_digest
+
     def add_completion(self, record: CompletionRecord) -> None:
         """File a completion record."""
+        self._note_input(record.seq, record.input_digest)
         self.completions[(record.seq, record.event_id, record.action)] = record
-        self.input_digests.setdefault(record.seq, record.input_digest)
 
     def add_call(self, record: CallRecord) -> None:
         """File a call record; a result supersedes the *started* record of the same call."""
+        self._note_input(record.seq, record.input_digest)
         slot = self.calls[(record.seq, record.event_id, record.action)]
         previous = slot.get(record.position)
         if previous is None or previous.outcome is CallOutcome.STARTED:
             slot[record.position] = record
-        self.input_digests.setdefault(record.seq, record.input_digest)
+
+    def _note_input(self, seq: int, input_digest: str) -> None:
+        known = self.input_digests.get(seq)
+        if known is not None and known != input_digest:
+            self.drop_after(RunPosition(seq - 1, _LAST))  # an abandoned history: see the module docstring
+        self.input_digests[seq] = input_digest
+
+    def recorded_input(self, seq: int) -> str | None:
+        """Digest of the input recorded at ``seq``, if the journal holds one."""
+        return self.input_digests.get(seq)
+
+    def last_recorded_seq(self) -> int:
+        """The highest seq with a recorded input (0 if none)."""
+        return max(self.input_digests, default=0)
 
     def input_matches(self, seq: int, input_digest: str) -> bool:
         """Whether the records at ``seq`` (if any) were written for this input."""
@@ -90,6 +125,9 @@ class KeyHistory:
                     dropped += 1
             if not calls:
                 del self.calls[slot]
+        for seq in [s for s in self.accepted if RunPosition(s, -1) > position]:
+            del self.accepted[seq]
+            dropped += 1
         self._rebuild_input_digests()
         return dropped
 
@@ -99,16 +137,19 @@ class KeyHistory:
             del self.completions[slot]
         for slot in [s for s in self.calls if s[0] <= seq]:
             del self.calls[slot]
+        for done in [s for s in self.accepted if s <= seq]:
+            del self.accepted[done]
         self._rebuild_input_digests()
 
     def _rebuild_input_digests(self) -> None:
-        self.input_digests = {r.seq: r.input_digest for r in self.completions.values()}
+        self.input_digests = dict(self.accepted)
+        self.input_digests.update((r.seq, r.input_digest) for r in self.completions.values())
         self.input_digests.update(
             (r.seq, r.input_digest) for slot in self.calls.values() for r in slot.values()
         )
 
     def __len__(self) -> int:
-        return len(self.completions) + sum(len(c) for c in self.calls.values())
+        return len(self.accepted) + len(self.completions) + sum(len(c) for c in self.calls.values())
 
 
 class RecoveryIndex:
@@ -135,7 +176,7 @@ class RecoveryIndex:
                     stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
                 if header["kind"] in _INDEXED_KINDS:
                     record = cloudpickle.loads(payload)
-                    if isinstance(record, (CallRecord, CompletionRecord)):
+                    if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord)):
                         self.add(digest_of_key, raw[0].partition, raw[0].offset, record)
         return self._keys.get(digest_of_key)
 
@@ -145,13 +186,16 @@ class RecoveryIndex:
             raise ValueError("a RecoveryIndex without a codec cannot take raw records")
         self._raw.setdefault(digest_of_key, []).append(stored)
 
-    def add(self, digest_of_key: str, partition: int, offset: int, record: CallRecord | CompletionRecord) -> None:
+    def add(self, digest_of_key: str, partition: int, offset: int,
+            record: AcceptedRecord | CallRecord | CompletionRecord) -> None:
         """File one decoded record."""
         history = self._keys.get(digest_of_key)
         if history is None:
             history = self._keys[digest_of_key] = KeyHistory(partition=partition, first_offset=offset)
         if isinstance(record, CompletionRecord):
             history.add_completion(record)
+        elif isinstance(record, AcceptedRecord):
+            history.add_accepted(record)
         else:
             history.add_call(record)
 
@@ -171,6 +215,19 @@ class RecoveryIndex:
             if partition is not None and first is not None:
                 floors[partition] = first if partition not in floors else min(floors[partition], first)
         return floors
+
+    def unreplayed(self) -> dict[int, list[tuple[str, int]]]:
+        """Per partition, the keys whose history is not replayed yet: (key digest, first seq it holds)."""
+        found: dict[int, list[tuple[str, int]]] = {}
+        # Called on the task thread while runs mutate their keys' histories: copy before reading.
+        for digest, history in list(self._keys.items()):
+            seqs = history.input_digests.copy()
+            if seqs and history.partition is not None:
+                found.setdefault(history.partition, []).append((digest, min(seqs)))
+        for digest, raw in list(self._raw.items()):
+            found.setdefault(raw[0].partition, []).append(
+                (digest, min(parse_journal_key(stored.key)[1] for stored in raw)))
+        return found
 
     def __len__(self) -> int:
         return len(self._keys) + len(self._raw)

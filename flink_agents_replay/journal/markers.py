@@ -6,7 +6,10 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
   of every run still in flight at the barrier and of every recovered history not yet replayed;
 * ``ends`` — the partition's end at the barrier: below it, only the in-flight runs' records are needed
   (everything else belongs to runs whose effects N already holds);
-* ``in_flight`` — those runs, as (key digest, seq).
+* ``in_flight`` — those runs, as (key digest, seq);
+* ``replaying`` — keys whose recovered history was not replayed yet at the barrier (a restore still under
+  way, e.g. a key waiting for an input to come back), as (key digest, first seq still needed): a further
+  failure must find those records again, although they lie below ``ends``.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -24,6 +27,7 @@ from flink_agents_replay.errors import ReplayError
 __all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "encode_marker", "plan_restore"]
 
 MARKER_VERSION = 1
+_NEVER = float("inf")
 
 
 def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
@@ -39,13 +43,15 @@ def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
 
 
 def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends: Mapping[int, int],
-                  in_flight: Mapping[int, list[tuple[str, int]]]) -> bytes:
+                  in_flight: Mapping[int, list[tuple[str, int]]],
+                  replaying: Mapping[int, list[tuple[str, int]]] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
         "offsets": {str(p): o for p, o in offsets.items()},
         "ends": {str(p): o for p, o in ends.items()},
         "in_flight": {str(p): [list(run) for run in runs] for p, runs in in_flight.items()},
+        "replaying": {str(p): [list(key) for key in keys] for p, keys in (replaying or {}).items()},
     }).encode()
 
 
@@ -56,6 +62,7 @@ class RestorePlan:
     offsets: dict[int, int] = field(default_factory=dict)
     barrier_ends: dict[int, int] = field(default_factory=dict)
     in_flight: set[tuple[str, int]] = field(default_factory=set)
+    replaying: dict[str, int] = field(default_factory=dict)  # key digest -> first seq still needed
     topic_ids: set[str] = field(default_factory=set)
 
     @property
@@ -64,8 +71,10 @@ class RestorePlan:
         return not self.topic_ids
 
     def needs(self, partition: int, offset: int, digest_of_key: str, seq: int) -> bool:
-        """Whether a journal record matters: after the barrier, or of a run in flight at it."""
-        return offset >= self.barrier_ends.get(partition, 0) or (digest_of_key, seq) in self.in_flight
+        """Whether a journal record matters: after the barrier, of a run in flight at it, or of a recovered
+        history not yet replayed at it."""
+        return (offset >= self.barrier_ends.get(partition, 0) or (digest_of_key, seq) in self.in_flight
+                or seq >= self.replaying.get(digest_of_key, _NEVER))
 
 
 def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
@@ -85,6 +94,8 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
                 plan.offsets[partition] = offset
                 plan.barrier_ends[partition] = marker["ends"][name]
                 plan.in_flight.update((digest, seq) for digest, seq in marker["in_flight"].get(name, []))
+                for digest, first_seq in marker.get("replaying", {}).get(name, []):
+                    plan.replaying[digest] = min(first_seq, plan.replaying.get(digest, first_seq))
     return plan
 
 

@@ -1,4 +1,4 @@
-"""What the journal holds: one Kafka record per call and one per completed action.
+"""What the journal holds: one record per accepted input, per call and per completed action.
 
 Kafka record key: ``"{key_group}:{seq}:{event_id}:{action}:{key_digest}"``. ``key_digest`` hashes the
 serialized business key: a raw key may contain ':' or collide in ``str()``.
@@ -6,6 +6,9 @@ serialized business key: a raw key may contain ':' or collide in ``str()``.
 * A :class:`CallRecord` is written for every ``ctx.call`` as it completes (its result or the exception
   it raised), and, for resources with external side effects, once more *before* it starts
   (``outcome == "started"``) so that a call cut short by a failure is known to be in doubt.
+* An :class:`AcceptedRecord` is written when the operator accepts an input for a key and gives it its
+  seq, before the run starts: the key's accepted order, which a restore uses to put inputs arriving in
+  another interleaving back into that order (DESIGN §11, §13).
 * A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
   events it sent. Reusing an action means applying exactly these.
 """
@@ -20,6 +23,8 @@ from typing import Any
 from flink_agents_replay.memory import MemoryUpdate
 
 __all__ = [
+    "ACCEPTED_ACTION",
+    "AcceptedRecord",
     "CallOutcome",
     "CallRecord",
     "CompletionRecord",
@@ -56,6 +61,19 @@ class RunPosition:
 
     seq: int
     order: int
+
+
+#: The action name in the Kafka record key of an accepted record (no action has a leading underscore name
+#: clash: actions are Python identifiers, and this one is reserved).
+ACCEPTED_ACTION = "_accepted"
+
+
+@dataclass
+class AcceptedRecord:
+    """One input the operator accepted for a key: its seq and the digest of its payload."""
+
+    seq: int
+    input_digest: str
 
 
 @dataclass

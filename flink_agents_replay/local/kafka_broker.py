@@ -12,7 +12,6 @@ import base64
 import json
 import string
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import KAFKA_BROKER, fetch_jars, require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
-from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, stop_process
+from flink_agents_replay.local.processes import RecordedProcess, free_port, pid_alive, port_in_use, wait_until_ready
 
 __all__ = ["BrokerStatus", "LocalKafkaBroker", "default_work_dir"]
 
@@ -48,7 +47,7 @@ class BrokerStatus:
         return f"not running (work directory {self.work_dir})"
 
 
-class LocalKafkaBroker:
+class LocalKafkaBroker(RecordedProcess):
     """One local KRaft broker whose state (data, log, PID, port) lives in ``work_dir``.
 
     Args:
@@ -127,38 +126,13 @@ class LocalKafkaBroker:
             raise
         return BrokerStatus(True, process.pid, bootstrap, self.work_dir)
 
-    def stop(self, timeout_s: float = 30.0) -> bool:
-        """Stop the broker recorded here; return whether one was running."""
-        state = self._read_state()
-        if not state:
-            return False
-        was_running = stop_process(state["pid"], timeout_s=timeout_s)
-        self._state_file.unlink(missing_ok=True)
-        return was_running
-
     def _wait_until_ready(self, process: subprocess.Popen, bootstrap: str) -> None:
         from confluent_kafka.admin import AdminClient
 
         # log_level 0: connection-refused noise while the broker boots is expected, not news.
         admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise LocalServiceError(
-                    f"the Kafka broker exited with code {process.returncode} while starting; "
-                    f"its log ({self.work_dir / 'logs'}) ends with:\n{self._log_tail()}"
-                )
-            try:
-                metadata = admin.list_topics(timeout=2)
-                if metadata.brokers:
-                    return
-            except Exception:  # noqa: BLE001 - not up yet; the deadline bounds the retries
-                pass
-            time.sleep(0.2)
-        raise LocalServiceError(
-            f"the Kafka broker did not answer on {bootstrap} within {self.start_timeout_s:.0f} s; "
-            f"its log ends with:\n{self._log_tail()}"
-        )
+        wait_until_ready(process, lambda: bool(admin.list_topics(timeout=2).brokers), what="the Kafka broker",
+                         where=bootstrap, timeout_s=self.start_timeout_s, log_tail=self._log_tail, interval_s=0.2)
 
     def _log_tail(self, lines: int = 20) -> str:
         text = ""
@@ -167,12 +141,6 @@ class LocalKafkaBroker:
             if path.is_file():
                 text += "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
         return text.strip() or "(empty)"
-
-    def _read_state(self) -> dict | None:
-        try:
-            return json.loads(self._state_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
 
     def _run_checked(self, command: list[str], what: str) -> None:
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.work_dir)

@@ -56,7 +56,7 @@ from urllib.parse import unquote, urlsplit
 
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.paths import home_dir
-from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, stop_process
+from flink_agents_replay.local.processes import RecordedProcess, free_port, pid_alive, port_in_use, wait_until_ready
 
 __all__ = [
     "MODEL_NAME",
@@ -538,7 +538,7 @@ class ModelServerStatus:
         return f"not running (work directory {self.work_dir})"
 
 
-class LocalModelServer:
+class LocalModelServer(RecordedProcess):
     """The stub service as a detached process whose state (PID, port, log) lives in ``work_dir``.
 
     Args:
@@ -602,46 +602,20 @@ class LocalModelServer:
             raise
         return ModelServerStatus(True, process.pid, port, self.work_dir)
 
-    def stop(self, timeout_s: float = 10.0) -> bool:
-        """Stop the server recorded here; return whether one was running."""
-        state = self._read_state()
-        if not state:
-            return False
-        was_running = stop_process(state["pid"], timeout_s=timeout_s)
-        self._state_file.unlink(missing_ok=True)
-        return was_running
-
     def _wait_until_ready(self, process: subprocess.Popen, port: int) -> None:
         url = f"http://127.0.0.1:{port}/v1/models"
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise LocalServiceError(
-                    f"the model server exited with code {process.returncode} while starting; "
-                    f"its log ({self.log_file}) ends with:\n{self._log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass  # not listening yet; the deadline bounds the retries
-            time.sleep(0.05)
-        raise LocalServiceError(
-            f"the model server did not answer on {url} within {self.start_timeout_s:.0f} s; "
-            f"its log ends with:\n{self._log_tail()}"
-        )
+
+        def answers() -> bool:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+
+        wait_until_ready(process, answers, what="the model server", where=url, timeout_s=self.start_timeout_s,
+                         log_tail=self._log_tail, interval_s=0.05)
 
     def _log_tail(self, lines: int = 20) -> str:
         if not self.log_file.is_file():
             return "(empty)"
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
-
-    def _read_state(self) -> dict | None:
-        try:
-            return json.loads(self._state_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["free_port", "pid_alive", "port_in_use", "stop_process"]
+from flink_agents_replay.local.errors import LocalServiceError
+
+__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "stop_process", "wait_until_ready"]
 
 
 def free_port(exclude: set[int] = frozenset()) -> int:
@@ -77,3 +83,46 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+class RecordedProcess:
+    """A detached local service whose PID and address live in a JSON state file (``_state_file``).
+
+    Subclasses say where the file is; this gives them reading it and stopping the process it names.
+    """
+
+    _state_file: Path
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the process recorded here; return whether one was running."""
+        state = self._read_state()
+        if not state:
+            return False
+        was_running = stop_process(state["pid"], timeout_s=timeout_s)
+        self._state_file.unlink(missing_ok=True)
+        return was_running
+
+
+def wait_until_ready(process: subprocess.Popen, ready: Callable[[], bool], *, what: str, where: str,
+                     timeout_s: float, log_tail: Callable[[], str], interval_s: float = 0.1) -> None:
+    """Poll ``ready()`` until it says yes; ``LocalServiceError`` with the log's tail if ``process`` exits
+    first or ``timeout_s`` passes. ``ready`` may raise: not up yet."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LocalServiceError(f"{what} exited with code {process.returncode} while starting; its log ends "
+                                    f"with:\n{log_tail()}")
+        try:
+            if ready():
+                return
+        except Exception:  # noqa: BLE001 - not up yet; the deadline bounds the retries
+            pass
+        time.sleep(interval_s)
+    raise LocalServiceError(f"{what} did not answer on {where} within {timeout_s:.0f} s; its log ends with:\n"
+                            f"{log_tail()}")

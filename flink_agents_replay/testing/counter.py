@@ -12,22 +12,18 @@ import sqlite3
 import threading
 from pathlib import Path
 
-__all__ = ["InvocationCounter"]
+__all__ = ["InvocationCounter", "SharedSqliteFile"]
 
 
-class InvocationCounter:
-    """Named counters in a SQLite file; safe across threads and processes.
+class SharedSqliteFile:
+    """A SQLite file that pickles as its path: one connection per thread, usable from any process.
 
-    >>> counter = InvocationCounter(tmp_path / "calls.db")   # doctest: +SKIP
-    >>> counter.increment("llm"); counter.count("llm")       # doctest: +SKIP
-    1
+    WAL and no fsync: what is committed survives a killed process (the OS keeps the pages), cheaply.
     """
 
     def __init__(self, path: str | Path):
         self.path = str(path)
         self._local = threading.local()
-        with self._connect() as connection:
-            connection.execute("CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, n INTEGER NOT NULL)")
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
@@ -39,13 +35,26 @@ class InvocationCounter:
     def _connect(self) -> sqlite3.Connection:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            # A generous busy timeout: parallel subtasks increment concurrently.
+            # A generous busy timeout: parallel subtasks write concurrently.
             connection = sqlite3.connect(self.path, timeout=60)
-            # WAL + no fsync: counts survive a killed process (the OS keeps the pages), and stay cheap.
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=OFF")
             self._local.connection = connection
         return connection
+
+
+class InvocationCounter(SharedSqliteFile):
+    """Named counters in a SQLite file; safe across threads and processes.
+
+    >>> counter = InvocationCounter(tmp_path / "calls.db")   # doctest: +SKIP
+    >>> counter.increment("llm"); counter.count("llm")       # doctest: +SKIP
+    1
+    """
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        with self._connect() as connection:
+            connection.execute("CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, n INTEGER NOT NULL)")
 
     def increment(self, name: str, by: int = 1) -> int:
         """Add ``by`` to counter ``name`` (created at 0) and return its new value."""

@@ -26,8 +26,8 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
-    "canonical_output", "job_ended", "keyed_json_inputs", "make_inputs", "produce_inputs", "run_agent_job",
-    "running_job", "stop_with_savepoint", "trigger_savepoint", "wait_until",
+    "canonical_output", "failure_free_outputs", "job_ended", "keyed_json_inputs", "make_inputs", "produce_inputs",
+    "run_agent_job", "running_job", "stop_with_savepoint", "trigger_savepoint", "wait_until",
 ]
 
 
@@ -53,6 +53,26 @@ def produce_inputs(bootstrap_servers: str, records: Iterable[dict], topic: str |
 def canonical_output(output: AgentOutput) -> tuple:
     """(key, seq, output as sorted JSON): comparable across runs."""
     return (output.key, output.seq, json.dumps(output.output, sort_keys=True))
+
+
+def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[Any], str] = lambda r: r["key"],
+                         max_parallelism: int = 128) -> list[AgentOutput]:
+    """What a job without failures outputs: ``agent`` run in this process, input by input, each key's inputs
+    in the given order (its seqs), with no journal. The reference tests compare a failed-over job with."""
+    from flink_agents_replay.keygroups import key_group
+    from flink_agents_replay.runner import RunInput, execute_run
+
+    memory: dict[Any, dict] = {}
+    seqs: dict[Any, int] = {}
+    outputs = []
+    for record in inputs:
+        key = key_of(record)
+        seqs[key] = seqs.get(key, 0) + 1
+        result = execute_run(agent, RunInput(key, key_group(key, "STRING", max_parallelism), seqs[key], record),
+                             memory.get(key, {}))
+        memory[key] = result.memory
+        outputs += [AgentOutput(key, seqs[key], output.id, output.output) for output in result.outputs]
+    return outputs
 
 
 def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool = False,

@@ -34,15 +34,15 @@ def test_summary_and_key_detail(kafka_bootstrap, tmp_path):
 
     summary = summarize_topic(config, topic)
     assert len(summary) == 16
-    # 2 inputs x (6 calls + 1 started record for the external "sender" + 3 completions) per key.
-    assert sum(p.records for p in summary) == 2 * 2 * 10
-    assert summary[key_group("alice", "STRING", 16)].records >= 20
+    # 2 inputs x (accepted + 6 calls + 1 started record for the external "sender" + 3 completions) per key.
+    assert sum(p.records for p in summary) == 2 * 2 * 11
+    assert summary[key_group("alice", "STRING", 16)].records >= 22
 
     records = key_records(config, topic, "bob:1", "STRING")
-    assert len(records) == 20
-    assert Counter(r.kind for r in records) == Counter({"call": 14, "completion": 6})
+    assert len(records) == 22
+    assert Counter(r.kind for r in records) == Counter({"accepted": 2, "call": 14, "completion": 6})
     assert [r.seq for r in records] == sorted(r.seq for r in records)
-    assert {r.action for r in records} == {"classify", "draft", "reply"}
+    assert {r.action for r in records} == {"_accepted", "classify", "draft", "reply"}
     assert all(r.age_s is not None and r.age_s < 600 for r in records)
 
 

@@ -16,21 +16,18 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.keygroups import key_group
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.flink_cluster import SLOTS_PER_TASKMANAGER, LocalFlinkCluster
 from flink_agents_replay.local.processes import pid_alive
-from flink_agents_replay.operator import AgentOutput
-from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.committed import CommittedReader
+from flink_agents_replay.testing.committed import poll_until as wait_until
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import canonical_output, make_inputs, produce_inputs
+from flink_agents_replay.testing.jobs import canonical_output, failure_free_outputs, make_inputs, produce_inputs
 
 pytestmark = pytest.mark.integration
 
@@ -43,33 +40,11 @@ CALLS_PER_INPUT = len(CHAIN_TOOLS)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] | str):
-    """Poll ``condition`` until it returns something truthy (returned); fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s:.0f} s: {what() if callable(what) else what}")
-        time.sleep(0.2)
-
-
 def reference(inputs: list[dict], path: Path) -> tuple[Counter, dict[str, int]]:
     """The failure-free outputs and logical calls, by construction: each key's inputs run in topic order."""
     counter = InvocationCounter(path)
-    agent = chain_agent(counter)
-    memory: dict[str, dict] = {}
-    seqs: Counter = Counter()
-    outputs = []
-    for record in inputs:
-        key = record["key"]
-        seqs[key] += 1
-        result = execute_run(agent, RunInput(key, key_group(key, "STRING", 128), seqs[key], record),
-                             memory.get(key, {}))
-        memory[key] = result.memory
-        outputs += [canonical_output(AgentOutput(key, seqs[key], out.id, out.output)) for out in result.outputs]
-    return Counter(outputs), logical_call_counts(counter)
+    outputs = failure_free_outputs(chain_agent(counter), inputs)
+    return Counter(canonical_output(output) for output in outputs), logical_call_counts(counter)
 
 
 def check_repeats_confined_to_interrupted_actions(calls: dict[str, int]) -> list[str]:

@@ -34,10 +34,15 @@ from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.processes import free_port
 from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import keyed_json_inputs, running_job, stop_with_savepoint, wait_until
+from flink_agents_replay.testing.jobs import (
+    failure_free_outputs,
+    keyed_json_inputs,
+    running_job,
+    stop_with_savepoint,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -178,18 +183,8 @@ def _inputs(keys: list[str], per_key: int, start: int) -> list[dict]:
 
 def _reference(agent, inputs: list[dict]) -> Counter:
     """The failure-free outputs: the same agent run in this process, input by input, with no journal."""
-    memory: dict[str, dict] = {}
-    seqs: Counter = Counter()
-    outputs: Counter = Counter()
-    for record in inputs:
-        key = record["key"]
-        seqs[key] += 1
-        result = execute_run(agent, RunInput(key, key_group(key, "STRING", MAX_PARALLELISM), seqs[key], record),
-                             memory.get(key, {}))
-        memory[key] = result.memory
-        for output in result.outputs:
-            outputs[_row_tuple({"key": key, "seq": seqs[key], "event_id": output.id, "output": output.output})] += 1
-    return outputs
+    return Counter(_row_tuple({"key": o.key, "seq": o.seq, "event_id": o.event_id, "output": o.output})
+                   for o in failure_free_outputs(agent, inputs, max_parallelism=MAX_PARALLELISM))
 
 
 def _row_tuple(row: dict) -> tuple:

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from flink_agents_replay.examples.support_triage import make_tickets, support_triage_agent
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
+from flink_agents_replay.testing.jobs import failure_free_outputs
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +34,8 @@ _SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 def reference_replies(tickets: list[dict], base_url: str) -> dict[str, dict]:
     """Every ticket's reply from a failure-free run in ticket order (each customer's tickets in order)."""
     agent = support_triage_agent(name="reference", model_base_url=base_url)
-    memory: dict[str, dict] = {}
-    seqs: Counter = Counter()
-    replies = {}
-    for ticket in tickets:
-        customer = ticket["customer"]
-        seqs[customer] += 1
-        result = execute_run(agent, RunInput(customer, key_group(customer, "STRING", 128), seqs[customer], ticket),
-                             memory.get(customer, {}))
-        memory[customer] = result.memory
-        [output] = result.outputs
-        replies[ticket["ticket_id"]] = {"seq": seqs[customer], **output.output}
-    return replies
+    outputs = failure_free_outputs(agent, tickets, key_of=lambda ticket: ticket["customer"])
+    return {output.output["ticket_id"]: {"seq": output.seq, **output.output} for output in outputs}
 
 
 def produce(bootstrap: str, topic: str, tickets: list[dict]) -> None:

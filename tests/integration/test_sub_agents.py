@@ -14,13 +14,16 @@ from collections import Counter
 import pytest
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.operator import AgentOutput
 from flink_agents_replay.resources import Tool
-from flink_agents_replay.runner import RunInput, execute_run
 from flink_agents_replay.testing.agents import InjectedFailure, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import canonical_output, make_inputs, produce_inputs, run_agent_job
+from flink_agents_replay.testing.jobs import (
+    canonical_output,
+    failure_free_outputs,
+    make_inputs,
+    produce_inputs,
+    run_agent_job,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -115,17 +118,7 @@ def triage_with_refund(counter: InvocationCounter, fault: str | None = None, fau
 
 def reference(agent: Agent, inputs: list[dict]) -> Counter:
     """The failure-free outputs, by construction: each key's inputs in topic order."""
-    memory: dict = {}
-    seqs: Counter = Counter()
-    outputs = []
-    for record in inputs:
-        key = record["key"]
-        seqs[key] += 1
-        result = execute_run(agent, RunInput(key, key_group(key, "STRING", 128), seqs[key], record),
-                             memory.get(key, {}))
-        memory[key] = result.memory
-        outputs += [canonical_output(AgentOutput(key, seqs[key], o.id, o.output)) for o in result.outputs]
-    return Counter(outputs)
+    return Counter(canonical_output(output) for output in failure_free_outputs(agent, inputs))
 
 
 def _config(bootstrap: str, **overrides) -> dict:

@@ -23,6 +23,18 @@ def test_restore_plan_takes_only_owned_partitions_from_every_subtask():
     assert full.needs(0, 15, "k1", 4) and not full.needs(0, 15, "k2", 4) and full.needs(0, 20, "k2", 9)
 
 
+def test_history_not_replayed_at_the_barrier_is_read_again_by_the_next_restore():
+    """A key still replaying (waiting for an input to come back) at checkpoint N: a restore from N must
+    find its recovered records again, though they lie below N's barrier."""
+    marker = encode_marker("tid", 0, {0: 5}, {0: 20}, {}, replaying={0: [("waiting", 7)]})
+    plan = plan_restore([marker], range(0, 1))
+    assert plan.needs(0, 6, "waiting", 7) and plan.needs(0, 9, "waiting", 8)
+    assert not plan.needs(0, 6, "waiting", 6), "its inputs before the unreplayed history are in the checkpoint"
+    assert not plan.needs(0, 6, "done", 7), "another key's records below the barrier are not needed"
+    old_marker = encode_marker("tid", 0, {0: 5}, {0: 20}, {})  # written before "replaying" existed
+    assert not plan_restore([old_marker], range(0, 1)).needs(0, 6, "waiting", 7)
+
+
 def test_no_marker_is_a_fresh_start():
     assert plan_restore([], range(0, 8)).fresh
     assert plan_restore([b""], range(0, 8)).fresh

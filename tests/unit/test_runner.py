@@ -104,8 +104,8 @@ def test_fresh_run_executes_every_action_and_journals_it():
     outputs, memories = run_inputs(make_agent(calls), INPUTS, writer(store))
     assert sum(calls.values()) == 3 * 6
     assert len(outputs) == 3 and memories["k1"]["count"] == 2
-    # 6 call records + 3 completions per input.
-    assert len(store.records(KEY_GROUP)) == 3 * 9
+    # 1 accepted record, 6 call records and 3 completions per input.
+    assert len(store.records(KEY_GROUP)) == 3 * 10
 
 
 def test_replay_reuses_everything_with_same_ids_outputs_and_memory():
@@ -180,8 +180,9 @@ def test_typed_exception_is_journaled_and_reraised_as_same_type():
     agent = Lookup(resources={"lookup": lookup})
     first = execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {}, journal=writer(store).run_journal(KEY_GROUP))
     # Replay a cut-short action: drop the completion so the call records alone are served.
-    started, raised, _completion = store.records(KEY_GROUP)  # a Tool is "external": started, then raised
+    accepted, started, raised, _completion = store.records(KEY_GROUP)  # a Tool is "external": started, raised
     partial = MemoryJournalStore(4)
+    partial.append(KEY_GROUP, *accepted)
     partial.append(KEY_GROUP, *started)
     partial.append(KEY_GROUP, *raised)
     second = execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {},
@@ -208,7 +209,8 @@ def _in_doubt_setup(policy):
     agent = Mailer(resources={"mail": Tool(send_mail, side_effects="external", in_doubt=policy)})
     execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, journal=writer(store).run_journal(KEY_GROUP))
     started_only = MemoryJournalStore(4)
-    started_only.append(KEY_GROUP, *store.records(KEY_GROUP)[0])  # the acknowledged "started" record
+    for record in store.records(KEY_GROUP)[:2]:  # the accepted record and the acknowledged "started" record
+        started_only.append(KEY_GROUP, *record)
     history = recover(started_only).history(key_digest("k"))
     return agent, history, started_only, sent
 
@@ -258,7 +260,8 @@ def test_call_id_names_the_logical_call_and_is_the_same_when_a_call_in_doubt_is_
     assert first.startswith("Mailer:") and current_call_id() is None
 
     started_only = MemoryJournalStore(4)
-    started_only.append(KEY_GROUP, *store.records(KEY_GROUP)[0])  # the first call started, never reported
+    for record in store.records(KEY_GROUP)[:2]:  # accepted; the first call started, never reported
+        started_only.append(KEY_GROUP, *record)
     seen.clear()
     execute_run(agent, RunInput("k", KEY_GROUP, 1, "bob"), {}, history=recover(started_only).history(key_digest("k")),
                 journal=writer(started_only).run_journal(KEY_GROUP))
@@ -335,7 +338,7 @@ def test_records_of_another_producer_are_rejected():
 def test_every_durability_mode_journals_the_same_records(durability):
     store = MemoryJournalStore(8)
     run_inputs(make_agent(Counter()), INPUTS, writer(store, durability))
-    assert len(store.records(KEY_GROUP)) == 27
+    assert len(store.records(KEY_GROUP)) == 30
 
 
 @pytest.mark.parametrize("bad_key", [b"not-a-journal-key", None, b"\xff\xfe"])

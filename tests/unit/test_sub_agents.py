@@ -131,19 +131,19 @@ def test_child_work_is_journaled_under_the_parent_run_and_the_child_has_its_own_
     assert result.memory["_sub_agents"]["refund"] == {"refunds": 1}
     assert result.memory["last"] == {"refund": "c3(c2(c1(order-1)))", "refunds": 1}
     assert result.stats.child_calls_executed == 1 and result.stats.actions_executed == 5
-    # child: 3 calls + 3 completions; parent: the child-call record, 2 completions, 1 call
-    assert len(store.records(KEY_GROUP)) == 10
+    # accepted; child: 3 calls + 3 completions; parent: the child-call record, 2 completions, 1 call
+    assert len(store.records(KEY_GROUP)) == 11
     second = run(parent_agent(calls, refund_agent(calls)), store, seq=2, value="order-2",
                  memory=result.memory)
     assert second.memory["_sub_agents"]["refund"] == {"refunds": 2}  # the scope persists across inputs
 
 
-# Journal order of one input: c1, check, c2, decide, c3, execute, agent:refund, triage, p2, answer.
+# Journal order of one input: accepted, c1, check, c2, decide, c3, execute, agent:refund, triage, p2, answer.
 @pytest.mark.parametrize(("crash_after", "expected_calls", "child_actions_run", "child_call_reused"), [
-    (0, {"c1": 1, "c2": 1, "c3": 1, "p2": 1}, 3, False),   # (a) before the child started
-    (4, {"c3": 1, "p2": 1}, 1, False),                      # (b) after the child's second action
-    (7, {"p2": 1}, 0, True),                                # (c) child finished, parent action not
-    (8, {"p2": 1}, 0, False),                               #     the parent action finished too
+    (1, {"c1": 1, "c2": 1, "c3": 1, "p2": 1}, 3, False),   # (a) before the child started
+    (5, {"c3": 1, "p2": 1}, 1, False),                      # (b) after the child's second action
+    (8, {"p2": 1}, 0, True),                                # (c) child finished, parent action not
+    (9, {"p2": 1}, 0, False),                               #     the parent action finished too
 ])
 def test_after_a_crash_only_unfinished_child_work_runs(crash_after, expected_calls, child_actions_run,
                                                        child_call_reused):
@@ -156,14 +156,14 @@ def test_after_a_crash_only_unfinished_child_work_runs(crash_after, expected_cal
     assert calls == Counter(expected_calls)
     assert summary(replayed) == summary(reference)
     assert replayed.stats.child_calls_reused == int(child_call_reused)
-    parent_actions_run = 2 if crash_after < 8 else 1
+    parent_actions_run = 2 if crash_after < 9 else 1
     assert replayed.stats.actions_executed == child_actions_run + parent_actions_run
 
 
 def test_a_child_call_with_another_input_runs_a_fresh_subtree():
     calls, store = Counter(), MemoryJournalStore(8)
     run(parent_agent(calls, refund_agent(calls)), store, value="order-1")
-    crashed = prefix(store, 4)  # the child's first two actions for "order-1" are journaled
+    crashed = prefix(store, 5)  # the child's first two actions for "order-1" are journaled
     calls.clear()
     replayed = run(parent_agent(calls, refund_agent(calls)), crashed, value="order-1-changed",
                    history=recover(crashed).history(key_digest("k")))
@@ -179,7 +179,7 @@ def test_a_child_exception_reaches_the_parent_with_its_type_also_when_reused():
     calls.clear()
     again = run(parent, store, value="order-9", history=recover(store).history(key_digest("k")))
     assert calls == Counter() and summary(again) == summary(first)
-    crashed = prefix(store, 2)  # c1's RAISED record and... nothing else: the child raised in its first action
+    crashed = prefix(store, 3)  # accepted, c1's RAISED record, the child call's RAISED record
     calls.clear()
     replayed = run(parent, crashed, value="order-9", history=recover(crashed).history(key_digest("k")))
     assert calls["c1"] == 0 and summary(replayed) == summary(first)
