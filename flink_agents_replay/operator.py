@@ -62,6 +62,19 @@ _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reus
 
 
 @dataclass(frozen=True)
+class _Waiting:
+    """An input waiting in keyed state for its key's turn, with its event time."""
+
+    value: Any
+    event_time: int | None
+
+
+def _waiting(raw: bytes) -> _Waiting:
+    entry = cloudpickle.loads(raw)
+    return entry if isinstance(entry, _Waiting) else _Waiting(entry, None)  # state from before event times
+
+
+@dataclass(frozen=True)
 class AgentOutput:
     """One OutputEvent leaving the operator: the key, the input's seq, the event's id and its ``output``."""
 
@@ -223,14 +236,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
         key = ctx.get_current_key()
+        event_time = ctx.timestamp()
         if self.in_flight_state.value() is not None:
-            self.pending_state.add(cloudpickle.dumps(value))  # one run per key: wait, in order
+            self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))  # one run per key: wait, in order
             return
         if self.restored and self.config.restore_input_order and self._has_recorded_order(key):
-            self.pending_state.add(cloudpickle.dumps(value))  # the recorded order decides which input is next
+            # The recorded order decides which input is next.
+            self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))
             self._start_next(key, ctx)
             return
-        self._start(key, value, ctx)
+        self._start(key, value, event_time, ctx)
         yield from ()
 
     def on_timer(self, timestamp, ctx):
@@ -244,8 +259,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         run = self.runs.get(key)
         if run is None:  # restored from a checkpoint with this run in flight: submit it again
-            seq, value = cloudpickle.loads(raw)
-            self._submit(key, seq, value, ctx)
+            seq, value, *event_time = cloudpickle.loads(raw)  # (seq, value) in state written before event times
+            self._submit(key, seq, value, event_time[0] if event_time else None, ctx)
             run = self.runs[key]
         if not run.future.done():
             if not draining:
@@ -280,7 +295,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             expected = history.recorded_input((self.seq_state.value() or 0) + 1)
             # No record at the next seq (deleted, e.g. after accept_reexecution_after_gap): nothing to wait for.
             chosen = 0 if expected is None else next(
-                (i for i, raw in enumerate(waiting) if digest_value(cloudpickle.loads(raw)) == expected), None)
+                (i for i, raw in enumerate(waiting) if digest_value(_waiting(raw).value) == expected), None)
             if chosen is None:  # its recorded predecessor has not come back yet: wait for it (bounded)
                 self._await_predecessor(ctx)
                 return
@@ -289,7 +304,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.restored:  # only a restored key can be waiting (its history keeps the index non-empty)
             self._end_order_wait(ctx)
         self.pending_state.update(waiting[:chosen] + waiting[chosen + 1:])
-        self._start(key, cloudpickle.loads(waiting[chosen]), ctx)
+        chosen_input = _waiting(waiting[chosen])
+        self._start(key, chosen_input.value, chosen_input.event_time, ctx)
 
     def _await_predecessor(self, ctx) -> None:
         if self.order_wait_state.value() is not None:
@@ -322,14 +338,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._start_next(key, ctx)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _start(self, key, value, ctx) -> None:
+    def _start(self, key, value, event_time: int | None, ctx) -> None:
         seq = (self.seq_state.value() or 0) + 1
         self.seq_state.update(seq)
-        self.in_flight_state.update(cloudpickle.dumps((seq, value)))
+        self.in_flight_state.update(cloudpickle.dumps((seq, value, event_time)))
         ctx.timer_service().register_event_time_timer(_DRAIN_TIMER)
-        self._submit(key, seq, value, ctx)
+        self._submit(key, seq, value, event_time, ctx)
 
-    def _submit(self, key, seq: int, value, ctx) -> None:
+    def _submit(self, key, seq: int, value, event_time: int | None, ctx) -> None:
         if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
             raise ReplayError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
                               f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
@@ -339,7 +355,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         digest = key_digest(key)
         history = self.index.history(digest) if self.restored else None
         journal = self.writer.run_journal(group) if self.writer is not None else None
-        run = RunInput(key, group, seq, value)
+        run = RunInput(key, group, seq, value, event_time)
 
         def execute() -> RunResult:
             try:

@@ -99,12 +99,13 @@ class RunStats:
 
 @dataclass
 class RunInput:
-    """One accepted input: the key, its key group, its seq and the record itself."""
+    """One accepted input: the key, its key group, its seq, the record itself and its event time (ms)."""
 
     key: Any
     key_group: int
     seq: int
     input: Any
+    event_time: int | None = None
 
 
 @dataclass
@@ -147,7 +148,7 @@ def execute_run(
     first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
     if journal is not None:  # the key's accepted order, before anything the run does (DESIGN §11)
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
-                      RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest),
+                      RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
     outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
     if history is not None:

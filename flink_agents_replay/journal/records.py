@@ -70,10 +70,11 @@ ACCEPTED_ACTION = "_accepted"
 
 @dataclass
 class AcceptedRecord:
-    """One input the operator accepted for a key: its seq and the digest of its payload."""
+    """One input the operator accepted for a key: its seq, the digest of its payload, its event time (ms)."""
 
     seq: int
     input_digest: str
+    event_time: int | None = None
 
 
 @dataclass
