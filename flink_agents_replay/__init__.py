@@ -31,8 +31,10 @@ Limits of the guarantee (each detected, counted and logged, never silent):
   with external side effects journal a "started" record first, and their ``in_doubt`` policy decides
   (run again by default, or fail, or assume done). ``current_call_id()`` gives the call's stable id, to
   pass to a service as an idempotency key so that a call made again still takes effect once.
-* Reuse follows each key's input order. If a restored key receives a different input at a journaled
-  position, that key's later records are dropped and its actions run again (divergence).
+* Reuse follows each key's accepted input order, which the journal records; after a restore, inputs
+  arriving in another interleaving (several upstream instances per key) wait for their recorded
+  predecessors. If a recorded input does not come back within ``order_restore_timeout_s``, that key's
+  later records are dropped and its actions run again (divergence); other keys are not affected.
 * Records written by other action code are reused by default, with a warning and a metric
   (``fingerprint_policy``).
 * Restoring a savepoint older than the journal's pruning point cannot reuse deleted records: the job
