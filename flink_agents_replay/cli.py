@@ -130,18 +130,15 @@ def _tickets(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from confluent_kafka import KafkaException, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     from flink_agents_replay.examples.support_triage import make_tickets
+    from flink_agents_replay.kafka_topics import ensure_topics
 
     kafka = {"bootstrap.servers": args.bootstrap_servers}
     try:
         if args.action == "feed":
             topic = args.topic or "tickets"
-            admin = AdminClient(kafka)
-            if topic not in admin.list_topics(timeout=30).topics:
-                for future in admin.create_topics([NewTopic(topic, 2, 1)], request_timeout=30).values():
-                    future.result(timeout=60)
+            ensure_topics(args.bootstrap_servers, [topic], partitions=2, replication_factor=1)
             producer = Producer({**kafka, "enable.idempotence": True})
             tickets = make_tickets(args.count, args.customers, start=args.start)
             for ticket in tickets:

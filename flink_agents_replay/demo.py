@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flink_agents_replay.examples.support_triage import make_tickets
+from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 
 __all__ = ["DemoResult", "default_job_script", "format_table", "run_demo"]
@@ -161,7 +162,7 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         cluster.start()
         progress(f"Flink web UI at {cluster.rest_url}")
         input_topic, output_topic = "tickets", "replies"
-        _create_topics(bootstrap, [input_topic, output_topic])
+        ensure_topics(bootstrap, [input_topic, output_topic], partitions=2, replication_factor=1)
 
         progress(f"submitting {job_script.name} with `flink run -d -py` (parallelism {parallelism})")
         job_id = cluster.submit_python_job(
@@ -290,14 +291,6 @@ def _wait(condition: Callable[[], bool], timeout_s: float, progress: _Progress, 
         poll_until(check, timeout_s, "", interval_s=0.2)
     except TimeoutError:
         raise TimeoutError(f"the demo waited {timeout_s:.0f} s in vain: {report()}\n{diagnostics()}") from None
-
-
-def _create_topics(bootstrap: str, topics: list[str], partitions: int = 2) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics], request_timeout=30).values():
-        future.result(timeout=60)
 
 
 class _Feeder(threading.Thread):

@@ -44,6 +44,7 @@ from pyflink.datastream.connectors.kafka import (
 from flink_agents_replay.config import SIGNING_KEY_ENV
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 
@@ -82,17 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.parallelism < 1:
         parser.error("--parallelism must be at least 1")
     return args
-
-
-def ensure_topics(bootstrap_servers: str, topics: list[str], partitions: int) -> None:
-    """Create the topics that do not exist yet (brokers often refuse to create them on first use)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    existing = admin.list_topics(timeout=30).topics
-    missing = [NewTopic(topic, partitions) for topic in topics if topic not in existing]
-    for future in admin.create_topics(missing, request_timeout=30).values() if missing else ():
-        future.result(timeout=60)
 
 
 def build(args: argparse.Namespace):

@@ -1,0 +1,31 @@
+"""Creating the input and output topics a job needs, when they do not exist yet.
+
+Many brokers refuse to create topics on first use (``auto.create.topics.enable=false``), and a Flink
+``KafkaSink`` writing to a missing topic fails only after a minute of retries. Jobs and tools call
+:func:`ensure_topics` before they start. (The journal topic is created and checked by the journal store.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["ensure_topics"]
+
+
+def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int,
+                  replication_factor: int = -1, timeout_s: float = 60.0) -> list[str]:
+    """Create those of ``topics`` that do not exist; return the names created.
+
+    ``replication_factor=-1`` takes the broker's default. Existing topics are left as they are.
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    existing = admin.list_topics(timeout=timeout_s).topics
+    missing = [topic for topic in dict.fromkeys(topics) if topic not in existing]
+    if missing:
+        futures = admin.create_topics([NewTopic(topic, partitions, replication_factor) for topic in missing],
+                                      request_timeout=timeout_s)
+        for future in futures.values():
+            future.result(timeout=timeout_s)
+    return missing
