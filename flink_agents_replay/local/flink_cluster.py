@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal as signals
-import socket
 import string
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from typing import Any
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
-from flink_agents_replay.local.processes import free_port, pid_alive, stop_process
+from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, read_state_file, stop_process
 
 __all__ = [
     "SLOTS_PER_TASKMANAGER",
@@ -394,7 +393,7 @@ class LocalFlinkCluster:
     def _port(self, port: int, what: str, option: str, exclude: set[int]) -> int:
         if not port:
             return free_port(exclude=exclude)
-        if _port_taken(port) or port in exclude:
+        if port_in_use(port) or port in exclude:
             raise LocalServiceError(
                 f"the {what} port {port} on 127.0.0.1 is already in use: stop what listens there, or choose "
                 f"another port ({option} N, or 0 for any free port)"
@@ -571,10 +570,7 @@ class LocalFlinkCluster:
         return "\n".join(parts) or "(no logs)"
 
     def _read_state(self) -> dict | None:
-        try:
-            return json.loads(self._state_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_state_file(self._state_file)
 
     def _write_state(self, state: dict) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -586,18 +582,6 @@ class LocalFlinkCluster:
     def _get(rest_url: str, path: str, timeout_s: float) -> Any:
         with urllib.request.urlopen(rest_url + path, timeout=timeout_s) as response:  # noqa: S310 - loopback
             return json.loads(response.read())
-
-
-def _port_taken(port: int) -> bool:
-    """Whether a socket is bound to 127.0.0.1:``port`` (connections of a stopped server in TIME_WAIT do not
-    count: Flink binds with SO_REUSEADDR, so a cluster restarted on the same port must not be refused)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def _terminate_all(pids: list[int], timeout_s: float) -> None:

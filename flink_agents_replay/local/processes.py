@@ -13,7 +13,8 @@ from pathlib import Path
 
 from flink_agents_replay.local.errors import LocalServiceError
 
-__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "stop_process", "wait_until_ready"]
+__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "read_state_file", "stop_process",
+           "wait_until_ready"]
 
 
 def free_port(exclude: set[int] = frozenset()) -> int:
@@ -85,6 +86,14 @@ def _reap(pid: int) -> None:
         pass
 
 
+def read_state_file(path: Path) -> dict | None:
+    """The JSON a local service recorded about itself, or ``None`` if there is none (or it is half written)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 class RecordedProcess:
     """A detached local service whose PID and address live in a JSON state file (``_state_file``).
 
@@ -94,10 +103,7 @@ class RecordedProcess:
     _state_file: Path
 
     def _read_state(self) -> dict | None:
-        try:
-            return json.loads(self._state_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_state_file(self._state_file)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the process recorded here; return whether one was running."""
