@@ -123,7 +123,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.restore_gauge = metrics.counter("last_restore_duration_ms")
         self.last_restore_ms = 0
         self.totals = RunStats()
-        self.order_restore_timeouts = 0
         self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
         # Sub-agent calls never wait for a run slot: they have a pool of their own (see child_pool).
         self.child_pool = ChildCallPool(self.config.max_concurrent_child_calls,
@@ -240,7 +239,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.in_flight_state.value() is not None:
             self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))  # one run per key: wait, in order
             return
-        if self.restored and self.config.restore_input_order and self._has_recorded_order(key):
+        if self._recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
             self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))
             self._start_next(key, ctx)
@@ -279,28 +278,27 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._start_next(key, ctx)
 
     # -- order restoration (DESIGN §13) ------------------------------------------------------------
-    def _has_recorded_order(self, key) -> bool:
-        """Whether the restored journal still holds accepted inputs of ``key`` beyond its current seq."""
+    def _recorded_next_input(self, key) -> str | None:
+        """While a restore replays: the digest of the input the journal recorded as ``key``'s next one, or
+        ``None`` when any input may run next (nothing recorded there, or order restoration is off)."""
+        if not (self.restored and self.config.restore_input_order):
+            return None
         history = self.index.history(key_digest(key))
-        return history is not None and history.last_recorded_seq() > (self.seq_state.value() or 0)
+        return history.recorded_input((self.seq_state.value() or 0) + 1) if history is not None else None
 
     def _start_next(self, key, ctx) -> None:
         """Start the key's next waiting input: the one the journal recorded next, else the first to arrive."""
         waiting = list(self.pending_state.get() or [])
         if not waiting:
             return
-        chosen = 0
-        if self.restored and self.config.restore_input_order and self._has_recorded_order(key):
-            history = self.index.history(key_digest(key))
-            expected = history.recorded_input((self.seq_state.value() or 0) + 1)
-            # No record at the next seq (deleted, e.g. after accept_reexecution_after_gap): nothing to wait for.
-            chosen = 0 if expected is None else next(
-                (i for i, raw in enumerate(waiting) if digest_value(_waiting(raw).value) == expected), None)
-            if chosen is None:  # its recorded predecessor has not come back yet: wait for it (bounded)
-                self._await_predecessor(ctx)
-                return
-            if chosen:
-                self.counters["inputs_reordered"].inc()
+        expected = self._recorded_next_input(key)
+        chosen = 0 if expected is None else next(
+            (i for i, raw in enumerate(waiting) if digest_value(_waiting(raw).value) == expected), None)
+        if chosen is None:  # its recorded predecessor has not come back yet: wait for it (bounded)
+            self._await_predecessor(ctx)
+            return
+        if chosen:
+            self.counters["inputs_reordered"].inc()
         if self.restored:  # only a restored key can be waiting (its history keeps the index non-empty)
             self._end_order_wait(ctx)
         self.pending_state.update(waiting[:chosen] + waiting[chosen + 1:])
@@ -328,7 +326,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         dropped = history.drop_after(RunPosition(next_seq - 1, 2**62)) if history is not None else 0
         waiting = len(list(self.pending_state.get() or []))
         self.counters["order_restore_timeouts"].inc()
-        self.order_restore_timeouts += 1
         log.warning("subtask %d key %r: order restore %s after %.1f s waiting for the input recorded at seq %d; "
                     "the key's recorded history from there on is invalidated (%d records) and its %d waiting "
                     "inputs run in arrival order", self.subtask, key, why, self.config.order_restore_timeout_s,

@@ -83,10 +83,6 @@ class KeyHistory:
         """Digest of the input recorded at ``seq``, if the journal holds one."""
         return self.input_digests.get(seq)
 
-    def last_recorded_seq(self) -> int:
-        """The highest seq with a recorded input (0 if none)."""
-        return max(self.input_digests, default=0)
-
     def input_matches(self, seq: int, input_digest: str) -> bool:
         """Whether the records at ``seq`` (if any) were written for this input."""
         recorded = self.input_digests.get(seq)
