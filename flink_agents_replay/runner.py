@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import logging
 import time
 from collections import deque
@@ -279,6 +280,32 @@ def _is_crash(error: BaseException | None) -> bool:
 SUB_AGENT_MEMORY = "_sub_agents"
 
 
+@dataclass(frozen=True)
+class _ChildCall:
+    """One sub-agent call of an action: its place among the action's calls, and what the journal holds."""
+
+    child: Agent
+    input: Any
+    position: int
+    args_digest: str
+    record: CallRecord | None  # the journaled call at this position, if it matches
+
+    @property
+    def finished(self) -> bool:
+        """Whether the journal holds its result (returned or raised): the child need not run."""
+        return self.record is not None and self.record.outcome is not CallOutcome.STARTED
+
+
+def _child_resource(child: Agent) -> str:
+    """The resource name a sub-agent call is journaled under."""
+    return f"agent:{child.name}"
+
+
+def _child_memory_path(child: Agent) -> str:
+    """Where a sub-agent's memory lives under its caller's key."""
+    return f"{SUB_AGENT_MEMORY}.{child.name}"
+
+
 def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str, event: Event, order: int,
                     state: Memory, recorded: list[CallRecord], stats: RunStats) -> list[Event]:
     run, journal, digest_of_key = context.run, context.journal, context.digest_of_key
@@ -344,7 +371,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
 
     def call_agents(calls: list[tuple[Agent | str, Any]], timeout_s: float | None) -> list[list[Any]]:
         nonlocal next_position
-        planned = []
+        planned: list[_ChildCall] = []
         for agent_or_name, child_input in calls:
             child = scope.agent.sub_agent(agent_or_name)
             if child.name in scope.path:
@@ -352,19 +379,18 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                                          "cannot call an agent that is already calling it")
             position = next_position
             next_position += 1
-            resource_name = f"agent:{child.name}"
             args_digest = digest_value(child_input)
-            planned.append((child, child_input, position, resource_name, args_digest,
-                            take_recorded(position, resource_name, args_digest)))
+            planned.append(_ChildCall(child, child_input, position, args_digest,
+                                      take_recorded(position, _child_resource(child), args_digest)))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if scope.deadline is not None:
             deadline = scope.deadline if deadline is None else min(deadline, scope.deadline)
 
-        def child_run(child: Agent, child_input: Any, position: int, args_digest: str, child_memory: dict):
-            child_scope = _Scope(child, (*scope.path, child.name), parent_order=order, deadline=deadline,
+        def child_run(call: _ChildCall, child_memory: dict):
+            child_scope = _Scope(call.child, (*scope.path, call.child.name), parent_order=order, deadline=deadline,
                                  timeout_s=timeout_s)
-            first = with_event_id(InputEvent(child_input), child_input_event_id(
-                digest_of_key, run.seq, event.id, action, position, child.name, args_digest))
+            first = with_event_id(InputEvent(call.input), child_input_event_id(
+                digest_of_key, run.seq, event.id, action, call.position, call.child.name, call.args_digest))
             child_state, child_stats = Memory(child_memory), RunStats()
             outputs = _run_events(context, child_scope, first, child_state, child_stats)
             if not outputs:
@@ -374,50 +400,47 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                 )
             return [output.output for output in outputs], child_state.data, child_stats
 
-        to_run = [plan for plan in planned if plan[5] is None or plan[5].outcome is CallOutcome.STARTED]
-        thunks = [
-            (lambda plan=plan: child_run(plan[0], plan[1], plan[2], plan[4],
-                                         copy.deepcopy(state.get(f"{SUB_AGENT_MEMORY}.{plan[0].name}", {}))))
-            for plan in to_run
-        ]
+        to_run = [call for call in planned if not call.finished]
+        thunks = [functools.partial(child_run, call, copy.deepcopy(state.get(_child_memory_path(call.child), {})))
+                  for call in to_run]
         if len(thunks) > 1 and context.child_pool is not None:
             outcomes = context.child_pool.run_all(thunks)
         else:
             outcomes = run_inline(thunks)
-        executed = {plan[2]: outcome for plan, outcome in zip(to_run, outcomes, strict=True)}
         # The operator closing, or a non-Exception (SystemExit, a test's simulated crash), is not an outcome
         # of the child: nothing is journaled for the call, and the next attempt reuses what the child did.
         crash = next((o.error for o in outcomes if _is_crash(o.error)), None)
         if crash is not None:
             raise crash
+        executed = {call.position: outcome for call, outcome in zip(to_run, outcomes, strict=True)}
 
         results: list[list[Any]] = []
         failure: BaseException | None = None
-        for child, _, position, resource_name, args_digest, record in planned:
-            outcome = executed.get(position)
+        for call in planned:
+            outcome = executed.get(call.position)
             if outcome is None:  # a finished child call: its recorded result, without running the child
                 stats.child_calls_reused += 1
                 log.info("key %r seq %d: sub-agent call %s reused from the journal (not run again)", run.key,
-                         run.seq, " -> ".join((*scope.path, child.name)))
-                value, error = (record.result, None) if record.outcome is CallOutcome.RETURNED else (None,
-                                                                                                     record.result)
+                         run.seq, " -> ".join((*scope.path, call.child.name)))
+                raised = call.record.outcome is CallOutcome.RAISED
+                value, error = (None, call.record.result) if raised else (call.record.result, None)
+            elif outcome.error is not None:
+                stats.child_calls_executed += 1
+                value, error = None, outcome.error
+                write_call(call.position, _child_resource(call.child), call.args_digest, CallOutcome.RAISED,
+                           _picklable_exception(outcome.error))
             else:
                 stats.child_calls_executed += 1
-                if outcome.error is not None:
-                    value, error = None, outcome.error
-                    write_call(position, resource_name, args_digest, CallOutcome.RAISED,
-                               _picklable_exception(outcome.error))
-                else:
-                    outputs, child_memory, child_stats = outcome.value
-                    stats.add(child_stats)
-                    value, error = (outputs, child_memory), None
-                    write_call(position, resource_name, args_digest, CallOutcome.RETURNED, value)
+                outputs, child_memory, child_stats = outcome.value
+                stats.add(child_stats)
+                value, error = (outputs, child_memory), None
+                write_call(call.position, _child_resource(call.child), call.args_digest, CallOutcome.RETURNED, value)
             if error is not None:
                 failure = failure or error
                 results.append([])
                 continue
             outputs, child_memory = value
-            state.set(f"{SUB_AGENT_MEMORY}.{child.name}", copy.deepcopy(child_memory))
+            state.set(_child_memory_path(call.child), copy.deepcopy(child_memory))
             results.append(outputs)
         if failure is not None:
             raise failure
