@@ -100,6 +100,11 @@ class ChatModelError(RuntimeError):
     def __reduce__(self):
         return (type(self), (str(self), self.status))
 
+    @property
+    def transient(self) -> bool:
+        """Worth trying again: the endpoint was unreachable, rate-limited (429) or failed itself (5xx)."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
 
 class ChatModel(Resource):
     """An OpenAI-compatible chat-completions model (OpenAI, Ollama, vLLM, a local stub).
@@ -155,22 +160,26 @@ class ChatModel(Resource):
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         data = json.dumps(body).encode()
-        for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.base_url + path, data=data, headers=headers)
+        attempt = 0
+        while True:
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode(errors="replace")[:300]
-                error = ChatModelError(f"{self.base_url}{path} answered {exc.code}: {detail}", exc.code)
-                transient = exc.code == 429 or exc.code >= 500
-            except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                error = ChatModelError(f"could not reach {self.base_url}{path}: {exc}")
-                transient = True
-            if not transient or attempt == self.retries:
-                raise error
+                return self._post_once(path, data, headers)
+            except ChatModelError as error:
+                if not error.transient or attempt == self.retries:
+                    raise
             time.sleep(min(0.25 * 2**attempt, 5.0))
-        raise AssertionError("unreachable")
+            attempt += 1
+
+    def _post_once(self, path: str, data: bytes, headers: Mapping[str, str]) -> Any:
+        request = urllib.request.Request(self.base_url + path, data=data, headers=dict(headers))
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise ChatModelError(f"{self.base_url}{path} answered {exc.code}: {detail}", exc.code) from None
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            raise ChatModelError(f"could not reach {self.base_url}{path}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"ChatModel({self.model!r}, base_url={self.base_url!r})"
