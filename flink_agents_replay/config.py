@@ -17,10 +17,20 @@ from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.journal.writer import Durability
 from flink_agents_replay.runner import FingerprintPolicy
 
-__all__ = ["SIGNING_KEY_ENV", "AgentConfig"]
+__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_journal_topic", "default_uid"]
 
 #: Environment variable holding the journal signing key when the config does not.
 SIGNING_KEY_ENV = "FLINK_AGENTS_REPLAY_SIGNING_KEY"
+
+
+def default_uid(agent_name: str) -> str:
+    """The operator uid of an agent whose config names none."""
+    return f"flink-agents-replay/{agent_name}"
+
+
+def default_journal_topic(uid: str) -> str:
+    """The journal topic of an operator whose config names none."""
+    return f"{uid.replace('/', '.')}.journal"
 
 
 @dataclass(frozen=True)
@@ -108,8 +118,8 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.poll_interval_ms < 1:
             raise ConfigError(f"poll_interval_ms must be at least 1, got {self.poll_interval_ms}")
-        uid = self.uid or f"flink-agents-replay/{agent_name}"
-        topic = self.journal_topic or f"{uid.replace('/', '.')}.journal"
+        uid = self.uid or default_uid(agent_name)
+        topic = self.journal_topic or default_journal_topic(uid)
         signing_key = self.signing_key if self.signing_key is not None else os.environ.get(SIGNING_KEY_ENV)
         if self.journal_enabled:
             if not self.kafka.get("bootstrap.servers"):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flink_agents_replay.config import default_journal_topic, default_uid
 from flink_agents_replay.examples.support_triage import make_tickets
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
@@ -214,8 +215,10 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         restored = checkpoints()["latest"]["restored"]
         progress(f"job running again after {recovery_s:.1f} s, restored from checkpoint {restored['id']}")
 
+        wanted = {ticket["ticket_id"] for ticket in all_tickets}
+
         def all_committed() -> bool:
-            return {row["ticket_id"] for row in reader.poll(0.2)} >= {t["ticket_id"] for t in all_tickets}
+            return {row["ticket_id"] for row in reader.poll(0.2)} >= wanted
 
         _wait(all_committed, 300, progress, report, lambda: cluster.job_diagnostics(job_id))
         # One more checkpoint commits whatever is still pending (a duplicate would show up now), then read on.
@@ -229,14 +232,14 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         seen = Counter(row["ticket_id"] for row in rows)
         from flink_agents_replay.inspect_journal import summarize_topic
 
-        journal = summarize_topic({"bootstrap.servers": bootstrap}, f"flink-agents-replay.{AGENT_ID}.journal")
+        journal = summarize_topic({"bootstrap.servers": bootstrap}, default_journal_topic(default_uid(AGENT_ID)))
         log_text = operator_log.read_text(encoding="utf-8") if operator_log.exists() else ""
         restores = _RESTORED.findall(log_text)
         result = DemoResult(
             tickets=tickets, chat_calls=stats.chat, order_calls=stats.orders,
             expected_chat_calls=2 * tickets, expected_order_calls=sum(1 for t in all_tickets if t["order_id"]),
             repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
-            missing=sum(1 for t in all_tickets if t["ticket_id"] not in seen),
+            missing=len(wanted - seen.keys()),
             duplicates=sum(n - 1 for n in seen.values()), killed=victim, answered_at_kill=answered_at_kill,
             calls_in_flight_at_kill=in_flight, recovery_s=recovery_s,
             restore_read_s=max((float(seconds) for _, seconds in restores), default=0.0),
