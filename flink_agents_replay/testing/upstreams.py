@@ -54,6 +54,7 @@ from flink_agents_replay.resources import Tool
 from flink_agents_replay.runtime_info import subtask_info
 from flink_agents_replay.testing.agents import InjectedFailure
 from flink_agents_replay.testing.counter import InvocationCounter, SharedSqliteFile
+from flink_agents_replay.testing.jobs import canonical_output
 
 __all__ = [
     "FailOnceAfterCheckpoint", "FailOnceWhileWaiting", "JobRecord", "JobRecorder", "LanePacer", "ObservedOperator",
@@ -536,10 +537,6 @@ def connect_observed_agent(keyed_stream, agent: Agent, config: AgentConfig | Map
     return connect_to_agent(keyed_stream, agent, config, operator_factory=observed)
 
 
-def _canonical(output: AgentOutput) -> tuple:
-    return (output.key, output.seq, json.dumps(output.output, sort_keys=True))
-
-
 def run_lane_job(bootstrap_servers: str, input_topic: str, agent: Agent, config: Mapping[str, Any],
                  recorder: JobRecorder, control: UpstreamControl, *, until_outputs: int, timeout_s: float = 120.0,
                  checkpoint_interval_ms: int = 200, checkpoint_min_pause_ms: int = 500, restart_attempts: int = 3,
@@ -572,7 +569,7 @@ def run_lane_job(bootstrap_servers: str, input_topic: str, agent: Agent, config:
     paced = paced.uid("lane-pacer").set_parallelism(LANES)
     keyed = paced.key_by(lambda record: record["key"], key_type=Types.STRING())
     outputs = connect_observed_agent(keyed, agent, config, recorder, after_checkpoint)
-    rows = outputs.map(_canonical, output_type=Types.PICKLED_BYTE_ARRAY())
+    rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())
     collected: list[tuple] = []
     timed_out = threading.Event()
     with rows.execute_and_collect(f"agent {agent.name} behind two upstream instances") as results:
