@@ -26,8 +26,18 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
-    "canonical_output", "failure_free_outputs", "job_ended", "keyed_json_inputs", "make_inputs", "produce_inputs",
-    "run_agent_job", "running_job", "stop_with_savepoint", "trigger_savepoint", "wait_until",
+    "canonical_output",
+    "exactly_once_string_sink",
+    "failure_free_outputs",
+    "job_ended",
+    "keyed_json_inputs",
+    "make_inputs",
+    "produce_inputs",
+    "run_agent_job",
+    "running_job",
+    "stop_with_savepoint",
+    "trigger_savepoint",
+    "wait_until",
 ]
 
 
@@ -73,6 +83,25 @@ def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[
         memory[key] = result.memory
         outputs += [AgentOutput(key, seqs[key], output.id, output.output) for output in result.outputs]
     return outputs
+
+
+def exactly_once_string_sink(bootstrap_servers: str, topic: str, transactional_id_prefix: str,
+                             transaction_timeout_ms: int = 60_000):
+    """Flink's ``KafkaSink`` writing strings to ``topic`` in transactions committed at checkpoints (read them
+    with ``isolation.level=read_committed``)."""
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.base import DeliveryGuarantee
+    from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
+
+    return (
+        KafkaSink.builder().set_bootstrap_servers(bootstrap_servers)
+        .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(topic)
+                               .set_value_serialization_schema(SimpleStringSchema()).build())
+        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
+        .set_transactional_id_prefix(transactional_id_prefix)
+        .set_property("transaction.timeout.ms", str(transaction_timeout_ms))
+        .build()
+    )
 
 
 def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool = False,

@@ -22,12 +22,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from pyflink.common import Types
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import (
-    KafkaRecordSerializationSchema,
-    KafkaSink,
-)
 
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.keygroups import key_group, key_group_range
@@ -37,6 +31,7 @@ from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
+    exactly_once_string_sink,
     failure_free_outputs,
     keyed_json_inputs,
     running_job,
@@ -91,15 +86,7 @@ def _agent_job(bootstrap: str, input_topic: str, agent, agent_config: dict, *, p
     if output_topic is None:
         rows.filter(lambda row: False).print()
         return env
-    sink = (
-        KafkaSink.builder().set_bootstrap_servers(bootstrap)
-        .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(output_topic)
-                               .set_value_serialization_schema(SimpleStringSchema()).build())
-        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(transactional_id_prefix)
-        .set_property("transaction.timeout.ms", "60000")
-        .build()
-    )
+    sink = exactly_once_string_sink(bootstrap, output_topic, transactional_id_prefix, transaction_timeout_ms=60_000)
     rows.sink_to(sink).uid("outputs").set_parallelism(1)
     return env
 

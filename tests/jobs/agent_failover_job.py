@@ -23,19 +23,13 @@ import sys
 import uuid
 
 from pyflink.common import Types
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import (
-    KafkaRecordSerializationSchema,
-    KafkaSink,
-)
 
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import canonical_output, keyed_json_inputs
+from flink_agents_replay.testing.jobs import canonical_output, exactly_once_string_sink, keyed_json_inputs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,17 +61,8 @@ def build(args: argparse.Namespace):
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
               "signing_key": args.signing_key, "max_concurrent_runs": args.max_concurrent_runs}
     outputs = connect_to_agent(keyed, agent, config)
-    sink = (
-        KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
-        .set_record_serializer(
-            KafkaRecordSerializationSchema.builder().set_topic(args.output_topic)
-            .set_value_serialization_schema(SimpleStringSchema()).build()
-        )
-        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(f"agent-failover-{uuid.uuid4().hex[:8]}")
-        .set_property("transaction.timeout.ms", "120000")
-        .build()
-    )
+    sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic,
+                                    f"agent-failover-{uuid.uuid4().hex[:8]}", transaction_timeout_ms=120_000)
     (outputs.map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING())
      .uid("agent-failover/serialize").sink_to(sink).uid("agent-failover/sink"))
     return env
