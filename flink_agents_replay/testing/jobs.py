@@ -30,6 +30,7 @@ __all__ = [
     "exactly_once_string_sink",
     "failure_free_outputs",
     "job_ended",
+    "job_script",
     "keyed_json_inputs",
     "make_inputs",
     "produce_inputs",
@@ -63,6 +64,33 @@ def produce_inputs(bootstrap_servers: str, records: Iterable[dict], topic: str |
 def canonical_output(output: AgentOutput) -> tuple:
     """(key, seq, output as sorted JSON): comparable across runs."""
     return (output.key, output.seq, json.dumps(output.output, sort_keys=True))
+
+
+@contextmanager
+def job_script(path: str | Path) -> Iterator[Any]:
+    """Import a job script (``jobs/X.py``) as a module for the length of the block.
+
+    Under ``flink run -py`` a job is ``__main__`` and its functions ship to Flink by value; imported, they
+    would be pickled by reference to a module the worker cannot import, so it is registered by value.
+    """
+    import importlib.util
+    import sys
+
+    import cloudpickle
+
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            yield module
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+    finally:
+        del sys.modules[spec.name]
 
 
 def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[Any], str] = lambda r: r["key"],

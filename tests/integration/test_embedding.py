@@ -12,7 +12,6 @@ as on a cluster.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -21,11 +20,11 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import cloudpickle
 import pytest
 
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import job_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -72,15 +71,8 @@ def traced(function, trace: Trace, step: str):
 
 @pytest.fixture(scope="module")
 def job():
-    spec = importlib.util.spec_from_file_location("embedded_agent_job", JOB)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    # Under `flink run -py` the job is __main__ and ships by value; imported here, it must be told to.
-    cloudpickle.register_pickle_by_value(module)
-    yield module
-    cloudpickle.unregister_pickle_by_value(module)
-    del sys.modules[spec.name]
+    with job_script(JOB) as module:
+        yield module
 
 
 @pytest.fixture
