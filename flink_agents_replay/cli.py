@@ -131,7 +131,7 @@ def _tickets(args: argparse.Namespace) -> int:
 
     from confluent_kafka import KafkaException, Producer
 
-    from flink_agents_replay.examples.support_triage import make_tickets
+    from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
     from flink_agents_replay.kafka_topics import ensure_topics
 
     kafka = {"bootstrap.servers": args.bootstrap_servers}
@@ -141,8 +141,7 @@ def _tickets(args: argparse.Namespace) -> int:
             ensure_topics(args.bootstrap_servers, [topic], partitions=2, replication_factor=1)
             producer = Producer({**kafka, "enable.idempotence": True})
             tickets = make_tickets(args.count, args.customers, start=args.start)
-            for ticket in tickets:
-                producer.produce(topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+            produce_tickets(producer, topic, tickets)
             if producer.flush(60):
                 raise ReplayError(f"Kafka at {args.bootstrap_servers} did not acknowledge the tickets")
             print(f"wrote tickets {tickets[0]['ticket_id']}..{tickets[-1]['ticket_id']} to {topic}")

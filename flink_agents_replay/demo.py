@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flink_agents_replay.config import default_journal_topic, default_uid
-from flink_agents_replay.examples.support_triage import make_tickets
+from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 
@@ -315,8 +315,7 @@ class _Feeder(threading.Thread):
         for ticket in self.tickets:
             if self._stopped.wait(max(0.0, next_at - time.monotonic())):
                 break
-            self.producer.produce(self.topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
-            self.producer.poll(0)
+            produce_tickets(self.producer, self.topic, [ticket])
             self.fed += 1
             next_at += self.interval_s
         self.producer.flush(30)

@@ -25,7 +25,7 @@ from typing import Any
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
 from flink_agents_replay.resources import ChatModel, Tool, current_call_id
 
-__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "make_tickets", "support_triage_agent"]
+__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "make_tickets", "produce_tickets", "support_triage_agent"]
 
 CATEGORIES = ("refund", "shipping", "account", "other")
 
@@ -145,3 +145,11 @@ def make_tickets(count: int, customers: int = 40, *, start: int = 0) -> list[dic
             "text": template.format(order=order, item=_ITEMS[n % len(_ITEMS)]),
         })
     return tickets
+
+
+def produce_tickets(producer, topic: str, tickets: list[dict[str, Any]]) -> None:
+    """Hand ``tickets`` to a confluent-kafka ``producer`` as JSON, keyed by customer (a customer's tickets
+    share a partition, so they keep their order); the caller flushes."""
+    for ticket in tickets:
+        producer.produce(topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+        producer.poll(0)

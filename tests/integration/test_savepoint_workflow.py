@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.examples.support_triage import make_tickets, support_triage_agent
+from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets, support_triage_agent
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.jobs import failure_free_outputs
 
@@ -42,8 +42,7 @@ def produce(bootstrap: str, topic: str, tickets: list[dict]) -> None:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for ticket in tickets:
-        producer.produce(topic, key=ticket["customer"].encode(), value=json.dumps(ticket).encode())
+    produce_tickets(producer, topic, tickets)
     assert producer.flush(30) == 0
 
 
