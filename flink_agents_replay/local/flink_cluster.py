@@ -464,17 +464,32 @@ class LocalFlinkCluster:
         if failures:
             raise failures[0]
         new = [pid for pid in self._pid_lines(_TASKMANAGER_PID_FILE) if pid not in before]
-        found = {_resource_id_of(pid): pid for pid in new}
-        if len(new) == 1 and count == 1:
-            found = {resource_ids[0]: new[0]}
+        found = self._resource_ids_of(new, expected=resource_ids)
         missing = [rid for rid in resource_ids if rid not in found]
         if missing:
-            raise LocalServiceError(f"taskmanager.sh start recorded no PID for {', '.join(missing)}; the logs end "
-                                    f"with:\n{self._log_tail()}")
+            seen = ", ".join(f"{pid} ({'running' if pid_alive(pid) else 'gone'})" for pid in new) or "none"
+            raise LocalServiceError(f"taskmanager.sh start recorded no PID for {', '.join(missing)} (new PIDs: "
+                                    f"{seen}); the logs end with:\n{self._log_tail()}")
         state = self._read_state()
         state["taskmanagers"].update({rid: found[rid] for rid in resource_ids})
         self._write_state(state)
         return [TaskManagerProcess(rid, found[rid]) for rid in resource_ids]
+
+    @staticmethod
+    def _resource_ids_of(pids: list[int], expected: list[str], timeout_s: float = 20.0) -> dict[str, int]:
+        """Map each of ``expected`` to the new TaskManager PID started with it.
+
+        The PID file gets a PID as soon as the script forked; on a loaded machine the process may not have
+        exec'ed Java yet, so its command line is read again until every PID shows its resource id (or died).
+        """
+        if len(pids) == 1 and len(expected) == 1:
+            return {expected[0]: pids[0]}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = {rid: pid for pid in pids if (rid := _resource_id_of(pid)) is not None}
+            if set(expected) <= set(found) or time.monotonic() > deadline or not all(map(pid_alive, pids)):
+                return found
+            time.sleep(0.1)
 
     def _wait_for_taskmanagers(self, resource_ids: set[str], timeout_s: float) -> None:
         """Wait until the REST API lists ``resource_ids`` among the registered TaskManagers, with their slots."""

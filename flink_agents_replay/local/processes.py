@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,13 +19,36 @@ __all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "read_sta
 
 
 def free_port(exclude: set[int] = frozenset()) -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing holds right now, chosen outside the kernel's ephemeral range.
+
+    Why not the kernel's pick (bind to port 0): that comes from the ephemeral range, which outgoing connections
+    (every Kafka client) also draw local ports from, so one of them can take it before our server binds it.
+    """
+    low, _ = _ephemeral_range()
+    candidates = range(_LOWEST_CHOSEN_PORT, low) if low - _LOWEST_CHOSEN_PORT >= 1000 else None
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in exclude:
+        if candidates is None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        else:
+            port = random.choice(candidates)
+        if port not in exclude and port not in _handed_out and not port_in_use(port):
+            _handed_out.add(port)  # two callers in this process never get the same port before either binds
             return port
+
+
+_LOWEST_CHOSEN_PORT = 20000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux default when unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_in_use(port: int) -> bool:

@@ -67,15 +67,16 @@ def _output_json(output) -> str:
 
 
 def _agent_job(bootstrap: str, input_topic: str, agent, agent_config: dict, *, parallelism: int,
-               checkpoint_interval_ms: int, rest_port: int, output_topic: str | None = None,
+               checkpoint_interval_ms: int, rest_port: int | None = None, output_topic: str | None = None,
                transactional_id_prefix: str | None = None, savepoint: str | None = None):
     """Unbounded Kafka input (one partition) -> agent -> JSON -> exactly-once KafkaSink (or nowhere)."""
     flink_config = {
-        "rest.port": str(rest_port),
         "metrics.fetcher.update-interval": "200 ms",
         "rest.cache.checkpoint-statistics.timeout": "100 ms",
         "web.checkpoints.history": "1000",
     }
+    if rest_port is not None:  # only where the test reads the REST API; else the MiniCluster picks a free one
+        flink_config["rest.port"] = str(rest_port)
     if savepoint is not None:
         flink_config["execution.savepoint.path"] = savepoint
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
@@ -207,7 +208,7 @@ def test_rescale_2_to_3_to_1_through_savepoints_repeats_nothing_and_reads_only_o
 
     def job(parallelism: int, savepoint: str | None = None):
         return _agent_job(kafka_bootstrap, input_topic, agent, _agent_config(kafka_bootstrap, journal_topic, len(keys)),
-                          parallelism=parallelism, checkpoint_interval_ms=300, rest_port=free_port(),
+                          parallelism=parallelism, checkpoint_interval_ms=300,
                           output_topic=output_topic, transactional_id_prefix=prefix, savepoint=savepoint)
 
     def produce(per_key: int) -> int:
@@ -436,7 +437,7 @@ def test_stop_with_savepoint_leaves_no_agent_run_executing(kafka_bootstrap, new_
     agent = chain_agent(invocation_counter, call_delay_s=0.8)  # 6 calls: every run is in flight for 4.8 s
     env = _agent_job(kafka_bootstrap, input_topic, agent,
                      _agent_config(kafka_bootstrap, f"journal-stop-{uuid.uuid4().hex[:8]}", len(keys)),
-                     parallelism=1, checkpoint_interval_ms=300, rest_port=free_port())
+                     parallelism=1, checkpoint_interval_ms=300)
     with running_job(env, "stop with runs in flight") as client:
         wait_until(client, lambda: invocation_counter.count("calls") >= len(keys), "every run's first call")
         stop_with_savepoint(client, tmp_path / "savepoints")
