@@ -23,6 +23,8 @@ Using it:
 
 3. Enable checkpointing, give the job a restart strategy, and keep the agent's name (its uid), the max
    parallelism and the signing key unchanged across savepoints.
+4. To try a changed agent before shipping it, turn on ``capture`` and replay production's traffic and
+   state from a savepoint with side effects contained (:mod:`flink_agents_replay.replay`).
 
 Limits of the guarantee (each detected, counted and logged, never silent):
 
@@ -51,6 +53,7 @@ __all__ = [
     "Agent",
     "AgentConfig",
     "AgentOutput",
+    "CallBlocked",
     "ChatModel",
     "Event",
     "InDoubtPolicy",
@@ -72,6 +75,7 @@ _EXPORTS = {
     "RunnerContext": "flink_agents_replay.agent",
     "action": "flink_agents_replay.agent",
     "AgentConfig": "flink_agents_replay.config",
+    "CallBlocked": "flink_agents_replay.errors",
     "ChatModel": "flink_agents_replay.resources",
     "InDoubtPolicy": "flink_agents_replay.resources",
     "SideEffects": "flink_agents_replay.resources",
@@ -84,6 +88,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
     from flink_agents_replay.config import AgentConfig
+    from flink_agents_replay.errors import CallBlocked
     from flink_agents_replay.operator import AgentOutput
     from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.resources import ChatModel, InDoubtPolicy, SideEffects, Tool, current_call_id

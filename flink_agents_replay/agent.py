@@ -218,8 +218,10 @@ class RunnerContext:
     """
 
     def __init__(self, *, key: Any, seq: int, memory: Memory, send: Callable[[Event], None],
-                 call: Callable[..., Any], call_agents: Callable[..., list[list[Any]]] | None = None):
+                 call: Callable[..., Any], call_agents: Callable[..., list[list[Any]]] | None = None,
+                 event_time: int | None = None):
         self._key = key
+        self._event_time = event_time
         self._seq = seq
         self._memory = memory
         self._send = send
@@ -235,6 +237,13 @@ class RunnerContext:
     def seq(self) -> int:
         """The per-key sequence number of the input (1 for a key's first input)."""
         return self._seq
+
+    @property
+    def event_time(self) -> int | None:
+        """The input's event time (epoch milliseconds, Flink's record timestamp), or ``None`` if it has none.
+
+        A replay gives every input the event time production saw."""
+        return self._event_time
 
     @property
     def memory(self) -> Memory:

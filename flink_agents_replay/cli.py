@@ -11,6 +11,8 @@
     flink-agents-replay demo [--tickets N] [--parallelism N] [--model-delay-ms N]
     flink-agents-replay tickets feed [--count N] [--start N] [--topic tickets] [--bootstrap-servers HOST:PORT]
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
+    flink-agents-replay diff --production CAPTURE --replay REPLAY_CAPTURE [--agent-id NAME] [--html FILE]
+                             [--json FILE] [--fail-on-diff]
 """
 
 from __future__ import annotations
@@ -160,6 +162,29 @@ def _tickets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff(args: argparse.Namespace) -> int:
+    import json
+
+    from flink_agents_replay.config import SIGNING_KEY_ENV, default_capture_topic, default_uid
+    from flink_agents_replay.replay.report import diff_captures
+
+    if not args.signing_key:
+        raise ReplayError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
+    uid = args.uid or default_uid(args.agent_id)
+    production = args.production or default_capture_topic(uid)
+    report = diff_captures({"bootstrap.servers": args.bootstrap_servers}, production, args.replay,
+                           signing_key=args.signing_key.encode(), uid=uid)
+    print(f"production capture {production} vs replay capture {args.replay}")
+    print(report.render_text(max_width=args.width))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        print(f"JSON report: {args.json}")
+    if args.html:
+        Path(args.html).write_text(report.render_html(), encoding="utf-8")
+        print(f"HTML report: {args.html}")
+    return 1 if args.fail_on_diff and report.has_differences else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
@@ -230,6 +255,23 @@ def build_parser() -> argparse.ArgumentParser:
     tickets.add_argument("--customers", type=_at_least_one, default=40, help="distinct customers (default 40)")
     tickets.add_argument("--show", type=int, default=3, help="replies to print (default: the last 3)")
     tickets.set_defaults(handler=_tickets)
+
+    diff = commands.add_parser("diff", help="compare a replay's outputs with production's, per key and seq "
+                               "(same / changed / new / missing), with the calls the replay blocked")
+    diff.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    diff.add_argument("--replay", required=True, help="the replay's capture topic (replay_job.py prints it)")
+    diff.add_argument("--production", default=None,
+                      help="production's capture topic (default: the agent's, flink-agents-replay.<agent id>.capture)")
+    diff.add_argument("--agent-id", default="support-triage", help="the agent's name (default support-triage)")
+    diff.add_argument("--uid", default=None, help="the operator uid, if the job set one (default from --agent-id)")
+    diff.add_argument("--signing-key", default=os.environ.get("FLINK_AGENTS_REPLAY_SIGNING_KEY"),
+                      help="the signing key of both jobs (default $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
+    diff.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    diff.add_argument("--html", default=None, metavar="FILE", help="also write the report as one HTML page")
+    diff.add_argument("--width", type=_at_least_one, default=110, help="terminal table width (default 110)")
+    diff.add_argument("--fail-on-diff", action="store_true",
+                      help="exit 1 when any run is changed, new or missing (for CI)")
+    diff.set_defaults(handler=_diff)
     return parser
 
 

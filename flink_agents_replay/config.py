@@ -9,15 +9,16 @@ Kafka settings follow confluent-kafka's idiom: a plain dict passed through to ev
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
+from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.runner import FingerprintPolicy
 
-__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_journal_topic", "default_uid"]
+__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid"]
 
 #: Environment variable holding the journal signing key when the config does not.
 SIGNING_KEY_ENV = "FLINK_AGENTS_REPLAY_SIGNING_KEY"
@@ -31,6 +32,15 @@ def default_uid(agent_name: str) -> str:
 def default_journal_topic(uid: str) -> str:
     """The journal topic of an operator whose config names none."""
     return f"{uid.replace('/', '.')}.journal"
+
+
+def default_capture_topic(uid: str) -> str:
+    """The capture topic of an operator whose config names none."""
+    return f"{uid.replace('/', '.')}.capture"
+
+
+#: Retention of a created capture topic unless ``capture_topic_config`` says otherwise: 7 days.
+DEFAULT_CAPTURE_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,8 @@ class AgentConfig:
             besides the calling actions themselves (a separate pool: children never wait for run slots).
         durability: when journal records are acknowledged (``per_call``, ``per_action``, ``per_bundle``).
         journal_enabled: ``False`` runs without a journal (nothing is reused after a failure).
-        fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``).
+        fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``);
+            default ``reuse``, and ``re-execute`` in a replay (the point of a replay is to run the new code).
         accept_reexecution_after_gap: restore even when records the checkpoint needs were deleted
             (restoring an older savepoint after later pruning); the affected actions run again.
         slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
@@ -64,6 +75,15 @@ class AgentConfig:
             instances per key, DESIGN §13); ``False`` runs them in arrival order.
         order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
             its recorded history from there is invalidated and its waiting inputs run in arrival order.
+        capture: record every accepted input and every run's outputs and calls to the capture topic, and
+            a manifest entry per checkpoint (the traffic a replay runs again; DESIGN §11, §14).
+        capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
+            manifest is ``<capture_topic>.manifest``.
+        capture_topic_config: topic settings of a created capture topic (default retention 7 days; the
+            capture is never pruned at checkpoints).
+        output_topics: the topics the job writes the agent's outputs to; recorded in the capture manifest
+            so that a replay refuses to write to them.
+        replay: replay mode (set by the replay job, :mod:`flink_agents_replay.replay`).
     """
 
     kafka: Mapping[str, Any] = field(default_factory=dict)
@@ -75,7 +95,7 @@ class AgentConfig:
     max_concurrent_child_calls: int = 8
     durability: Durability = Durability.PER_ACTION
     journal_enabled: bool = True
-    fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE
+    fingerprint_policy: FingerprintPolicy | None = None
     accept_reexecution_after_gap: bool = False
     slot_wait_timeout_s: float = 600.0
     ack_timeout_s: float = 60.0
@@ -86,6 +106,11 @@ class AgentConfig:
     poll_interval_ms: int = 5
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
+    capture: bool = False
+    capture_topic: str | None = None
+    capture_topic_config: Mapping[str, str] = field(default_factory=dict)
+    output_topics: Sequence[str] = ()
+    replay: ReplaySettings | None = None
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
@@ -104,7 +129,8 @@ class AgentConfig:
             raise ConfigError(f"durability must be one of {[d.value for d in Durability]}, "
                               f"got {self.durability!r}") from None
         try:
-            policy = FingerprintPolicy(self.fingerprint_policy)
+            default_policy = FingerprintPolicy.RE_EXECUTE if self.replay is not None else FingerprintPolicy.REUSE
+            policy = FingerprintPolicy(self.fingerprint_policy or default_policy)
         except ValueError:
             raise ConfigError(f"fingerprint_policy must be one of {[p.value for p in FingerprintPolicy]}, "
                               f"got {self.fingerprint_policy!r}") from None
@@ -130,11 +156,33 @@ class AgentConfig:
                     f"the journal needs a signing key of at least 16 characters: set {SIGNING_KEY_ENV} or "
                     "AgentConfig(signing_key=...); keep it secret and the same across restarts"
                 )
+        capture_topic = self.capture_topic or default_capture_topic(uid)
+        if self.replay is not None:
+            _check_isolation(self.replay, topic, capture_topic if self.capture else None, self.output_topics)
         return replace(self, uid=uid, journal_topic=topic, signing_key=signing_key, durability=durability,
-                       fingerprint_policy=policy, kafka=dict(self.kafka), topic_config=dict(self.topic_config))
+                       fingerprint_policy=policy, kafka=dict(self.kafka), topic_config=dict(self.topic_config),
+                       capture_topic=capture_topic, output_topics=tuple(self.output_topics),
+                       capture_topic_config={"retention.ms": str(DEFAULT_CAPTURE_RETENTION_MS),
+                                             **self.capture_topic_config})
 
     @property
     def signing_key_bytes(self) -> bytes:
         """The signing key as bytes."""
         key = self.signing_key or b""
         return key.encode() if isinstance(key, str) else key
+
+
+def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: str | None,
+                     output_topics: Sequence[str]) -> None:
+    """A replay writes only to its own topics: refuse any production topic as a target."""
+    targets = {"journal topic": journal_topic, "capture topic": capture_topic,
+               **{f"output topic {t!r}": t for t in output_topics}}
+    if replay.production_journal_topic:
+        protected = {*replay.production_topics, replay.production_journal_topic, replay.production_capture_topic}
+    else:
+        protected = {*replay.production_topics, replay.production_capture_topic}
+    for role, target in targets.items():
+        if target is not None and target in protected:
+            raise ReplayIsolationError(
+                f"the replay's {role} is {target!r}, a production topic: a replay writes its journal, capture and "
+                "outputs to topics of its own (e.g. with a '.replay-<name>' suffix)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentDefinitionError",
+    "CallBlocked",
     "CallInDoubtError",
     "ConfigError",
     "FingerprintMismatchError",
@@ -11,7 +12,9 @@ __all__ = [
     "JournalGapError",
     "NoSubAgentOutputError",
     "NotPicklableError",
+    "ReplayConfigError",
     "ReplayError",
+    "ReplayIsolationError",
     "SignatureError",
     "SubAgentCycleError",
     "SubAgentTimeoutError",
@@ -82,3 +85,27 @@ class NoSubAgentOutputError(ReplayError, RuntimeError):
 
 class SubAgentTimeoutError(ReplayError, TimeoutError):
     """A sub-agent call did not finish within its ``timeout``."""
+
+
+class ReplayConfigError(ConfigError):
+    """A replay cannot start as configured: a savepoint, capture or manifest that does not fit the job."""
+
+
+class ReplayIsolationError(ReplayConfigError):
+    """A replay was configured to write to a production topic (its journal, capture or outputs)."""
+
+
+class CallBlocked(ReplayError, RuntimeError):  # noqa: N818 - the name the design gives it
+    """A replay's side-effect policy did not make this call (``blocked``, or ``recorded`` without a record).
+
+    Raised by ``ctx.call`` in a replay; an action may catch it and go on. The call is listed in the replay's
+    report with its arguments.
+    """
+
+    def __init__(self, message: str, resource: str = "", arguments: str = ""):
+        super().__init__(message)
+        self.resource = resource
+        self.arguments = arguments
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.resource, self.arguments))

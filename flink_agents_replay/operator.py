@@ -15,6 +15,13 @@ Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.c
 * ``snapshot_state``: flush the producer; the marker is, per owned partition, the next offset, lowered
   to the first record of any run still in flight and of any recovered history not yet replayed.
 * ``notify_checkpoint_complete``: delete journal records below that checkpoint's marker (DESIGN §10).
+
+With capture on (DESIGN §11, §14), every accepted input and every applied run also go to the capture
+topic, and ``snapshot_state`` writes the checkpoint's capture offsets to the manifest. In replay mode
+(``config.replay``) the operator reads production's journal (never writing it) to finish the runs in
+flight in the savepoint, applies the side-effect policy to every call, serves ``recorded`` calls from
+production's capture, drops captured inputs the savepoint already holds, reports a failed run instead of
+failing the job, and neither writes markers nor prunes.
 """
 
 from __future__ import annotations
@@ -33,19 +40,23 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.agent import Agent
+from flink_agents_replay.capture.manifest import CaptureDescription, ManifestWriter, manifest_topic
+from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.capture.records import CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.capture.writer import CaptureWriter
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
-from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.codec import FORMAT_VERSION, RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
-from flink_agents_replay.journal.records import RunPosition, key_digest
+from flink_agents_replay.journal.records import CallRecord, RunPosition, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal
 from flink_agents_replay.keygroups import key_group, key_group_range
-from flink_agents_replay.runner import RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.runner import ReplayCalls, RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.runtime_info import subtask_info
 
 __all__ = ["ActionExecutionOperator", "AgentOutput"]
@@ -58,15 +69,18 @@ _DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a b
 
 _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
              "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
-             "child_calls_reused", "order_restore_timeouts", "inputs_reordered")
+             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
+             "replay_inputs_skipped", "replay_runs_failed")
 
 
 @dataclass(frozen=True)
 class _Waiting:
-    """An input waiting in keyed state for its key's turn, with its event time."""
+    """An input waiting in keyed state for its key's turn, with its event time (and, in a replay, the seq
+    production gave it)."""
 
     value: Any
     event_time: int | None
+    captured_seq: int | None = None
 
 
 def _waiting(raw: bytes) -> _Waiting:
@@ -136,7 +150,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.index = RecoveryIndex()
         self.prunes = PruneTracker()
         self.restored = False
-        self.store = self.writer = None
+        self.store = self.writer = self.capture = self.production_journal = None
+        self.replay = self.config.replay
+        self.recorded_calls: dict[tuple[str, int], dict[tuple[str, str, int], CallRecord]] = {}
+        if self.config.capture:
+            self.capture = self._open_capture()
+        if self.replay is not None and self.replay.production_journal_topic and self.config.journal_enabled:
+            # Read-only: runs in flight in the savepoint finish with what production journaled.
+            self.production_journal = KafkaJournalStore(
+                self.config.kafka, self.replay.production_journal_topic, self.max_parallelism, create_topic=False,
+                timeout_s=self.config.kafka_timeout_s)
         if self.config.journal_enabled:
             self.store = KafkaJournalStore(
                 self.config.kafka, self.config.journal_topic, self.max_parallelism,
@@ -144,6 +167,41 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
             codec = RecordCodec(self.config.signing_key_bytes, self.config.uid)
             self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s)
+
+    def _open_capture(self) -> CaptureWriter:
+        config = self.config
+        store = KafkaJournalStore(config.kafka, config.capture_topic, self.max_parallelism,
+                                  create_topic=config.create_topic, replication_factor=config.replication_factor,
+                                  topic_config=config.capture_topic_config, timeout_s=config.kafka_timeout_s)
+        description = CaptureDescription(config.uid, config.capture_topic, self.key_type, self.max_parallelism,
+                                         FORMAT_VERSION, config.journal_topic if config.journal_enabled else None,
+                                         tuple(config.output_topics))
+        manifest = None
+        if self.replay is None:  # a replay's capture feeds the diff, it is never replayed itself
+            manifest = ManifestWriter(config.kafka, manifest_topic(config.capture_topic),
+                                      create_topic=config.create_topic, replication_factor=config.replication_factor,
+                                      timeout_s=config.kafka_timeout_s)
+        return CaptureWriter(store, RecordCodec(config.signing_key_bytes, config.uid), description, manifest,
+                             config.ack_timeout_s)
+
+    def _load_recorded_calls(self) -> None:
+        """Replay: index the calls production made in the runs after the savepoint (owned partitions only)."""
+        begun = time.monotonic()
+        owned = set(self.owned)
+        start = {p: o for p, o in self.replay.start_offsets.items() if p in owned}
+        decoder = CaptureDecoder(self.config.signing_key_bytes, self.config.uid)
+        runs = 0
+        for record in read_capture(self.config.kafka, self.replay.production_capture_topic, self.max_parallelism,
+                                   decoder, start=start, partitions_to_read=owned,
+                                   timeout_s=self.config.kafka_timeout_s):
+            if isinstance(record, CapturedRun):
+                runs += 1
+                self.recorded_calls[(key_digest(record.key), record.seq)] = {
+                    (call.event_id, call.action, call.position): call for call in record.calls}
+        log.info("subtask %d replay from checkpoint %s: read %d production runs (%d inputs with recorded calls) "
+                 "from capture %s partitions %s in %.2f s", self.subtask, self.replay.checkpoint_id, runs,
+                 len(self.recorded_calls), self.replay.production_capture_topic, _ranges(owned),
+                 time.monotonic() - begun)
 
     def close(self) -> None:
         """Stop every run at its next action or call boundary, wait for calls under way, release clients.
@@ -157,14 +215,21 @@ class ActionExecutionOperator(KeyedProcessFunction):
             pool.shutdown(wait=True, cancel_futures=True)
             self.child_pool.shutdown()
             log.info("subtask %d closing: %s", self.subtask, _describe(self.totals))
-        if getattr(self, "store", None) is not None:
-            self.store.close()
+        for client in ("store", "capture", "production_journal"):
+            if getattr(self, client, None) is not None:
+                getattr(self, client).close()
 
     # -- checkpoint hooks --------------------------------------------------------------------------
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
-        if self.store is None:
+        if self.replay is not None:
+            self._load_recorded_calls()
+        journal = self.production_journal if self.replay is not None else self.store
+        if journal is None:
             return
+        # A replay reads what is left of production's journal; what production pruned since the savepoint
+        # is re-executed under the side-effect policy (with recorded calls from the capture).
+        accept_gap = self.config.accept_reexecution_after_gap or self.replay is not None
         plan = plan_restore(values, self.owned)
         if plan.fresh:
             log.info("subtask %d: fresh start, no journal to read (partitions %d-%d)", self.subtask,
@@ -172,27 +237,27 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         offsets = dict(plan.offsets)
         begun = time.monotonic()
-        if plan.topic_ids != {self.store.topic_id}:
-            message = (f"the journal topic {self.store.topic!r} is not the topic this checkpoint was taken with "
-                       f"(topic id {self.store.topic_id}, checkpoint: {sorted(plan.topic_ids)}): it was deleted and "
+        if plan.topic_ids != {journal.topic_id}:
+            message = (f"the journal topic {journal.topic!r} is not the topic this checkpoint was taken with "
+                       f"(topic id {journal.topic_id}, checkpoint: {sorted(plan.topic_ids)}): it was deleted and "
                        "recreated, so recorded actions are gone")
-            if not self.config.accept_reexecution_after_gap:
+            if not accept_gap:
                 raise JournalGapError(message + "; set accept_reexecution_after_gap=True to run them again")
             log.warning("%s; running them again (accept_reexecution_after_gap)", message)
             offsets = {}
-        low = self.store.start_offsets(offsets)
+        low = journal.start_offsets(offsets)
         gaps = {p: (offsets[p], low[p]) for p in offsets if offsets[p] < low[p]}
         if gaps:
             shown = ", ".join(f"partition {p}: needs {o}, earliest {lw}" for p, (o, lw) in sorted(gaps.items())[:5])
             message = (f"journal records this checkpoint needs were already deleted ({shown}); this happens when "
                        "restoring an older savepoint after later checkpoints pruned the journal")
-            if not self.config.accept_reexecution_after_gap:
+            if not accept_gap:
                 raise JournalGapError(message + ". Actions in that gap would run again: set "
                                       "accept_reexecution_after_gap=True to accept that")
             log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
             offsets.update({p: low[p] for p in gaps})
-        end = self.store.end_offsets(offsets)
-        self.index = read_recovery_index(self.store, self.writer.codec, offsets, end, keep=plan.needs)
+        end = journal.end_offsets(offsets)
+        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=plan.needs)
         self.restored = True
         self.last_restore_ms = (time.monotonic() - begun) * 1000
         self.restore_gauge.inc(int(self.last_restore_ms))  # set: it starts at 0 in every attempt
@@ -202,7 +267,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def snapshot_state(self, checkpoint_id: int) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
-        if self.store is None:
+        if self.capture is not None:
+            self.capture.checkpoint(checkpoint_id, self.subtask, self.owned)
+        if self.store is None or self.replay is not None:  # a replay is run again from the savepoint, not resumed
             return None
         self.store.flush(self.config.ack_timeout_s)
         ends = self.store.end_offsets(self.owned)
@@ -220,7 +287,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
-        if self.store is None:
+        if self.store is None or self.replay is not None:
             return
         low = None if self.prunes.seeded else self.store.start_offsets(self.owned)
         deletions = self.prunes.complete(checkpoint_id, low)
@@ -235,17 +302,29 @@ class ActionExecutionOperator(KeyedProcessFunction):
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
         key = ctx.get_current_key()
-        event_time = ctx.timestamp()
+        waiting = _Waiting(value, ctx.timestamp())
+        if self.replay is not None and isinstance(value, CapturedInput):  # production's seq and event time
+            waiting = _Waiting(value.payload, value.event_time, value.seq)
+            if self._held_by_savepoint(waiting):
+                return
         if self.in_flight_state.value() is not None:
-            self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))  # one run per key: wait, in order
+            self.pending_state.add(cloudpickle.dumps(waiting))  # one run per key: wait, in order
             return
         if self._recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
-            self.pending_state.add(cloudpickle.dumps(_Waiting(value, event_time)))
+            self.pending_state.add(cloudpickle.dumps(waiting))
             self._start_next(key, ctx)
             return
-        self._start(key, value, event_time, ctx)
+        self._start(key, waiting, ctx)
         yield from ()
+
+    def _held_by_savepoint(self, waiting: _Waiting) -> bool:
+        """Replay: whether production had accepted this captured input before the savepoint (or the restored
+        key has started it since): the savepoint's state already accounts for it."""
+        if waiting.captured_seq is None or waiting.captured_seq > (self.seq_state.value() or 0):
+            return False
+        self.counters["replay_inputs_skipped"].inc()
+        return True
 
     def on_timer(self, timestamp, ctx):
         key = ctx.get_current_key()
@@ -259,7 +338,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         run = self.runs.get(key)
         if run is None:  # restored from a checkpoint with this run in flight: submit it again
             seq, value, *event_time = cloudpickle.loads(raw)  # (seq, value) in state written before event times
-            self._submit(key, seq, value, event_time[0] if event_time else None, ctx)
+            self._submit(key, seq, _Waiting(value, event_time[0] if event_time else None), ctx)
             run = self.runs[key]
         if not run.future.done():
             if not draining:
@@ -281,14 +360,19 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _recorded_next_input(self, key) -> str | None:
         """While a restore replays: the digest of the input the journal recorded as ``key``'s next one, or
         ``None`` when any input may run next (nothing recorded there, or order restoration is off)."""
-        if not (self.restored and self.config.restore_input_order):
-            return None
+        if not (self.restored and self.config.restore_input_order) or self.replay is not None:
+            return None  # a replay's order is the capture's
         history = self.index.history(key_digest(key))
         return history.recorded_input((self.seq_state.value() or 0) + 1) if history is not None else None
 
     def _start_next(self, key, ctx) -> None:
         """Start the key's next waiting input: the one the journal recorded next, else the first to arrive."""
         waiting = list(self.pending_state.get() or [])
+        if self.replay is not None:
+            kept = [raw for raw in waiting if not self._held_by_savepoint(_waiting(raw))]
+            if len(kept) != len(waiting):
+                self.pending_state.update(kept)
+                waiting = kept
         if not waiting:
             return
         expected = self._recorded_next_input(key)
@@ -302,8 +386,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.restored:  # only a restored key can be waiting (its history keeps the index non-empty)
             self._end_order_wait(ctx)
         self.pending_state.update(waiting[:chosen] + waiting[chosen + 1:])
-        chosen_input = _waiting(waiting[chosen])
-        self._start(key, chosen_input.value, chosen_input.event_time, ctx)
+        self._start(key, _waiting(waiting[chosen]), ctx)
 
     def _await_predecessor(self, ctx) -> None:
         if self.order_wait_state.value() is not None:
@@ -335,14 +418,23 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._start_next(key, ctx)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _start(self, key, value, event_time: int | None, ctx) -> None:
+    def _start(self, key, waiting: _Waiting, ctx) -> None:
         seq = (self.seq_state.value() or 0) + 1
+        if waiting.captured_seq is not None and waiting.captured_seq != seq:
+            # The capture lacks inputs in between (lost before a failure): keep production's numbering.
+            log.warning("subtask %d key %r: captured input has seq %d, expected %d; running it as seq %d",
+                        self.subtask, key, waiting.captured_seq, seq, waiting.captured_seq)
+            seq = waiting.captured_seq
         self.seq_state.update(seq)
-        self.in_flight_state.update(cloudpickle.dumps((seq, value, event_time)))
+        self.in_flight_state.update(cloudpickle.dumps((seq, waiting.value, waiting.event_time)))
         ctx.timer_service().register_event_time_timer(_DRAIN_TIMER)
-        self._submit(key, seq, value, event_time, ctx)
+        if self.capture is not None:
+            group = key_group(key, self.key_type, self.max_parallelism)
+            self.capture.write_input(group, CapturedInput(key, seq, waiting.event_time, waiting.value,
+                                                          digest_value(waiting.value)))
+        self._submit(key, seq, waiting, ctx)
 
-    def _submit(self, key, seq: int, value, event_time: int | None, ctx) -> None:
+    def _submit(self, key, seq: int, waiting: _Waiting, ctx) -> None:
         if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
             raise ReplayError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
                               f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
@@ -352,13 +444,17 @@ class ActionExecutionOperator(KeyedProcessFunction):
         digest = key_digest(key)
         history = self.index.history(digest) if self.restored else None
         journal = self.writer.run_journal(group) if self.writer is not None else None
-        run = RunInput(key, group, seq, value, event_time)
+        run = RunInput(key, group, seq, waiting.value, waiting.event_time)
+        replay = None
+        if self.replay is not None:
+            replay = ReplayCalls(dict(self.replay.policies), self.recorded_calls.pop((digest, seq), {}),
+                                 f"replay:{self.config.journal_topic}:")
 
         def execute() -> RunResult:
             try:
                 return execute_run(self.agent, run, memory, history=history, journal=journal,
                                    fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set,
-                                   child_pool=self.child_pool)
+                                   child_pool=self.child_pool, replay=replay)
             finally:
                 self.slots.release()
 
@@ -380,6 +476,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
         for name, value in result.stats.as_dict().items():
             if value and name in self.counters:
                 self.counters[name].inc(value)
+        if result.error is not None:
+            self.counters["replay_runs_failed"].inc()
+        if self.capture is not None:
+            self.capture.write_run(key_group(key, self.key_type, self.max_parallelism), CapturedRun(
+                key, result.seq, result.input_digest, [CapturedOutput(o.id, o.output) for o in result.outputs],
+                result.calls, result.blocked, result.error))
         self.totals.add(result.stats)
         if self.restored:
             self.index.forget_if_empty(key_digest(key))
@@ -421,4 +523,6 @@ def _describe(stats: RunStats) -> str:
     return (f"actions executed {stats.actions_executed}, reused {stats.actions_reused}; calls executed "
             f"{stats.calls_executed}, reused {stats.calls_reused}, in doubt {stats.calls_in_doubt}; "
             f"sub-agent calls executed {stats.child_calls_executed}, reused {stats.child_calls_reused}; "
-            f"divergences {stats.divergences}")
+            f"divergences {stats.divergences}"
+            + (f"; replay: calls served from production's capture {stats.calls_recorded}, blocked "
+               f"{stats.calls_blocked}" if stats.calls_recorded or stats.calls_blocked else ""))

@@ -26,10 +26,12 @@ from typing import Any
 import cloudpickle
 
 from flink_agents_replay.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, RunnerContext, with_event_id
+from flink_agents_replay.capture.records import BlockedCall
 from flink_agents_replay.child_pool import ChildCallPool, run_inline
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.errors import (
     AgentDefinitionError,
+    CallBlocked,
     CallInDoubtError,
     FingerprintMismatchError,
     NoSubAgentOutputError,
@@ -54,10 +56,11 @@ from flink_agents_replay.journal.records import (
 )
 from flink_agents_replay.journal.writer import RunJournal
 from flink_agents_replay.memory import Memory, MemoryUpdate
+from flink_agents_replay.replay.policy import CallPolicy, policy_for
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy
 
-__all__ = ["SUB_AGENT_MEMORY", "FingerprintPolicy", "RunCancelled", "RunInput", "RunResult", "RunStats",
-           "execute_run"]
+__all__ = ["SUB_AGENT_MEMORY", "FingerprintPolicy", "ReplayCalls", "RunCancelled", "RunInput", "RunResult",
+           "RunStats", "execute_run"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,8 @@ class RunStats:
     fingerprint_mismatches: int = 0
     child_calls_executed: int = 0
     child_calls_reused: int = 0
+    calls_recorded: int = 0  # replay: served from the production capture (policy 'recorded')
+    calls_blocked: int = 0  # replay: not made (policy 'blocked', or 'recorded' without a record)
 
     def add(self, other: RunStats) -> None:
         """Add ``other``'s counts to these."""
@@ -117,6 +122,22 @@ class RunResult:
     memory: dict
     outputs: list[OutputEvent]
     stats: RunStats = field(default_factory=RunStats)
+    calls: list[CallRecord] = field(default_factory=list)  # every call's outcome, made or reused (for capture)
+    blocked: list[BlockedCall] = field(default_factory=list)  # replay only
+    input_digest: str = ""
+    error: str | None = None  # replay only: the exception that ended the run (memory and outputs untouched)
+
+
+@dataclass(frozen=True)
+class ReplayCalls:
+    """How a replay treats one run's calls: the policy per resource name (``*``: any other) and the calls
+    production made in the run of the same input, by (event id, action, position)."""
+
+    policies: dict[str, CallPolicy]
+    recorded: dict[tuple[str, str, int], CallRecord] = field(default_factory=dict)
+    #: Prefix of the replay's call ids: a live call must not be answered from a service's idempotency store
+    #: with what production's call with the same id got.
+    call_id_prefix: str = "replay:"
 
 
 def execute_run(
@@ -129,15 +150,17 @@ def execute_run(
     fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE,
     cancelled: Callable[[], bool] | None = None,
     child_pool: ChildCallPool | None = None,
+    replay: ReplayCalls | None = None,
 ) -> RunResult:
     """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
 
     ``cancelled`` is asked before every action and call: when it says yes the run raises
     :class:`RunCancelled` (what it already journaled is reused by the next attempt). ``child_pool`` runs
     the sub-agent calls of ``ctx.call_agents`` concurrently (without it they run one after another).
+    ``replay`` applies a replay's side-effect policy to every ``ctx.call`` (:mod:`flink_agents_replay.replay`).
     """
     context = _Run(run, history, journal, fingerprint_policy, cancelled or _never, key_digest(run.key),
-                   digest_value(run.input), child_pool)
+                   digest_value(run.input), child_pool, replay)
     stats = RunStats()
     state = Memory(memory)
     if history is not None and not history.input_matches(run.seq, context.input_digest):
@@ -151,12 +174,26 @@ def execute_run(
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
-    outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
+    before = copy.deepcopy(memory) if replay is not None else None
+    try:
+        outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
+    except Exception as exc:
+        if replay is None or isinstance(exc, RunCancelled):
+            raise
+        # A replay reports a failed run (an unhandled CallBlocked, the new code's bug) and goes on.
+        log.warning("replay: key %r seq %d failed: %s: %s", run.key, run.seq, type(exc).__name__, exc)
+        if history is not None:
+            history.drop_through_seq(run.seq)  # the input is done with, as after a success
+        if journal is not None:
+            journal.acknowledge()
+        return RunResult(run.seq, before, [], stats, list(context.calls), list(context.blocked), context.input_digest,
+                         f"{type(exc).__name__}: {exc}")
     if history is not None:
         history.drop_through_seq(run.seq)
     if journal is not None:
         journal.acknowledge()  # outputs leave only after their records are acknowledged
-    return RunResult(run.seq, state.data, outputs, stats)
+    return RunResult(run.seq, state.data, outputs, stats, list(context.calls), list(context.blocked),
+                     context.input_digest)
 
 
 @dataclass(frozen=True)
@@ -171,6 +208,9 @@ class _Run:
     digest_of_key: str
     input_digest: str
     child_pool: ChildCallPool | None
+    replay: ReplayCalls | None = None
+    calls: list[CallRecord] = field(default_factory=list)  # appended from child threads: list.append is atomic
+    blocked: list[BlockedCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -224,6 +264,10 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
             state.take_updates()
             sent = completion.sent_events
             stats.actions_reused += 1
+            # The run's calls include those of reused actions: a capture of this run must hold every call
+            # a replay may be asked to serve as recorded.
+            context.calls.extend(call for call in history.recorded_calls(run.seq, event.id, action)
+                                 if call.outcome is not CallOutcome.STARTED)
         else:
             recorded: list[CallRecord] = []
             if history is not None:
@@ -337,9 +381,11 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         if record is not None:
             if record.outcome is CallOutcome.RETURNED:
                 stats.calls_reused += 1
+                context.calls.append(record)
                 return record.result
             if record.outcome is CallOutcome.RAISED:
                 stats.calls_reused += 1
+                context.calls.append(record)
                 raise record.result
             stats.calls_in_doubt += 1
             if resource.in_doubt is InDoubtPolicy.FAIL:
@@ -354,9 +400,16 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
             log.warning("call %d to %r in doubt: made again (in_doubt policy 'rerun')", position, resource_name)
 
         scope.check(context, f"call {position} to {resource_name!r} in action {action}")
+        if context.replay is not None:
+            served = replayed_call(position, resource_name, resource, args_digest, args, kwargs)
+            if served is not None:
+                if served.outcome is CallOutcome.RAISED:
+                    raise served.result
+                return served.result
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
-        token = _CALL_ID.set(f"{scope.path[0]}:{record_key.decode()}:{position}")
+        prefix = context.replay.call_id_prefix if context.replay is not None else ""
+        token = _CALL_ID.set(f"{prefix}{scope.path[0]}:{record_key.decode()}:{position}")
         try:
             result = resource.invoke(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
@@ -368,6 +421,27 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         stats.calls_executed += 1
         write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
         return result
+
+    def replayed_call(position: int, resource_name: str, resource, args_digest: str, args: tuple,
+                      kwargs: dict) -> CallRecord | None:
+        """A replay's policy for this call: ``None`` to make it (live), the production record to serve
+        (recorded), else raise ``CallBlocked``."""
+        policy = policy_for(resource_name, resource, context.replay.policies)
+        if policy is CallPolicy.LIVE:
+            return None
+        if policy is CallPolicy.RECORDED:
+            production = context.replay.recorded.get((event.id, action, position))
+            if (production is not None and production.outcome is not CallOutcome.STARTED
+                    and production.identity() == (position, resource_name, args_digest)):
+                stats.calls_recorded += 1
+                write_call(position, resource_name, args_digest, production.outcome, production.result)
+                return production
+        arguments = _describe_arguments(args, kwargs)
+        context.blocked.append(BlockedCall(event.id, action, position, resource_name, arguments))
+        stats.calls_blocked += 1
+        why = "its policy is 'blocked'" if policy is CallPolicy.BLOCKED else "production made no such call"
+        raise CallBlocked(f"replay: call {position} to {resource_name!r} in action {action} (key {run.key!r} seq "
+                          f"{run.seq}) was not made: {why}; arguments {arguments}", resource_name, arguments)
 
     def call_agents(calls: list[tuple[Agent | str, Any]], timeout_s: float | None) -> list[list[Any]]:
         nonlocal next_position
@@ -448,19 +522,21 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
 
     def write_call(position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
                    must_ack: bool = False) -> None:
+        record = CallRecord(run.seq, order, event.id, action, position, resource_name, args_digest, outcome, result,
+                            context.input_digest)
+        if outcome is not CallOutcome.STARTED:
+            context.calls.append(record)
         if journal is None:
             return
         journal.write(
-            record_key, RecordKind.CALL,
-            CallRecord(run.seq, order, event.id, action, position, resource_name, args_digest, outcome, result,
-                       context.input_digest),
+            record_key, RecordKind.CALL, record,
             fingerprint=spec.fingerprint, must_ack=must_ack,
             what=f"the result of call {position} to {resource_name!r} in action {action}",
         )
 
     state.take_updates()
     spec.function(event, RunnerContext(key=run.key, seq=run.seq, memory=state, send=send, call=call,
-                                       call_agents=call_agents))
+                                       call_agents=call_agents, event_time=run.event_time))
     updates = state.take_updates()
     if journal is not None:
         completion = CompletionRecord(run.seq, order, event.id, action, spec.fingerprint, updates, sent,
@@ -498,6 +574,12 @@ def _pickle_problem(value: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def _describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:
+    """The arguments of a call as people read them in a report (shortened)."""
+    shown = ", ".join([*(repr(a) for a in args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
 def _picklable_exception(exc: BaseException) -> BaseException:

@@ -25,7 +25,8 @@ from typing import Any
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
 from flink_agents_replay.resources import ChatModel, Tool, current_call_id
 
-__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "make_tickets", "produce_tickets", "support_triage_agent"]
+__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "SupportTriageV2", "make_tickets", "produce_tickets",
+           "support_triage_agent", "support_triage_agent_v2"]
 
 CATEGORIES = ("refund", "shipping", "account", "other")
 
@@ -83,10 +84,14 @@ class SupportTriage(Agent):
 
     @action(OrderLooked)
     def draft_reply(event, ctx):
+        SupportTriage._reply(event, ctx, "Draft a short, friendly reply")
+
+    @staticmethod
+    def _reply(event, ctx, instruction: str) -> None:
         ticket = event.ticket
         earlier = ctx.memory.get("tickets", [])
         reply = ctx.call("llm", prompt=(
-            f"Draft a short, friendly reply to a {event.category} ticket. The order is "
+            f"{instruction} to a {event.category} ticket. The order is "
             f"{event.order.get('status')}. The customer opened {len(earlier)} ticket(s) before.\n"
             f"Ticket {ticket['ticket_id']}: {ticket['text']}"
         ))
@@ -95,6 +100,23 @@ class SupportTriage(Agent):
             "ticket_id": ticket["ticket_id"], "customer": ticket["customer"], "category": event.category,
             "order_status": event.order.get("status"), "customer_ticket_number": len(earlier) + 1, "reply": reply,
         }))
+
+
+class SupportTriageV2(SupportTriage):
+    """A change to try in a replay before shipping it: refund tickets get a reply that offers a voucher."""
+
+    @action(OrderLooked)
+    def draft_reply(event, ctx):
+        if event.category == "refund":
+            SupportTriage._reply(event, ctx, "Draft a short, friendly reply that offers a 10% voucher")
+        else:
+            SupportTriage._reply(event, ctx, "Draft a short, friendly reply")
+
+
+def support_triage_agent_v2(**settings: Any) -> SupportTriage:
+    """:func:`support_triage_agent` with the changed reply of :class:`SupportTriageV2` (same settings)."""
+    agent = support_triage_agent(**settings)
+    return SupportTriageV2(name=agent.name, resources=agent.resources)
 
 
 def support_triage_agent(*, name: str = "support-triage", model: str = "stub-model",

@@ -93,7 +93,7 @@ class KeyHistory:
         return self.completions.get((seq, event, action))
 
     def recorded_calls(self, seq: int, event: str, action: str) -> list[CallRecord]:
-        """The calls journaled for an action execution that has no completion, by position."""
+        """The calls journaled for an action execution, by position (its completion, if any, aside)."""
         slot = self.calls.get((seq, event, action))
         return [slot[p] for p in sorted(slot)] if slot else []
 

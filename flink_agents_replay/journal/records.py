@@ -40,11 +40,13 @@ __all__ = [
 
 
 class RecordKind(str, enum.Enum):
-    """The kinds of journal record."""
+    """The kinds of journal record (and of capture record: the same signed envelope carries both)."""
 
     ACCEPTED = "accepted"
     CALL = "call"
     COMPLETION = "completion"
+    CAPTURED_INPUT = "input"  # capture topic only (flink_agents_replay.capture)
+    CAPTURED_RUN = "run"
 
 
 class CallOutcome(str, enum.Enum):

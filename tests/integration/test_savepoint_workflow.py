@@ -9,12 +9,19 @@ second). Every reply must be committed exactly once and equal a failure-free run
 (so the customers' memory carried over), and the model and order service — counting every request in this
 process — must have executed every logical call once. A restore with a changed agent id (so a changed
 operator uid) must fail with Flink's own error.
+
+The job captures its traffic (``--capture``); at the end ``jobs/replay_job.py`` replays the unchanged agent
+from the second savepoint with every call ``recorded`` (``flink run -s <savepoint> -py jobs/replay_job.py``)
+and ``flink-agents-replay diff --fail-on-diff`` must find no difference, with no request reaching the
+service; the same replay under another agent id is refused before submission.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +34,7 @@ from flink_agents_replay.testing.jobs import failure_free_outputs
 pytestmark = pytest.mark.integration
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "agent_job.py"
+REPLAY_JOB = JOB.with_name("replay_job.py")
 SIGNING_KEY = "savepoint-workflow-signing-key"
 _SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 
@@ -64,7 +72,8 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
     def job_args(parallelism: int, agent: str = agent_id) -> list[str]:
         return ["--bootstrap-servers", kafka_bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
                 "--agent-id", agent, "--parallelism", str(parallelism), "--model-base-url", server.base_url,
-                "--signing-key", SIGNING_KEY, "--checkpoint-interval-ms", "1000", "--restart-attempts", "0"]
+                "--signing-key", SIGNING_KEY, "--checkpoint-interval-ms", "1000", "--restart-attempts", "0",
+                "--capture"]
 
     reader = CommittedReader(kafka_bootstrap, output_topic, decode=json.loads)
 
@@ -136,6 +145,31 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
     assert changed.returncode != 0
     assert "Cannot map checkpoint/savepoint state for operator" in output, output[-3000:]
     assert "--allowNonRestoredState" in output or "allowNonRestoredState" in output
+    # Replay the unchanged agent from the second savepoint (p=3 batch's start) on recorded calls: no difference.
+    def replay(name: str, agent: str = agent_id):
+        return cluster.flink_command(
+            "run", "-s", savepoint, "-py", str(REPLAY_JOB), "--replay-name", name, "--agent-id", agent,
+            "--bootstrap-servers", kafka_bootstrap, "--output-topic", output_topic, "--side-effects", "*=recorded",
+            "--model-base-url", server.base_url, "--signing-key", SIGNING_KEY, timeout_s=300)
+
+    before = server.stats()
+    replayed = replay("unchanged")
+    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-3000:]
+    diff = subprocess.run([sys.executable, "-m", "flink_agents_replay.cli", "diff", "--bootstrap-servers",
+                           kafka_bootstrap, "--agent-id", agent_id, "--signing-key", SIGNING_KEY, "--fail-on-diff",
+                           "--replay", f"flink-agents-replay.{agent_id}.capture.replay-unchanged"],
+                          capture_output=True, text=True, timeout=120)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    compared = int(re.search(r"compared\s+(\d+)", diff.stdout).group(1))
+    assert compared >= len(batches[2]), diff.stdout
+    assert re.search(r"same\s+(\d+)", diff.stdout).group(1) == str(compared), diff.stdout
+    after = server.stats()
+    assert (after.chat, after.orders) == (before.chat, before.orders), "the recorded replay reached the service"
+    refused = replay("renamed", agent="renamed")
+    assert refused.returncode != 0
+    assert "holds no state of operator 'flink-agents-replay/renamed'" in refused.stdout + refused.stderr
+
     print(f"\nsavepoint workflow: runs (parallelism, subtasks restored, runs in flight at the savepoint): {runs}; "
           f"{len(tickets)} replies once each; model {stats.chat}, orders {stats.orders}, repeated {stats.repeated}, "
-          f"answered by idempotency key {stats.idempotent_replays}")
+          f"answered by idempotency key {stats.idempotent_replays}; replay from the second savepoint: {compared} "
+          f"inputs, no difference, no request")

@@ -1,0 +1,173 @@
+"""The capture manifest: where in the capture topic each checkpoint stands.
+
+At every checkpoint each subtask of a capturing operator writes one entry to the manifest topic
+(``<capture topic>.manifest``, one partition, compacted): the checkpoint id and, for each capture
+partition it owns, the offset of the first record written after the checkpoint's barrier. A replay
+restored from that checkpoint's savepoint reads the capture from there. The entry also describes the
+capture (operator uid, key type, max parallelism, record format version, the production journal and
+output topics), so a replay can refuse a capture that does not fit its job, and refuse to write to
+production topics.
+
+Entries are written while the checkpoint is taken, flushed before the subtask acknowledges it: every
+completed checkpoint has its entries (those of a checkpoint that is later aborted are never looked up).
+The Kafka key is ``"<checkpoint id>:<first>-<last partition>"``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from flink_agents_replay.errors import JournalError, ReplayConfigError
+
+__all__ = ["CaptureDescription", "ManifestEntry", "ManifestWriter", "manifest_topic", "read_capture_start"]
+
+
+def manifest_topic(capture_topic: str) -> str:
+    """The manifest topic of a capture topic."""
+    return f"{capture_topic}.manifest"
+
+
+@dataclass(frozen=True)
+class CaptureDescription:
+    """What a capture is: written into every manifest entry."""
+
+    uid: str
+    capture_topic: str
+    key_type: str
+    max_parallelism: int
+    codec_version: int
+    journal_topic: str | None = None
+    output_topics: Sequence[str] = ()
+
+    @property
+    def production_topics(self) -> set[str]:
+        """The topics a replay must never write to."""
+        topics = {self.capture_topic, manifest_topic(self.capture_topic), *self.output_topics}
+        return topics | ({self.journal_topic} if self.journal_topic else set())
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One subtask's capture offsets at one checkpoint."""
+
+    checkpoint_id: int
+    offsets: Mapping[int, int]
+    description: CaptureDescription
+    subtask: int = 0
+
+    def encode(self) -> tuple[bytes, bytes]:
+        """Kafka key and JSON value."""
+        partitions = sorted(self.offsets)
+        key = f"{self.checkpoint_id}:{partitions[0]}-{partitions[-1]}" if partitions else f"{self.checkpoint_id}:-"
+        value = {"checkpoint_id": self.checkpoint_id, "subtask": self.subtask,
+                 "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+                 **asdict(self.description), "output_topics": list(self.description.output_topics)}
+        return key.encode(), json.dumps(value, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> ManifestEntry:
+        """Parse a manifest value (raises ``ValueError``/``KeyError`` on one that is not an entry)."""
+        data = json.loads(value)
+        description = CaptureDescription(
+            uid=data["uid"], capture_topic=data["capture_topic"], key_type=data["key_type"],
+            max_parallelism=int(data["max_parallelism"]), codec_version=int(data["codec_version"]),
+            journal_topic=data.get("journal_topic"), output_topics=tuple(data.get("output_topics") or ()))
+        return cls(int(data["checkpoint_id"]), {int(p): int(o) for p, o in data["offsets"].items()}, description,
+                   int(data.get("subtask", 0)))
+
+
+class ManifestWriter:
+    """Writes a subtask's manifest entries (creates the compacted manifest topic if missing)."""
+
+    def __init__(self, kafka_config: Mapping[str, Any], topic: str, *, create_topic: bool = True,
+                 replication_factor: int | None = None, timeout_s: float = 30.0):
+        self.topic = topic
+        self.timeout_s = timeout_s
+        if create_topic:
+            _create_compacted(kafka_config, topic, replication_factor, timeout_s)
+        self._producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+
+    def write(self, entry: ManifestEntry) -> None:
+        """Write ``entry`` and wait for Kafka's acknowledgement."""
+        key, value = entry.encode()
+        self._producer.produce(self.topic, key=key, value=value, partition=0)
+        if self._producer.flush(self.timeout_s):
+            raise JournalError(f"the capture manifest entry of checkpoint {entry.checkpoint_id} was not "
+                               f"acknowledged by Kafka within {self.timeout_s:.0f} s")
+
+    def close(self) -> None:
+        self._producer.flush(self.timeout_s)
+
+
+def _create_compacted(kafka_config: Mapping[str, Any], topic: str, replication_factor: int | None,
+                      timeout_s: float) -> None:
+    admin = AdminClient(dict(kafka_config))
+    if topic in admin.list_topics(timeout=timeout_s).topics:
+        return
+    new = NewTopic(topic, 1, replication_factor or -1, config={"cleanup.policy": "compact"})
+    try:
+        admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another subtask won the race
+            raise JournalError(f"could not create capture manifest topic {topic!r}: {exc.args[0]}") from None
+
+
+def read_entries(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> list[ManifestEntry]:
+    """Every entry of the manifest topic, in write order."""
+    consumer = Consumer({**kafka_config, "group.id": f"flink-agents-replay-manifest-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ReplayConfigError(f"capture manifest topic {topic!r} does not exist: was the production job run "
+                                    "with capture on (AgentConfig(capture=True)) and this capture topic?")
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        entries: list[ManifestEntry] = []
+        if high <= low:
+            return entries
+        consumer.assign([TopicPartition(topic, 0, low)])
+        position = low
+        while position < high:
+            messages = consumer.consume(500, timeout=timeout_s)
+            if not messages:
+                raise JournalError(f"reading capture manifest topic {topic!r} stalled at offset {position}")
+            for message in messages:
+                if message.error():
+                    raise JournalError(f"reading capture manifest topic {topic!r} failed: {message.error()}")
+                position = message.offset() + 1
+                if message.value() is not None:
+                    entries.append(ManifestEntry.decode(message.value()))
+        return entries
+    finally:
+        consumer.close()
+
+
+def read_capture_start(kafka_config: Mapping[str, Any], capture_topic: str, checkpoint_id: int,
+                       timeout_s: float = 30.0) -> tuple[dict[int, int], CaptureDescription]:
+    """The capture offsets (every partition) at ``checkpoint_id`` and the capture's description.
+
+    Raises :class:`ReplayConfigError` when the manifest has no entry for the checkpoint, or entries that do
+    not cover every partition of the capture.
+    """
+    topic = manifest_topic(capture_topic)
+    entries = [e for e in read_entries(kafka_config, topic, timeout_s) if e.checkpoint_id == checkpoint_id]
+    if not entries:
+        raise ReplayConfigError(
+            f"the capture manifest {topic!r} has no entry for checkpoint {checkpoint_id}, the savepoint's: the "
+            "savepoint was taken by a job that did not capture to this topic (or before capture was turned on)")
+    description = entries[-1].description
+    offsets: dict[int, int] = {}
+    for entry in entries:
+        offsets.update(entry.offsets)  # a subtask's entry written twice (a retried checkpoint): the last wins
+    missing = sorted(set(range(description.max_parallelism)) - set(offsets))
+    if missing:
+        raise ReplayConfigError(f"the capture manifest's entries for checkpoint {checkpoint_id} miss partitions "
+                                f"{missing[:10]}{'...' if len(missing) > 10 else ''} of {capture_topic!r}")
+    return offsets, description

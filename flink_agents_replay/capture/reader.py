@@ -1,0 +1,59 @@
+"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import cloudpickle
+
+from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
+from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.records import RecordKind
+
+__all__ = ["CaptureDecoder", "read_capture"]
+
+_KINDS = {RecordKind.CAPTURED_INPUT.value: CapturedInput, RecordKind.CAPTURED_RUN.value: CapturedRun}
+
+
+class CaptureDecoder:
+    """Verifies and decodes capture records of one operator (its uid and signing key)."""
+
+    def __init__(self, signing_key: bytes, uid: str):
+        self.codec = RecordCodec(signing_key, uid)
+
+    def decode(self, value: bytes, where: str = "") -> CapturedInput | CapturedRun | None:
+        """The record, verified; ``None`` for a record of another kind."""
+        header = RecordCodec.peek_header(value)
+        if header is None:
+            raise SignatureError(f"capture record ({where}) is not a flink-agents-replay record")
+        expected = _KINDS.get(header.get("kind"))
+        if expected is None:
+            return None
+        _, payload = self.codec.verify(SIGNED_KEY, value, where=where)
+        record = cloudpickle.loads(payload)
+        if not isinstance(record, expected):
+            raise SignatureError(f"capture record ({where}) holds a {type(record).__name__}, not a {expected.__name__}")
+        return record
+
+
+def read_capture(kafka_config: Mapping[str, Any], topic: str, partitions: int, decoder: CaptureDecoder, *,
+                 start: Mapping[int, int] | None = None, partitions_to_read: Iterable[int] | None = None,
+                 timeout_s: float = 30.0) -> Iterator[CapturedInput | CapturedRun]:
+    """Every input and run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
+    (default: the earliest kept) to its end now, in each partition's order."""
+    store = KafkaJournalStore(kafka_config, topic, partitions, create_topic=False, timeout_s=timeout_s)
+    try:
+        everything = sorted(partitions_to_read) if partitions_to_read is not None else range(partitions)
+        first = store.start_offsets(everything)
+        begin = {p: max(first[p], (start or {}).get(p, 0)) for p in everything}
+        end = store.end_offsets(everything)
+        for stored in store.read(begin, end):
+            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset "
+                                                              f"{stored.offset}")
+            if record is not None:
+                yield record
+    finally:
+        store.close()

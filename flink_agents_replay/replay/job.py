@@ -1,0 +1,149 @@
+"""Building a replay job: check the savepoint and the capture, read the capture as the job's input.
+
+A replay job is the production job's agent (same uid, same max parallelism, same key type) restored from a
+production savepoint, fed from the capture instead of live traffic::
+
+    settings = prepare_replay(kafka, capture_topic, savepoint, uid=..., key_type="STRING", max_parallelism=128,
+                              policies={"llm": "live"})
+    inputs = captured_inputs(env, kafka, settings, signing_key, uid=..., key_type="STRING")
+    outputs = connect_to_agent(inputs, changed_agent, replay_config(production_config, settings, ...))
+
+Everything that can be wrong is checked before the job is submitted (:func:`prepare_replay`), each with
+an error that says what to fix: a savepoint without this operator's state, a manifest without the
+savepoint's checkpoint, a capture of another operator, key type or max parallelism; writing to a
+production topic is refused when the agent's config is resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyflink.common.watermark_strategy import TimestampAssigner
+
+from flink_agents_replay.capture.manifest import read_capture_start
+from flink_agents_replay.errors import ReplayConfigError
+from flink_agents_replay.journal.codec import FORMAT_VERSION
+from flink_agents_replay.replay.policy import CallPolicy, parse_policies
+from flink_agents_replay.replay.savepoint import read_savepoint
+from flink_agents_replay.replay.settings import ReplaySettings
+
+__all__ = ["captured_inputs", "prepare_replay", "replay_config", "savepoint_of"]
+
+_FLINK_KEY_TYPES = ("STRING", "LONG", "INT")
+
+
+def prepare_replay(kafka: Mapping[str, Any], capture_topic: str, savepoint: str | Path, *, uid: str, key_type: str,
+                   max_parallelism: int, policies: Mapping[str, str | CallPolicy] | str | None = None,
+                   timeout_s: float = 30.0) -> ReplaySettings:
+    """Check that ``savepoint`` and ``capture_topic`` fit a replay of operator ``uid``; return its settings.
+
+    Reads the savepoint's checkpoint id from its ``_metadata`` and the capture offsets at that checkpoint
+    from the capture manifest. Raises :class:`~flink_agents_replay.errors.ReplayConfigError` otherwise.
+    """
+    if key_type not in _FLINK_KEY_TYPES:
+        raise ReplayConfigError(f"key_type must be one of {list(_FLINK_KEY_TYPES)}, got {key_type!r}")
+    parsed_policies = parse_policies(policies)
+    info = read_savepoint(savepoint)
+    if not info.holds_operator(uid):
+        raise ReplayConfigError(
+            f"the savepoint {info.path} holds no state of operator {uid!r}: it was taken from another agent or job "
+            "(the replay must use the production agent's name / uid)")
+    offsets, description = read_capture_start(kafka, capture_topic, info.checkpoint_id, timeout_s)
+    problems = []
+    if description.uid != uid:
+        problems.append(f"it was written by operator {description.uid!r}, not {uid!r}")
+    if description.key_type != key_type:
+        problems.append(f"its keys are {description.key_type}, the replay keys by {key_type}")
+    if description.max_parallelism != max_parallelism:
+        problems.append(f"its max parallelism is {description.max_parallelism}, the replay's {max_parallelism}")
+    if description.codec_version != FORMAT_VERSION:
+        problems.append(f"its record format is version {description.codec_version}, this version reads "
+                        f"{FORMAT_VERSION}")
+    if problems:
+        raise ReplayConfigError(f"the capture {capture_topic!r} does not fit this replay: " + "; ".join(problems))
+    return ReplaySettings(capture_topic, offsets, description.journal_topic, frozenset(description.production_topics),
+                          parsed_policies, info.checkpoint_id)
+
+
+def savepoint_of(env) -> str | None:
+    """The savepoint a job is being restored from (``flink run -s``, or ``execution.savepoint.path``)."""
+    settings = env._j_stream_execution_environment.getConfiguration().toMap()
+    return settings.get("execution.state-recovery.path") or settings.get("execution.savepoint.path") or None
+
+
+class _CapturedInputs:
+    """Flat-map from a capture record's value to its :class:`CapturedInput` (run records are skipped)."""
+
+    def __init__(self, signing_key: bytes, uid: str):
+        self.signing_key = signing_key
+        self.uid = uid
+        self._decoder = None
+
+    def __call__(self, text: str) -> Iterator[Any]:
+        from flink_agents_replay.capture.reader import CaptureDecoder
+        from flink_agents_replay.capture.records import CapturedInput
+
+        if self._decoder is None:
+            self._decoder = CaptureDecoder(self.signing_key, self.uid)
+        record = self._decoder.decode(text.encode("latin-1"), "capture record read by the replay's source")
+        if isinstance(record, CapturedInput):
+            yield record
+
+
+class _EventTime(TimestampAssigner):
+    """Production's event time of a captured input as its Flink timestamp (the capture time if it had none)."""
+
+    def extract_timestamp(self, captured, record_timestamp: int) -> int:
+        return captured.event_time if captured.event_time is not None else record_timestamp
+
+
+def captured_inputs(env, kafka: Mapping[str, Any], settings: ReplaySettings, signing_key: bytes, *, uid: str,
+                    key_type: str, parallelism: int | None = None, name: str = "captured inputs",
+                    source_uid: str = "replay-captured-inputs"):
+    """The capture's inputs after the savepoint, keyed as in production: a bounded ``KafkaSource`` read from the
+    manifest's offsets to the capture's end at submission, each with production's event time as its
+    timestamp, with watermarks following them.
+
+    ``kafka`` is passed to the source as Kafka client properties, as given.
+    """
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource, KafkaTopicPartition
+
+    topic = settings.production_capture_topic
+    start = {KafkaTopicPartition(topic, p): offset for p, offset in settings.start_offsets.items()}
+    builder = (
+        KafkaSource.builder().set_bootstrap_servers(kafka["bootstrap.servers"]).set_topics(topic)
+        .set_starting_offsets(KafkaOffsetsInitializer.offsets(start))
+        .set_bounded(KafkaOffsetsInitializer.latest())
+        # Latin-1 maps every byte to one character: the binary record survives Flink's string schema.
+        .set_value_only_deserializer(SimpleStringSchema("ISO-8859-1"))
+    )
+    for setting, value in kafka.items():
+        if setting != "bootstrap.servers":
+            builder = builder.set_property(setting, str(value))
+    stream = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
+    if parallelism is not None:
+        stream = stream.set_parallelism(parallelism)
+    inputs = stream.flat_map(_CapturedInputs(signing_key, uid), output_type=Types.PICKLED_BYTE_ARRAY()) \
+        .name("decode captured inputs").uid(f"{source_uid}-decode")
+    if parallelism is not None:
+        inputs = inputs.set_parallelism(parallelism)
+    inputs = inputs.assign_timestamps_and_watermarks(
+        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
+    if parallelism is not None:
+        inputs = inputs.set_parallelism(parallelism)
+    flink_key_type = {"STRING": Types.STRING(), "LONG": Types.LONG(), "INT": Types.INT()}[key_type]
+    return inputs.key_by(lambda captured: captured.key, key_type=flink_key_type)
+
+
+def replay_config(production: Mapping[str, Any], settings: ReplaySettings, *, journal_topic: str, capture_topic: str,
+                  output_topics: Sequence[str] = (), **overrides: Any) -> dict[str, Any]:
+    """The agent config of the replay: production's, with the replay's own journal and capture topics.
+
+    A topic of production's as a target is refused when the config is resolved (``ReplayIsolationError``).
+    """
+    return {**production, "journal_topic": journal_topic, "capture": True, "capture_topic": capture_topic,
+            "output_topics": tuple(output_topics), "replay": settings, **overrides}

@@ -1,0 +1,64 @@
+"""The side-effect policy of a replay: what ``ctx.call`` does with each resource.
+
+* ``live``: call for real (the new model or prompt under test, a lookup that changes nothing).
+* ``recorded``: return what the call returned in production (the captured call with the same identity:
+  input, event, action, position, resource and arguments); if production made no such call, the call is
+  blocked.
+* ``blocked``: do not call; the call is listed in the replay report with its arguments and raises
+  :class:`~flink_agents_replay.errors.CallBlocked`, which the action may handle.
+
+Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
+``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.resources import Resource, SideEffects
+
+__all__ = ["CallPolicy", "default_policy", "parse_policies", "policy_for"]
+
+
+class CallPolicy(str, enum.Enum):
+    """What a replay does with a call through ``ctx.call``."""
+
+    LIVE = "live"
+    RECORDED = "recorded"
+    BLOCKED = "blocked"
+
+
+_DEFAULTS = {SideEffects.NONE: CallPolicy.LIVE, SideEffects.IDEMPOTENT: CallPolicy.LIVE,
+             SideEffects.EXTERNAL: CallPolicy.BLOCKED}
+
+
+def default_policy(resource: Resource) -> CallPolicy:
+    """The policy of a resource no setting names: from its declared side effects."""
+    return _DEFAULTS[resource.side_effects]
+
+
+def policy_for(name: str, resource: Resource, settings: Mapping[str, CallPolicy]) -> CallPolicy:
+    """The policy of resource ``name``: the setting for it, else ``*``'s, else the default."""
+    chosen = settings.get(name, settings.get("*"))
+    return default_policy(resource) if chosen is None else chosen
+
+
+def parse_policies(settings: Mapping[str, str | CallPolicy] | str | None) -> dict[str, CallPolicy]:
+    """``{"llm": "recorded"}`` or ``"llm=recorded,orders=live"`` (``*`` for every other resource), validated."""
+    if settings is None:
+        return {}
+    if isinstance(settings, str):
+        pairs = [item.split("=", 1) for item in settings.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ConfigError(f"side-effect policies are written name=policy[,name=policy...], got {settings!r}")
+        settings = {name.strip(): value.strip() for name, value in pairs}
+    parsed = {}
+    for name, value in settings.items():
+        try:
+            parsed[name] = CallPolicy(value)
+        except ValueError:
+            raise ConfigError(f"side-effect policy of {name!r} must be one of {[p.value for p in CallPolicy]}, "
+                              f"got {value!r}") from None
+    return parsed

@@ -1,0 +1,36 @@
+"""What turns an agent operator into a replay: where production's capture is, what it must not touch, and
+the side-effect policy. Built by :func:`flink_agents_replay.replay.job.prepare_replay` from the savepoint
+and the capture manifest; checked by :meth:`flink_agents_replay.config.AgentConfig.resolved`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from flink_agents_replay.replay.policy import CallPolicy
+
+__all__ = ["ReplaySettings"]
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """Replay mode of an agent operator.
+
+    Attributes:
+        production_capture_topic: the capture the replay reads (its inputs, and production's calls for the
+            ``recorded`` policy).
+        start_offsets: per capture partition, where the savepoint's checkpoint stands (from the manifest).
+        production_journal_topic: production's journal, read (never written) to finish the runs that were
+            in flight in the savepoint.
+        production_topics: topics the replay must never write (journal, capture, manifest, outputs).
+        policies: side-effect policy per resource name (``*``: every other); unnamed resources follow
+            their declared side effects (:mod:`flink_agents_replay.replay.policy`).
+        checkpoint_id: the savepoint's checkpoint id (for logs and the report).
+    """
+
+    production_capture_topic: str
+    start_offsets: Mapping[int, int]
+    production_journal_topic: str | None
+    production_topics: frozenset[str] = frozenset()
+    policies: Mapping[str, CallPolicy] = field(default_factory=dict)
+    checkpoint_id: int | None = None

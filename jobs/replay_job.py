@@ -1,0 +1,141 @@
+"""Replay job: a (changed) agent restored from a production savepoint, fed from production's capture.
+
+Run it with Flink's own client, from a savepoint of ``jobs/agent_job.py --capture``::
+
+    flink run -s /tmp/savepoints/savepoint-... -py jobs/replay_job.py --replay-name try-voucher \\
+        --agent flink_agents_replay.examples.support_triage:support_triage_agent_v2 --side-effects llm=live
+
+then compare: ``flink-agents-replay diff --replay flink-agents-replay.support-triage.capture.replay-try-voucher``.
+
+The job graph is the production agent's (same ``--agent-id``, so the same uid; same max parallelism and
+key type) behind a bounded source reading the capture from the savepoint's checkpoint to its current end.
+Before anything is submitted it checks the savepoint (this agent's state in it), the capture manifest
+(an entry for the savepoint's checkpoint, the same key type and max parallelism) and the targets (the
+replay's journal, capture and output topics must not be production's). The replay writes to topics
+named after ``--replay-name``; the production job's source and sink state in the savepoint is not used
+(a replay reads the capture), so the job is submitted with unclaimed state allowed. A replay that fails
+is run again from the savepoint with a new ``--replay-name``: it is never resumed, so it has no restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from pyflink.common import Types
+from pyflink.common.serialization import SimpleStringSchema
+from pyflink.datastream.connectors.base import DeliveryGuarantee
+from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
+
+from flink_agents_replay.config import SIGNING_KEY_ENV, default_capture_topic, default_journal_topic, default_uid
+from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.local.jars import kafka_connector_jar
+from flink_agents_replay.pipeline import connect_to_agent
+from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config, savepoint_of
+
+DEFAULT_AGENT = "flink_agents_replay.examples.support_triage:support_triage_agent"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument("--replay-name", required=True,
+                        help="names this replay's topics: <production topic>.replay-<name> (journal, capture, outputs)")
+    parser.add_argument("--agent-id", default="support-triage", help="the production agent's name (its uid)")
+    parser.add_argument("--agent", default=DEFAULT_AGENT,
+                        help="MODULE:FACTORY building the agent to replay, called with name=, model=, model_base_url=, "
+                             f"orders_base_url= (default {DEFAULT_AGENT})")
+    parser.add_argument("--capture-topic", default=None, help="production's capture topic (default the agent's)")
+    parser.add_argument("--output-topic", default="replies",
+                        help="production's output topic: the replay writes to <it>.replay-<name> (default replies)")
+    parser.add_argument("--savepoint", default=None, help="the savepoint (default: the one `flink run -s` gives)")
+    parser.add_argument("--side-effects", default="",
+                        help="policies per resource, e.g. llm=live,orders=recorded ('*' for all others); unnamed "
+                             "resources: none/idempotent live, external blocked")
+    parser.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
+    parser.add_argument("--max-parallelism", type=int, default=128, help="the production job's (default 128)")
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--model-base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
+    parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
+    parser.add_argument("--orders-base-url", default=None)
+    parser.add_argument("--signing-key", default=os.environ.get(SIGNING_KEY_ENV),
+                        help=f"the production job's signing key (default ${SIGNING_KEY_ENV})")
+    args = parser.parse_args(argv)
+    if not args.signing_key:
+        parser.error(f"the capture is signed: give --signing-key or set ${SIGNING_KEY_ENV}")
+    return args
+
+
+def load_agent(args: argparse.Namespace):
+    """The agent ``--agent`` names, built with the job's model settings."""
+    module_name, _, factory_name = args.agent.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name)
+    except (ImportError, AttributeError) as exc:
+        raise ReplayError(f"--agent {args.agent!r}: {exc}; give MODULE:FACTORY") from None
+    return factory(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
+                   orders_base_url=args.orders_base_url)
+
+
+def build(args: argparse.Namespace):
+    """The replay job's environment with its pipeline, after every check."""
+    kafka = {"bootstrap.servers": args.bootstrap_servers}
+    uid = default_uid(args.agent_id)
+    capture_topic = args.capture_topic or default_capture_topic(uid)
+    restore = {"execution.state-recovery.ignore-unclaimed-state": "true"}  # production's source and sink state
+    if args.savepoint:
+        restore["execution.savepoint.path"] = args.savepoint
+    env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=2000, restart_attempts=0,
+                             jars=[kafka_connector_jar()], config=restore)
+    savepoint = savepoint_of(env)
+    if not savepoint:
+        raise ReplayError("a replay starts from a production savepoint: flink run -s <savepoint> -py "
+                          "jobs/replay_job.py ... (or --savepoint)")
+    settings = prepare_replay(kafka, capture_topic, savepoint, uid=uid, key_type=args.key_type,
+                              max_parallelism=args.max_parallelism, policies=args.side_effects)
+    suffix = f"replay-{args.replay_name}"
+    production_journal = settings.production_journal_topic or default_journal_topic(uid)
+    topics = {"journal": f"{production_journal}.{suffix}", "capture": f"{capture_topic}.{suffix}",
+              "outputs": f"{args.output_topic}.{suffix}"}
+    config = replay_config({"kafka": kafka, "signing_key": args.signing_key, "max_parallelism": args.max_parallelism},
+                           settings, journal_topic=topics["journal"], capture_topic=topics["capture"],
+                           output_topics=[topics["outputs"]])
+    inputs = captured_inputs(env, kafka, settings, args.signing_key.encode(), uid=uid, key_type=args.key_type)
+    outputs = connect_to_agent(inputs, load_agent(args), config)  # refuses production topics as targets
+    ensure_topics(args.bootstrap_servers, [topics["outputs"]], 1)
+    (
+        outputs.map(lambda reply: json.dumps({"seq": reply.seq, **reply.output}, sort_keys=True),
+                    output_type=Types.STRING()).name("format replies").uid("replay-format-replies")
+        .sink_to(KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
+                 .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(topics["outputs"])
+                                        .set_value_serialization_schema(SimpleStringSchema()).build())
+                 .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
+                 .set_transactional_id_prefix(f"flink-agents-replay-replay-{args.replay_name}")
+                 .set_property("transaction.timeout.ms", "600000").build())
+        .name("replay replies sink").uid("replay-replies-sink")
+    )
+    print(f"replay {args.replay_name} from checkpoint {settings.checkpoint_id} of {savepoint}: capture "
+          f"{capture_topic} -> journal {topics['journal']}, capture {topics['capture']}, outputs {topics['outputs']}",
+          flush=True)
+    return env, topics
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        env, topics = build(args)
+    except ReplayError as exc:  # a clear message, not a traceback from the Flink client
+        print(f"replay_job.py: {exc}", file=sys.stderr)
+        return 2
+    env.execute(f"flink-agents-replay replay {args.replay_name}")
+    print(f"replay done; compare it: flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
