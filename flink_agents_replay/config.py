@@ -177,10 +177,7 @@ def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: 
     """A replay writes only to its own topics: refuse any production topic as a target."""
     targets = {"journal topic": journal_topic, "capture topic": capture_topic,
                **{f"output topic {t!r}": t for t in output_topics}}
-    if replay.production_journal_topic:
-        protected = {*replay.production_topics, replay.production_journal_topic, replay.production_capture_topic}
-    else:
-        protected = {*replay.production_topics, replay.production_capture_topic}
+    protected = {*replay.production_topics, replay.production_capture_topic, replay.production_journal_topic}
     for role, target in targets.items():
         if target is not None and target in protected:
             raise ReplayIsolationError(

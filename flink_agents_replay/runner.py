@@ -175,25 +175,22 @@ def execute_run(
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
     before = copy.deepcopy(memory) if replay is not None else None
+    error = None
     try:
         outputs = _run_events(context, _Scope(agent, (agent.name,)), first, state, stats)
     except Exception as exc:
         if replay is None or isinstance(exc, RunCancelled):
             raise
-        # A replay reports a failed run (an unhandled CallBlocked, the new code's bug) and goes on.
+        # A replay reports a failed run (an unhandled CallBlocked, the new code's bug) and goes on: the input
+        # is done with, its memory as before it, no output.
         log.warning("replay: key %r seq %d failed: %s: %s", run.key, run.seq, type(exc).__name__, exc)
-        if history is not None:
-            history.drop_through_seq(run.seq)  # the input is done with, as after a success
-        if journal is not None:
-            journal.acknowledge()
-        return RunResult(run.seq, before, [], stats, list(context.calls), list(context.blocked), context.input_digest,
-                         f"{type(exc).__name__}: {exc}")
+        outputs, error = [], f"{type(exc).__name__}: {exc}"
     if history is not None:
         history.drop_through_seq(run.seq)
     if journal is not None:
         journal.acknowledge()  # outputs leave only after their records are acknowledged
-    return RunResult(run.seq, state.data, outputs, stats, list(context.calls), list(context.blocked),
-                     context.input_digest)
+    return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
+                     list(context.blocked), context.input_digest, error)
 
 
 @dataclass(frozen=True)
@@ -379,14 +376,10 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         args_digest = digest_value((args, kwargs))
         record = take_recorded(position, resource_name, args_digest)
         if record is not None:
-            if record.outcome is CallOutcome.RETURNED:
+            if record.outcome is not CallOutcome.STARTED:
                 stats.calls_reused += 1
                 context.calls.append(record)
-                return record.result
-            if record.outcome is CallOutcome.RAISED:
-                stats.calls_reused += 1
-                context.calls.append(record)
-                raise record.result
+                return _recorded_outcome(record)
             stats.calls_in_doubt += 1
             if resource.in_doubt is InDoubtPolicy.FAIL:
                 raise CallInDoubtError(
@@ -403,9 +396,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         if context.replay is not None:
             served = replayed_call(position, resource_name, resource, args_digest, args, kwargs)
             if served is not None:
-                if served.outcome is CallOutcome.RAISED:
-                    raise served.result
-                return served.result
+                return _recorded_outcome(served)
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
         prefix = context.replay.call_id_prefix if context.replay is not None else ""
@@ -574,6 +565,13 @@ def _pickle_problem(value: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def _recorded_outcome(record: CallRecord) -> Any:
+    """What a finished recorded call gives the action again: its result, or its exception raised."""
+    if record.outcome is CallOutcome.RAISED:
+        raise record.result
+    return record.result
 
 
 def _describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:
