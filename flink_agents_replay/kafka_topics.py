@@ -7,9 +7,10 @@ Many brokers refuse to create topics on first use (``auto.create.topics.enable=f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-__all__ = ["ensure_topics"]
+__all__ = ["ensure_topics", "partition_count"]
 
 
 def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int,
@@ -29,3 +30,13 @@ def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int
         for future in futures.values():
             future.result(timeout=timeout_s)
     return missing
+
+
+def partition_count(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> int | None:
+    """How many partitions ``topic`` has, or ``None`` if it does not exist (``kafka_config`` passed through)."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient(dict(kafka_config)).list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        return None
+    return len(metadata.partitions)

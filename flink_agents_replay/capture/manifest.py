@@ -16,15 +16,13 @@ The Kafka key is ``"<checkpoint id>:<first>-<last partition>"``.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-
-from flink_agents_replay.errors import JournalError, ReplayConfigError
+from flink_agents_replay.errors import ReplayConfigError
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.kafka_topics import partition_count
 
 __all__ = ["CaptureDescription", "ManifestEntry", "ManifestWriter", "manifest_topic", "read_capture_start"]
 
@@ -84,69 +82,39 @@ class ManifestEntry:
 
 
 class ManifestWriter:
-    """Writes a subtask's manifest entries (creates the compacted manifest topic if missing)."""
+    """Writes a subtask's manifest entries (creates the compacted manifest topic if missing).
+
+    The journal's Kafka store, on one partition: the same topic checks, pass-through settings and idempotent
+    producer with ``acks=all``.
+    """
 
     def __init__(self, kafka_config: Mapping[str, Any], topic: str, *, create_topic: bool = True,
                  replication_factor: int | None = None, timeout_s: float = 30.0):
-        self.topic = topic
         self.timeout_s = timeout_s
-        if create_topic:
-            _create_compacted(kafka_config, topic, replication_factor, timeout_s)
-        self._producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+        self._store = KafkaJournalStore(kafka_config, topic, 1, create_topic=create_topic,
+                                        replication_factor=replication_factor,
+                                        topic_config={"cleanup.policy": "compact"}, timeout_s=timeout_s)
 
     def write(self, entry: ManifestEntry) -> None:
         """Write ``entry`` and wait for Kafka's acknowledgement."""
         key, value = entry.encode()
-        self._producer.produce(self.topic, key=key, value=value, partition=0)
-        if self._producer.flush(self.timeout_s):
-            raise JournalError(f"the capture manifest entry of checkpoint {entry.checkpoint_id} was not "
-                               f"acknowledged by Kafka within {self.timeout_s:.0f} s")
+        self._store.append(0, key, value).wait(self.timeout_s)
 
     def close(self) -> None:
-        self._producer.flush(self.timeout_s)
-
-
-def _create_compacted(kafka_config: Mapping[str, Any], topic: str, replication_factor: int | None,
-                      timeout_s: float) -> None:
-    admin = AdminClient(dict(kafka_config))
-    if topic in admin.list_topics(timeout=timeout_s).topics:
-        return
-    new = NewTopic(topic, 1, replication_factor or -1, config={"cleanup.policy": "compact"})
-    try:
-        admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout=timeout_s)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another subtask won the race
-            raise JournalError(f"could not create capture manifest topic {topic!r}: {exc.args[0]}") from None
+        self._store.close()
 
 
 def read_entries(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> list[ManifestEntry]:
     """Every entry of the manifest topic, in write order."""
-    consumer = Consumer({**kafka_config, "group.id": f"flink-agents-replay-manifest-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    if partition_count(kafka_config, topic, timeout_s) is None:
+        raise ReplayConfigError(f"capture manifest topic {topic!r} does not exist: was the production job run "
+                                "with capture on (AgentConfig(capture=True)) and this capture topic?")
+    store = KafkaJournalStore(kafka_config, topic, 1, create_topic=False, timeout_s=timeout_s)
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ReplayConfigError(f"capture manifest topic {topic!r} does not exist: was the production job run "
-                                    "with capture on (AgentConfig(capture=True)) and this capture topic?")
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
-        entries: list[ManifestEntry] = []
-        if high <= low:
-            return entries
-        consumer.assign([TopicPartition(topic, 0, low)])
-        position = low
-        while position < high:
-            messages = consumer.consume(500, timeout=timeout_s)
-            if not messages:
-                raise JournalError(f"reading capture manifest topic {topic!r} stalled at offset {position}")
-            for message in messages:
-                if message.error():
-                    raise JournalError(f"reading capture manifest topic {topic!r} failed: {message.error()}")
-                position = message.offset() + 1
-                if message.value() is not None:
-                    entries.append(ManifestEntry.decode(message.value()))
-        return entries
+        records = store.read(store.start_offsets([0]), store.end_offsets([0]))
+        return [ManifestEntry.decode(record.value) for record in records if record.value is not None]
     finally:
-        consumer.close()
+        store.close()
 
 
 def read_capture_start(kafka_config: Mapping[str, Any], capture_topic: str, checkpoint_id: int,

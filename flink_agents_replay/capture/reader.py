@@ -8,10 +8,11 @@ from typing import Any
 import cloudpickle
 
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
-from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.errors import ReplayConfigError, SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.records import RecordKind
+from flink_agents_replay.kafka_topics import partition_count
 
 __all__ = ["CaptureDecoder", "read_capture"]
 
@@ -39,11 +40,20 @@ class CaptureDecoder:
         return record
 
 
-def read_capture(kafka_config: Mapping[str, Any], topic: str, partitions: int, decoder: CaptureDecoder, *,
+def read_capture(kafka_config: Mapping[str, Any], topic: str, partitions: int | None, decoder: CaptureDecoder, *,
                  start: Mapping[int, int] | None = None, partitions_to_read: Iterable[int] | None = None,
                  timeout_s: float = 30.0) -> Iterator[CapturedInput | CapturedRun]:
     """Every input and run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
-    (default: the earliest kept) to its end now, in each partition's order."""
+    (default: the earliest kept) to its end now, in each partition's order.
+
+    ``partitions``: the partition count the topic must have (the max parallelism), or ``None`` for whatever
+    it has.
+    """
+    if partitions is None:
+        partitions = partition_count(kafka_config, topic, timeout_s)
+        if partitions is None:
+            raise ReplayConfigError(f"capture topic {topic!r} does not exist on "
+                                    f"{kafka_config.get('bootstrap.servers')}")
     store = KafkaJournalStore(kafka_config, topic, partitions, create_topic=False, timeout_s=timeout_s)
     try:
         everything = sorted(partitions_to_read) if partitions_to_read is not None else range(partitions)
