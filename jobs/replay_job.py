@@ -89,7 +89,7 @@ def build(args: argparse.Namespace):
     capture_topic = args.capture_topic or default_capture_topic(uid)
     restore = {"execution.state-recovery.ignore-unclaimed-state": "true"}  # production's source and sink state
     if args.savepoint:
-        restore["execution.savepoint.path"] = args.savepoint
+        restore["execution.state-recovery.path"] = args.savepoint
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=2000, restart_attempts=0,
                              jars=[kafka_connector_jar()], config=restore)
     savepoint = savepoint_of(env)

@@ -305,10 +305,7 @@ def _identity(record: CapturedInput | CapturedRun) -> tuple[str, int]:
 
 
 def _last_by_identity(records: Iterable[Any]) -> dict[tuple[str, int], Any]:
-    by_identity = {}
-    for record in records:
-        by_identity[_identity(record)] = record
-    return by_identity
+    return {_identity(record): record for record in records}  # a later record of an identity replaces it
 
 
 def _outputs(run: CapturedRun | None) -> list[Any]:
@@ -397,7 +394,7 @@ def _after_common_prefix(before: Any, after: Any, keep: int = 8) -> tuple[Any, A
     if common <= keep + 12:
         return before, after
     cut = before.rfind(" ", 0, common - keep) + 1 or common - keep
-    return "…" + before[cut:], "…" + after[cut:]
+    return _ELLIPSIS + before[cut:], _ELLIPSIS + after[cut:]
 
 
 def _one_line_json(value: Any) -> str:

@@ -100,7 +100,7 @@ class _EventTime(TimestampAssigner):
 
 
 def captured_inputs(env, kafka: Mapping[str, Any], settings: ReplaySettings, signing_key: bytes, *, uid: str,
-                    key_type: str, parallelism: int | None = None, name: str = "captured inputs",
+                    key_type: str, name: str = "captured inputs",
                     source_uid: str = "replay-captured-inputs"):
     """The capture's inputs after the savepoint, keyed as in production: a bounded ``KafkaSource`` read from the
     manifest's offsets to the capture's end at submission, each with production's event time as its
@@ -124,17 +124,13 @@ def captured_inputs(env, kafka: Mapping[str, Any], settings: ReplaySettings, sig
     for setting, value in kafka.items():
         if setting != "bootstrap.servers":
             builder = builder.set_property(setting, str(value))
-    stream = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
-    if parallelism is not None:
-        stream = stream.set_parallelism(parallelism)
-    inputs = stream.flat_map(_CapturedInputs(signing_key, uid), output_type=Types.PICKLED_BYTE_ARRAY()) \
+    inputs = (
+        env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
+        .flat_map(_CapturedInputs(signing_key, uid), output_type=Types.PICKLED_BYTE_ARRAY())
         .name("decode captured inputs").uid(f"{source_uid}-decode")
-    if parallelism is not None:
-        inputs = inputs.set_parallelism(parallelism)
-    inputs = inputs.assign_timestamps_and_watermarks(
-        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
-    if parallelism is not None:
-        inputs = inputs.set_parallelism(parallelism)
+        .assign_timestamps_and_watermarks(
+            WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
+    )
     flink_key_type = {"STRING": Types.STRING(), "LONG": Types.LONG(), "INT": Types.INT()}[key_type]
     return inputs.key_by(lambda captured: captured.key, key_type=flink_key_type)
 
