@@ -64,6 +64,9 @@ class AgentConfig:
         accept_reexecution_after_gap: restore even when records the checkpoint needs were deleted
             (restoring an older savepoint after later pruning); the affected actions run again.
         slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
+        close_timeout_s: how long closing the operator (cancel, failover) waits for calls under way; runs still
+            calling then are abandoned, counted (``runs_abandoned``) and their calls are in doubt. Keep it well
+            below Flink's ``task.cancellation.timeout`` (180 s), past which Flink kills the TaskManager.
         ack_timeout_s: how long a journal write may wait for Kafka's acknowledgement.
         kafka_timeout_s: bound on start-up and restore requests to Kafka.
         create_topic: create the journal topic if missing.
@@ -98,6 +101,7 @@ class AgentConfig:
     fingerprint_policy: FingerprintPolicy | None = None
     accept_reexecution_after_gap: bool = False
     slot_wait_timeout_s: float = 600.0
+    close_timeout_s: float = 30.0
     ack_timeout_s: float = 60.0
     kafka_timeout_s: float = 30.0
     create_topic: bool = True
@@ -139,7 +143,8 @@ class AgentConfig:
         for name in ("max_concurrent_runs", "max_concurrent_child_calls"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s"):
+        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
+                     "close_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.poll_interval_ms < 1:

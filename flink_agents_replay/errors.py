@@ -6,10 +6,12 @@ __all__ = [
     "AgentDefinitionError",
     "CallBlocked",
     "CallInDoubtError",
+    "CallTimeoutError",
     "ConfigError",
     "FingerprintMismatchError",
     "JournalError",
     "JournalGapError",
+    "JournalRecordTooLargeError",
     "NoSubAgentOutputError",
     "NotPicklableError",
     "ReplayConfigError",
@@ -47,6 +49,11 @@ class NotPicklableError(ReplayError, TypeError):
     """An event or memory value cannot be serialized with cloudpickle (it could not be journaled)."""
 
 
+#: In the message of an error that fails the job for good: restarting cannot help (the same input would fail the
+#: same way), so the checkpoint bridge turns it into a failure Flink does not restart.
+NO_RESTART_MARKER = "[flink-agents-replay: not restarted]"
+
+
 class JournalError(ReplayError, RuntimeError):
     """The journal (Kafka) could not be reached, written or read."""
 
@@ -59,12 +66,23 @@ class SignatureError(JournalError):
     """A journal record failed verification: written with another key, by another job, or tampered with."""
 
 
+class JournalRecordTooLargeError(JournalError):
+    """A journal record is larger than Kafka accepts (memory or a call result grew past ``message.max.bytes``).
+
+    Deterministic: the same input would produce the same record again, so the job fails without restarts.
+    """
+
+
 class JournalGapError(JournalError):
     """Records recovery needs were deleted (e.g. restoring an older savepoint after later pruning)."""
 
 
 class FingerprintMismatchError(ReplayError, RuntimeError):
     """A journaled action was written by other action code and the policy says ``fail``."""
+
+
+class CallTimeoutError(ReplayError, TimeoutError):
+    """A resource call did not return within the resource's ``timeout_s``; it may still take effect (in doubt)."""
 
 
 class CallInDoubtError(ReplayError, RuntimeError):

@@ -1,14 +1,29 @@
 """Short-term memory: one nested dictionary per key, addressed by dotted paths.
 
-An action reads and writes memory through ``ctx.memory``. Every write is also recorded as a
+An action reads and writes memory through ``ctx.memory``. Every change is recorded as a
 :class:`MemoryUpdate`, because the journal stores *updates*, not snapshots: a reused action re-applies
 its recorded updates to the memory the checkpoint restored, so a replayed run sees exactly the memory
 the original run saw.
+
+Changes count however they are made. ``get`` returns the stored object itself, so the ordinary Python
+habit works::
+
+    log = ctx.memory.get("log")
+    log.append(entry)            # no set() needed: the change is kept, and journaled
+
+When an action ends, every top-level entry it read is compared with what it was when first read (by its
+pickled bytes); a changed entry is journaled whole, as an update of that top-level path. Entries that
+changed or were set are then replaced by private copies, so no two entries, and no sent event, share a
+mutable object after the action: what a later action changes in one of them cannot show up in another,
+which a reused action (whose values come from the journal) could not reproduce. The cost is a pickle of
+each entry an action reads (two when it is mutable), and a changed entry is written whole: keep large,
+often-changed values in several small entries.
 """
 
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +59,33 @@ class MemoryUpdate:
     value: Any
 
 
+#: Values that cannot change in place: reading them needs no before/after comparison.
+_IMMUTABLE = (str, int, float, bool, bytes, type(None), complex, frozenset)
+
+
+def _snapshot(value: Any) -> bytes | None:
+    """The value's state as bytes, to tell an in-place change; ``None`` if it cannot be pickled (counted as
+    changed, so journaling it reports the problem)."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - lambdas and the like: cloudpickle knows them
+        pass
+    try:
+        import cloudpickle
+
+        return cloudpickle.dumps(value)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _private_copy(value: Any) -> Any:
+    """A deep copy; the value itself if it cannot be copied (journaling it then says why it cannot be kept)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - locks, sockets...: refused with a clear error when journaled
+        return value
+
+
 def _split(path: str) -> list[str]:
     if not isinstance(path, str) or not path or any(not part for part in path.split(".")):
         raise ValueError(f"memory path must be a non-empty dotted string like 'a.b.c', got {path!r}")
@@ -59,11 +101,16 @@ class Memory:
     def __init__(self, data: dict | None = None):
         self._data: dict = data if data is not None else {}
         self._updates: list[MemoryUpdate] = []
+        self._read: dict[str, bytes | None] = {}  # top-level entry -> its bytes when first read
+        self._written: set[str] = set()
 
     def get(self, path: str, default: Any = None) -> Any:
-        """The value at ``path``, or ``default`` when any part of the path is missing."""
+        """The value at ``path`` (the stored object: changing it in place changes memory), or ``default``
+        when any part of the path is missing."""
+        parts = _split(path)
+        self._watch(parts[0])
         node: Any = self._data
-        for part in _split(path):
+        for part in parts:
             if not isinstance(node, dict) or part not in node:
                 return default
             node = node[part]
@@ -72,6 +119,11 @@ class Memory:
     def set(self, path: str, value: Any) -> None:
         """Store ``value`` at ``path``, creating intermediate dictionaries."""
         parts = _split(path)
+        if len(parts) == 1:
+            self._read.pop(parts[0], None)  # replaced whole: this update holds the new value itself
+        else:
+            self._watch(parts[0])
+        self._written.add(parts[0])
         node = self._data
         for part in parts[:-1]:
             child = node.get(part)
@@ -84,6 +136,8 @@ class Memory:
     def delete(self, path: str) -> None:
         """Remove ``path`` if present (a missing path is not an error)."""
         parts = _split(path)
+        self._watch(parts[0])
+        self._written.add(parts[0])
         node: Any = self._data
         for part in parts[:-1]:
             if not isinstance(node, dict) or part not in node:
@@ -111,9 +165,36 @@ class Memory:
                 self.set(update.path, update.value)
 
     def take_updates(self) -> list[MemoryUpdate]:
-        """Return the updates recorded since the last call and forget them."""
+        """Return the updates since the last call (in-place changes of read entries included) and forget them.
+
+        Called at the end of each action: entries that changed or were set become private copies.
+        """
+        changed = {top for top, before in self._read.items() if top in self._data and self._changed(top, before)}
+        # Whole-entry updates come last: they hold the entry as the action left it, set() calls included.
+        self._updates.extend(MemoryUpdate(top, self._data[top]) for top in sorted(changed))
+        for top in changed | self._written:
+            if top in self._data:
+                self._data[top] = _private_copy(self._data[top])
         updates, self._updates = self._updates, []
+        self._read, self._written = {}, set()
         return updates
+
+    def _changed(self, top: str, before: bytes | None) -> bool:
+        """Whether entry ``top`` holds other than what the recorded updates made of it (an in-place change)."""
+        now = _snapshot(self._data[top])
+        if now == before:
+            return False
+        if before is None or now is None or top not in self._written:
+            return True
+        # Set below the top level too: did the set() calls alone make it what it is?
+        replayed = Memory({top: pickle.loads(before)})
+        replayed.apply(update for update in self._updates if update.path.split(".")[0] == top)
+        return top not in replayed.data or _snapshot(replayed.data[top]) != now
+
+    def _watch(self, top: str) -> None:
+        """Remember a top-level entry's state when an action first touches it."""
+        if top not in self._read and top in self._data and not isinstance(self._data[top], _IMMUTABLE):
+            self._read[top] = _snapshot(self._data[top])
 
     @property
     def data(self) -> dict:

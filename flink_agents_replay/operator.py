@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +48,14 @@ from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
+from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
 from flink_agents_replay.journal.codec import FORMAT_VERSION, RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
 from flink_agents_replay.journal.records import CallRecord, RunPosition, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import JournalWriter, RunJournal
+from flink_agents_replay.journal.writer import JournalWriter, RunJournal, max_record_bytes
 from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.runner import ReplayCalls, RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.runtime_info import subtask_info
@@ -70,7 +71,7 @@ _DRAIN_TIMER = 2**63 - 2  # event-time timer fired by the final watermark of a b
 _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
              "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
              "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
-             "replay_inputs_skipped", "replay_runs_failed")
+             "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned")
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         _configure_logging()
         info = subtask_info(runtime_context)
         self.subtask = info.index
+        self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.owned = key_group_range(info.index, info.parallelism, info.max_parallelism)
         self.seq_state = runtime_context.get_state(ValueStateDescriptor("seq", Types.LONG()))
@@ -166,7 +168,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 create_topic=self.config.create_topic, replication_factor=self.config.replication_factor,
                 topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
             codec = RecordCodec(self.config.signing_key_bytes, self.config.uid)
-            self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s)
+            self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s,
+                                        max_record_bytes(self.config.kafka))
 
     def _open_capture(self) -> CaptureWriter:
         config = self.config
@@ -204,20 +207,38 @@ class ActionExecutionOperator(KeyedProcessFunction):
                  time.monotonic() - begun)
 
     def close(self) -> None:
-        """Stop every run at its next action or call boundary, wait for calls under way, release clients.
+        """Stop every run at its next action or call boundary, wait a bounded time for calls under way, release
+        clients.
 
         Runs on cancellation, failure and stop-with-savepoint too (the checkpoint bridge sees to it), so no
-        run of this attempt still calls or journals when the next attempt of the task reads the journal.
+        run of this attempt still calls or journals when the next attempt of the task reads the journal. A call
+        that hangs past ``close_timeout_s`` is abandoned (counted, its run logged as in doubt) and its run can
+        no longer journal: waiting longer would outlast Flink's ``task.cancellation.timeout``, which kills the
+        TaskManager.
         """
         pool = getattr(self, "pool", None)
         if pool is not None:
             self.closing.set()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
             self.child_pool.shutdown()
+            self._abandon_hung_runs()
             log.info("subtask %d closing: %s", self.subtask, _describe(self.totals))
+        if getattr(self, "writer", None) is not None:
+            self.writer.close()
         for client in ("store", "capture", "production_journal"):
             if getattr(self, client, None) is not None:
                 getattr(self, client).close()
+
+    def _abandon_hung_runs(self) -> None:
+        """Wait up to ``close_timeout_s`` for the runs still under way; count and log the ones that do not end."""
+        futures = {run.future: key for key, run in self.runs.items()}
+        _, hung = wait(futures, timeout=self.config.close_timeout_s)
+        if hung:
+            self.counters["runs_abandoned"].inc(len(hung))
+            log.warning("subtask %d closing: %d runs still had a call under way after %.0f s (close_timeout_s) and "
+                        "were abandoned; their calls are in doubt and the next attempt makes them again "
+                        "(keys %s)", self.subtask, len(hung), self.config.close_timeout_s,
+                        ", ".join(repr(futures[f]) for f in list(hung)[:10]))
 
     # -- checkpoint hooks --------------------------------------------------------------------------
     def initialize_state(self, values: list[bytes]) -> None:
@@ -232,8 +253,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         accept_gap = self.config.accept_reexecution_after_gap or self.replay is not None
         plan = plan_restore(values, self.owned)
         if plan.fresh:
-            log.info("subtask %d: fresh start, no journal to read (partitions %d-%d)", self.subtask,
-                     self.owned.start, self.owned.stop - 1)
+            if self.replay is None:
+                self._start_without_checkpoint()
             return
         offsets = dict(plan.offsets)
         begun = time.monotonic()
@@ -264,6 +285,30 @@ class ActionExecutionOperator(KeyedProcessFunction):
         log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
                  "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
                  _ranges(offsets), self.last_restore_ms / 1000, len(plan.in_flight))
+
+    def _start_without_checkpoint(self) -> None:
+        """No checkpoint: reuse what earlier attempts of this job wrote, if any; then mark this attempt's start.
+
+        See :mod:`flink_agents_replay.journal.attempts` for how records are tied to a job.
+        """
+        begun = time.monotonic()
+        job_id = self.job_id or "unknown-job"
+        found = read_job_history(self.store, self.writer.codec, self.owned, job_id)
+        attempt = found.last_attempt + 1
+        if found.found:
+            self.index = found.index
+            self.restored = True
+            self.last_restore_ms = (time.monotonic() - begun) * 1000
+            self.restore_gauge.inc(int(self.last_restore_ms))
+            log.info("subtask %d: job %s restarted before its first completed checkpoint (attempt %d): read %d "
+                     "journal records for %d keys of earlier attempts from partitions %s in %.2f s; reusing them",
+                     self.subtask, job_id, attempt, found.index.records_read - found.other_records,
+                     len(found.index), _ranges(found.starts), self.last_restore_ms / 1000)
+        else:
+            log.info("subtask %d: fresh start of job %s, no checkpoint and no earlier attempt in the journal "
+                     "(partitions %s); %d records of earlier jobs are not reused", self.subtask, job_id,
+                     _ranges(self.owned), found.other_records)
+        write_attempt_records(self.writer, self.owned, job_id, attempt, self.subtask)
 
     def snapshot_state(self, checkpoint_id: int) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""

@@ -12,9 +12,11 @@ failure and never reported back (*in doubt*), and later what a replay may do wit
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
+
+from flink_agents_replay.errors import CallTimeoutError
 
 __all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
 
@@ -73,17 +77,48 @@ class Resource(ABC):
 
 
 class Tool(Resource):
-    """A plain Python callable. Defaults to ``external`` side effects: the safe assumption."""
+    """A plain Python callable. Defaults to ``external`` side effects: the safe assumption.
+
+    Args:
+        function: what a call runs.
+        side_effects: ``none``, ``idempotent`` or ``external`` (see the module docstring).
+        in_doubt: what the next attempt does with a call that started and never reported back.
+        timeout_s: give up waiting after this many seconds and raise :class:`CallTimeoutError` (the function
+            keeps running on its own thread: Python cannot stop it, so its effect is in doubt). ``None``
+            (default) waits as long as the function runs.
+    """
 
     def __init__(self, function: Callable[..., Any], *, side_effects: SideEffects | str = SideEffects.EXTERNAL,
-                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
+                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None):
         if not callable(function):
             raise TypeError(f"Tool needs a callable, got {function!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"Tool timeout_s must be positive, got {timeout_s!r}")
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.function = function
+        self.timeout_s = timeout_s
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
-        return self.function(*args, **kwargs)
+        if self.timeout_s is None:
+            return self.function(*args, **kwargs)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = self.function(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+
+        # The call's context (its call id) goes along to the thread.
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True,
+                                  name=f"tool-{getattr(self.function, '__name__', 'call')}")
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise CallTimeoutError(f"{self!r} did not return within {self.timeout_s} s; it may still take effect")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def __repr__(self) -> str:
         name = getattr(self.function, "__qualname__", self.function)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import hashlib
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,15 +36,18 @@ from flink_agents_replay.errors import (
     CallBlocked,
     CallInDoubtError,
     FingerprintMismatchError,
+    JournalRecordTooLargeError,
     NoSubAgentOutputError,
     NotPicklableError,
     SubAgentCycleError,
     SubAgentTimeoutError,
 )
 from flink_agents_replay.journal.index import KeyHistory
+from flink_agents_replay.journal.raised import decode_exception, encode_exception
 from flink_agents_replay.journal.records import (
     ACCEPTED_ACTION,
     AcceptedRecord,
+    ActionFailedRecord,
     CallOutcome,
     CallRecord,
     CompletionRecord,
@@ -54,7 +59,7 @@ from flink_agents_replay.journal.records import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.journal.writer import RunJournal
+from flink_agents_replay.journal.writer import JournalClosedError, RunJournal
 from flink_agents_replay.memory import Memory, MemoryUpdate
 from flink_agents_replay.replay.policy import CallPolicy, policy_for
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy
@@ -90,6 +95,7 @@ class RunStats:
     fingerprint_mismatches: int = 0
     child_calls_executed: int = 0
     child_calls_reused: int = 0
+    calls_retried_after_failure: int = 0  # calls that raised, failed their action, and were made again
     calls_recorded: int = 0  # replay: served from the production capture (policy 'recorded')
     calls_blocked: int = 0  # replay: not made (policy 'blocked', or 'recorded' without a record)
 
@@ -244,7 +250,7 @@ class _Scope:
 def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats: RunStats) -> list[OutputEvent]:
     """Run every action ``first`` triggers, and the actions of the events they send, until none is pending."""
     run, history = context.run, context.history
-    tasks: deque[tuple[Event, ActionSpec]] = deque((first, spec) for spec in scope.agent.actions_for(first))
+    tasks: deque[tuple[Event, ActionSpec]] = deque(_deliveries(first, scope.agent.actions_for(first)))
     outputs: list[OutputEvent] = []
     order = 0
     while tasks:
@@ -264,9 +270,10 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
             # The run's calls include those of reused actions: a capture of this run must hold every call
             # a replay may be asked to serve as recorded.
             context.calls.extend(call for call in history.recorded_calls(run.seq, event.id, action)
-                                 if call.outcome is not CallOutcome.STARTED)
+                                 if call is not None and call.outcome is not CallOutcome.STARTED)
         else:
-            recorded: list[CallRecord] = []
+            recorded: list[CallRecord | None] = []
+            retried: set[int] = set()
             if history is not None:
                 # A sub-agent's records share its parent action's order: only top-level steps can diverge.
                 if not scope.is_child and history.has_records_after(position) and history.drop_after(position):
@@ -275,7 +282,9 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
                                 "the key's history diverged and its later records are dropped",
                                 run.key, run.seq, action)
                 recorded = history.recorded_calls(run.seq, event.id, action)
-            sent = _execute_action(context, scope, spec, action, event, action_order, state, recorded, stats)
+                retried = history.retried_positions(run.seq, event.id, action)
+            sent = _execute_action(context, scope, spec, action, event, action_order, state, recorded, retried,
+                                   stats)
             stats.actions_executed += 1
         for emitted in sent:
             if isinstance(emitted, OutputEvent):
@@ -288,9 +297,17 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
                     f"action handles {type(emitted).__name__}: add @action({type(emitted).__name__}) or send an "
                     "OutputEvent"
                 )
-            tasks.extend((emitted, handler) for handler in handlers)
+            tasks.extend(_deliveries(emitted, handlers))
         order += 1
     return outputs
+
+
+def _deliveries(event: Event, handlers: list[ActionSpec]) -> list[tuple[Event, ActionSpec]]:
+    """(event, handler) tasks; each handler gets its own copy when several handle one event: what one action
+    changes in its event must not reach another (a reused action's changes would not)."""
+    if len(handlers) == 1:
+        return [(event, handlers[0])]
+    return [(copy.deepcopy(event), handler) for handler in handlers]
 
 
 def _check_fingerprint(completion: CompletionRecord, spec: ActionSpec, run: RunInput,
@@ -348,7 +365,8 @@ def _child_memory_path(child: Agent) -> str:
 
 
 def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str, event: Event, order: int,
-                    state: Memory, recorded: list[CallRecord], stats: RunStats) -> list[Event]:
+                    state: Memory, recorded: list[CallRecord | None], retried: set[int],
+                    stats: RunStats) -> list[Event]:
     run, journal, digest_of_key = context.run, context.journal, context.digest_of_key
     sent: list[Event] = []
     record_key = journal_key(run.key_group, run.seq, event.id, action, digest_of_key)
@@ -399,19 +417,27 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                 return _recorded_outcome(served)
         if journal is not None and resource.tracks_start:
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+        note_retry(position, resource_name)
         prefix = context.replay.call_id_prefix if context.replay is not None else ""
-        token = _CALL_ID.set(f"{prefix}{scope.path[0]}:{record_key.decode()}:{position}")
+        token = _CALL_ID.set(prefix + call_id(scope.path[0], action, run.seq, position,
+                                              (record_key.decode(), context.input_digest, resource_name, args_digest)))
         try:
             result = resource.invoke(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             stats.calls_executed += 1
-            write_call(position, resource_name, args_digest, CallOutcome.RAISED, _picklable_exception(exc))
+            write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
             raise
         finally:
             _CALL_ID.reset(token)
         stats.calls_executed += 1
         write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
         return result
+
+    def note_retry(position: int, resource_name: str) -> None:
+        if position in retried:
+            stats.calls_retried_after_failure += 1
+            log.info("key %r seq %d action %s: call %d to %r failed its action in an earlier attempt; made again",
+                     run.key, run.seq, action, position, resource_name)
 
     def replayed_call(position: int, resource_name: str, resource, args_digest: str, args: tuple,
                       kwargs: dict) -> CallRecord | None:
@@ -466,6 +492,8 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
             return [output.output for output in outputs], child_state.data, child_stats
 
         to_run = [call for call in planned if not call.finished]
+        for call in to_run:
+            note_retry(call.position, _child_resource(call.child))
         thunks = [functools.partial(child_run, call, copy.deepcopy(state.get(_child_memory_path(call.child), {})))
                   for call in to_run]
         if len(thunks) > 1 and context.child_pool is not None:
@@ -488,12 +516,12 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                 log.info("key %r seq %d: sub-agent call %s reused from the journal (not run again)", run.key,
                          run.seq, " -> ".join((*scope.path, call.child.name)))
                 raised = call.record.outcome is CallOutcome.RAISED
-                value, error = (None, call.record.result) if raised else (call.record.result, None)
+                value, error = (None, decode_exception(call.record.result)) if raised else (call.record.result, None)
             elif outcome.error is not None:
                 stats.child_calls_executed += 1
                 value, error = None, outcome.error
                 write_call(call.position, _child_resource(call.child), call.args_digest, CallOutcome.RAISED,
-                           _picklable_exception(outcome.error))
+                           encode_exception(outcome.error))
             else:
                 stats.child_calls_executed += 1
                 outputs, child_memory, child_stats = outcome.value
@@ -526,9 +554,18 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         )
 
     state.take_updates()
-    spec.function(event, RunnerContext(key=run.key, seq=run.seq, memory=state, send=send, call=call,
-                                       call_agents=call_agents, event_time=run.event_time))
+    try:
+        spec.function(event, RunnerContext(key=run.key, seq=run.seq, memory=state, send=send, call=call,
+                                           call_agents=call_agents, event_time=run.event_time))
+    except Exception as exc:
+        if journal is not None and not isinstance(exc, (RunCancelled, JournalClosedError)):
+            _journal_action_failed(journal, record_key, spec, ActionFailedRecord(
+                run.seq, order, event.id, action, f"{type(exc).__name__}: {exc}"[:500], context.input_digest))
+        raise
     updates = state.take_updates()
+    # The events as sent; later changes to objects they shared with memory or each other must not reach them
+    # (a reused action's events come from the journal, as they were when it ended).
+    sent[:] = copy.deepcopy(sent)
     if journal is not None:
         completion = CompletionRecord(run.seq, order, event.id, action, spec.fingerprint, updates, sent,
                                       next_position, context.input_digest)
@@ -537,7 +574,46 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                           what=f"the result of action {action}")
         except NotPicklableError as exc:
             raise explain_unpicklable(action, updates, sent) or exc from exc.__cause__
+        except JournalRecordTooLargeError as exc:
+            raise JournalRecordTooLargeError(f"{exc} {_largest_parts(updates, sent)}") from None
     return sent
+
+
+def _largest_parts(updates: list[MemoryUpdate], events: list[Event]) -> str:
+    """Which memory paths and events make an action's result large, largest first (for the error message)."""
+    sizes = [(len(cloudpickle.dumps(u.value)), f"memory path {u.path!r}") for u in updates]
+    sizes += [(len(cloudpickle.dumps(e)), f"a sent {type(e).__name__}") for e in events]
+    shown = ", ".join(f"{what} {size:,} bytes" for size, what in sorted(sizes, reverse=True)[:3])
+    return (f"Largest parts: {shown}. Keep large values out of memory and events (store them elsewhere and keep a "
+            "reference), or raise message.max.bytes in the kafka settings together with the journal topic's "
+            "max.message.bytes.")
+
+
+def _journal_action_failed(journal: RunJournal, record_key: bytes, spec: ActionSpec,
+                           record: ActionFailedRecord) -> None:
+    """Journal, acknowledged, that an exception left the action: the next attempt makes its failed calls again.
+
+    If the journal cannot take it, the action's exception still fails the task (it says what went wrong).
+    """
+    try:
+        journal.write(record_key, RecordKind.ACTION_FAILED, record, fingerprint=spec.fingerprint, must_ack=True,
+                      what=f"the failure of action {record.action}")
+    except Exception as error:  # noqa: BLE001 - never hide the action's own exception
+        log.warning("seq %d action %s: could not journal its failure (%s); its failed calls may be reused",
+                    record.seq, record.action, error)
+
+
+def call_id(agent: str, action: str, seq: int, position: int, request: tuple) -> str:
+    """The id of a logical call, for a service's idempotency key (``current_call_id()``).
+
+    A readable head (agent, action, seq, position) and a hash of what identifies the request: the journal
+    key of the action execution (key, seq, event), the input's digest, the resource and the arguments'
+    digest. Attempts of the same request get the same id; a different input at the same seq, or other
+    arguments, get another, so a service never answers one request with another's result.
+    """
+    digest = hashlib.sha256(repr((agent, action, seq, position, request)).encode("utf-8", "surrogatepass"))
+    head = re.sub(r"[^A-Za-z0-9_.:/-]", "_", f"{agent}:{action}:{seq}:{position}")
+    return f"{head}:{digest.hexdigest()[:24]}"
 
 
 def explain_unpicklable(action_name: str, updates: list[MemoryUpdate], events: list[Event]) -> NotPicklableError | None:
@@ -570,7 +646,7 @@ def _pickle_problem(value: Any) -> str | None:
 def _recorded_outcome(record: CallRecord) -> Any:
     """What a finished recorded call gives the action again: its result, or its exception raised."""
     if record.outcome is CallOutcome.RAISED:
-        raise record.result
+        raise decode_exception(record.result)
     return record.result
 
 
@@ -578,15 +654,3 @@ def _describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:
     """The arguments of a call as people read them in a report (shortened)."""
     shown = ", ".join([*(repr(a) for a in args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     return shown if len(shown) <= limit else shown[:limit - 3] + "..."
-
-
-def _picklable_exception(exc: BaseException) -> BaseException:
-    """``exc`` if it survives a pickle round trip, else a RuntimeError that names it."""
-    try:
-        restored = cloudpickle.loads(cloudpickle.dumps(exc))
-        if type(restored) is type(exc):
-            return exc
-    except Exception:  # noqa: BLE001
-        pass
-    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
-

@@ -11,6 +11,13 @@ read in write order, and a key's records are written one run at a time, so a lat
 means a restore ran another input there (after a divergence or an order-restore timeout) and the older
 records belong to an abandoned history.
 
+Failed actions: a call that raised is reused (its exception raised again) only when the action that
+made it handled the exception. When an exception leaves an action, the operator journals an
+:class:`ActionFailedRecord` before the task fails; filing it drops the RAISED call records of that action
+execution written before it, so the next attempt makes those calls again (a transient outage is not
+turned into a permanent failure). Calls that returned are still reused. An action that caught the
+exception and was then killed mid-way has no such record, and reuses the RAISED result as it saw it.
+
 Divergence: history is positional — (seq, order of the action in its run). When a replayed action
 finds no completion at position P although the key has records *after* P, or finds a record written
 for a different input, the key's history has diverged from the journal: every entry of that key after
@@ -28,6 +35,7 @@ import cloudpickle
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.records import (
     AcceptedRecord,
+    ActionFailedRecord,
     CallOutcome,
     CallRecord,
     CompletionRecord,
@@ -40,7 +48,9 @@ from flink_agents_replay.journal.store import StoredRecord
 __all__ = ["KeyHistory", "RecoveryIndex"]
 
 ActionSlot = tuple[int, str, str]  # (seq, event id, action)
-_INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.CALL.value, RecordKind.COMPLETION.value)
+_INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.CALL.value, RecordKind.COMPLETION.value,
+                  RecordKind.ACTION_FAILED.value)
+IndexedRecord = AcceptedRecord | CallRecord | CompletionRecord | ActionFailedRecord
 _LAST = 2**62  # an order after every action of a seq
 
 
@@ -51,6 +61,8 @@ class KeyHistory:
     completions: dict[ActionSlot, CompletionRecord] = field(default_factory=dict)
     calls: dict[ActionSlot, dict[int, CallRecord]] = field(default_factory=lambda: defaultdict(dict))
     accepted: dict[int, str] = field(default_factory=dict)  # seq -> input digest, from accepted records
+    #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
+    retried: dict[ActionSlot, set[int]] = field(default_factory=lambda: defaultdict(set))
     input_digests: dict[int, str] = field(default_factory=dict)
     partition: int | None = None
     first_offset: int | None = None
@@ -73,6 +85,19 @@ class KeyHistory:
         if previous is None or previous.outcome is CallOutcome.STARTED:
             slot[record.position] = record
 
+    def add_action_failed(self, record: ActionFailedRecord) -> None:
+        """File an action-failed record: the RAISED calls of that action execution are not reused."""
+        self._note_input(record.seq, record.input_digest)
+        action_slot = (record.seq, record.event_id, record.action)
+        calls = self.calls.get(action_slot, {})
+        for position in [p for p, call in calls.items() if call.outcome is CallOutcome.RAISED]:
+            del calls[position]
+            self.retried[action_slot].add(position)
+
+    def retried_positions(self, seq: int, event: str, action: str) -> set[int]:
+        """Positions of calls that raised in an action that then failed: made again, counted as retries."""
+        return self.retried.get((seq, event, action), set())
+
     def _note_input(self, seq: int, input_digest: str) -> None:
         known = self.input_digests.get(seq)
         if known is not None and known != input_digest:
@@ -92,10 +117,13 @@ class KeyHistory:
         """The completion of an action execution, if journaled."""
         return self.completions.get((seq, event, action))
 
-    def recorded_calls(self, seq: int, event: str, action: str) -> list[CallRecord]:
-        """The calls journaled for an action execution, by position (its completion, if any, aside)."""
+    def recorded_calls(self, seq: int, event: str, action: str) -> list[CallRecord | None]:
+        """The calls journaled for an action execution, indexed by position (``None`` where a position holds
+        nothing, e.g. a call that failed its action); its completion, if any, aside."""
         slot = self.calls.get((seq, event, action))
-        return [slot[p] for p in sorted(slot)] if slot else []
+        if not slot:
+            return []
+        return [slot.get(p) for p in range(max(slot) + 1)]
 
     def positions(self) -> list[RunPosition]:
         """Every position that holds a record."""
@@ -133,6 +161,8 @@ class KeyHistory:
             del self.completions[slot]
         for slot in [s for s in self.calls if s[0] <= seq]:
             del self.calls[slot]
+        for slot in [s for s in self.retried if s[0] <= seq]:
+            del self.retried[slot]
         for done in [s for s in self.accepted if s <= seq]:
             del self.accepted[done]
         self._rebuild_input_digests()
@@ -172,7 +202,7 @@ class RecoveryIndex:
                     stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
                 if header["kind"] in _INDEXED_KINDS:
                     record = cloudpickle.loads(payload)
-                    if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord)):
+                    if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord, ActionFailedRecord)):
                         self.add(digest_of_key, raw[0].partition, raw[0].offset, record)
         return self._keys.get(digest_of_key)
 
@@ -182,8 +212,7 @@ class RecoveryIndex:
             raise ValueError("a RecoveryIndex without a codec cannot take raw records")
         self._raw.setdefault(digest_of_key, []).append(stored)
 
-    def add(self, digest_of_key: str, partition: int, offset: int,
-            record: AcceptedRecord | CallRecord | CompletionRecord) -> None:
+    def add(self, digest_of_key: str, partition: int, offset: int, record: IndexedRecord) -> None:
         """File one decoded record."""
         history = self._keys.get(digest_of_key)
         if history is None:
@@ -192,6 +221,8 @@ class RecoveryIndex:
             history.add_completion(record)
         elif isinstance(record, AcceptedRecord):
             history.add_accepted(record)
+        elif isinstance(record, ActionFailedRecord):
+            history.add_action_failed(record)
         else:
             history.add_call(record)
 

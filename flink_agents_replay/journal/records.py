@@ -11,6 +11,12 @@ serialized business key: a raw key may contain ':' or collide in ``str()``.
   another interleaving back into that order (DESIGN §11, §13).
 * A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
   events it sent. Reusing an action means applying exactly these.
+* An :class:`ActionFailedRecord` is written (and acknowledged) when an exception leaves an action: the
+  action did not handle what its calls raised, so those failed calls are made again by the next attempt
+  instead of being reused (a failure is not forever; see :mod:`.index`).
+* An :class:`AttemptRecord` is written (and acknowledged) in every owned partition when a subtask starts
+  with no checkpoint to restore: it ties the records after it to the Flink job that wrote them, so a
+  restart of the same job before its first completed checkpoint finds them (see :mod:`.attempts`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from flink_agents_replay.memory import MemoryUpdate
 __all__ = [
     "ACCEPTED_ACTION",
     "AcceptedRecord",
+    "ActionFailedRecord",
     "CallOutcome",
     "CallRecord",
     "CompletionRecord",
@@ -45,6 +52,8 @@ class RecordKind(str, enum.Enum):
     ACCEPTED = "accepted"
     CALL = "call"
     COMPLETION = "completion"
+    ACTION_FAILED = "failed"
+    ATTEMPT = "attempt"
     CAPTURED_INPUT = "input"  # capture topic only (flink_agents_replay.capture)
     CAPTURED_RUN = "run"
 
@@ -111,6 +120,18 @@ class CompletionRecord:
     memory_updates: list[MemoryUpdate] = field(default_factory=list)
     sent_events: list[Any] = field(default_factory=list)  # Events carrying their ids
     calls: int = 0
+    input_digest: str = ""
+
+
+@dataclass
+class ActionFailedRecord:
+    """An exception left an action (it was not handled there): the action's failed calls are made again."""
+
+    seq: int
+    order: int
+    event_id: str
+    action: str
+    error: str  # "<type>: <message>", for people reading the journal
     input_digest: str = ""
 
 

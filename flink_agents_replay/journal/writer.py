@@ -14,13 +14,31 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Mapping
 from typing import Any
 
+from flink_agents_replay.errors import NO_RESTART_MARKER, JournalError, JournalRecordTooLargeError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.records import RecordKind
 from flink_agents_replay.journal.store import Delivery, JournalStore
 
-__all__ = ["Durability", "JournalWriter", "RunJournal"]
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "Durability", "JournalClosedError", "JournalWriter", "RunJournal",
+           "max_record_bytes"]
+
+#: librdkafka's default ``message.max.bytes``; the broker's default ``max.message.bytes`` is a little more.
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+#: Room for the record key, headers and batch framing inside ``message.max.bytes``.
+_FRAMING_BYTES = 512
+
+
+def max_record_bytes(kafka_config: Mapping[str, Any]) -> int:
+    """The largest record the producer sends: its ``message.max.bytes`` (the user's setting, else the default)."""
+    return int(kafka_config.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
+
+
+class JournalClosedError(JournalError):
+    """The subtask closed its journal: a run it abandoned (a hung call) must not write after the next attempt
+    started reading."""
 
 
 class Durability(str, enum.Enum):
@@ -35,11 +53,27 @@ class JournalWriter:
     """Encodes records and appends them to a store; shared by all runs of a subtask (thread-safe)."""
 
     def __init__(self, store: JournalStore, codec: RecordCodec, durability: Durability | str,
-                 ack_timeout_s: float = 60.0):
+                 ack_timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
         self.store = store
         self.codec = codec
         self.durability = Durability(durability)
         self.ack_timeout_s = ack_timeout_s
+        self.max_record_bytes = max_record_bytes
+        self.closed = False
+
+    def close(self) -> None:
+        """Refuse every later write (runs abandoned on close may still be running)."""
+        self.closed = True
+
+    def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str, what: str) -> bytes:
+        """The record's bytes; a record Kafka would refuse is a :class:`JournalRecordTooLargeError` now."""
+        value = self.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+        size = len(value) + len(record_key)
+        if size + _FRAMING_BYTES > self.max_record_bytes:
+            raise JournalRecordTooLargeError(
+                f"{what} is {size:,} bytes as a journal record, more than Kafka accepts ({self.max_record_bytes:,} "
+                f"bytes, message.max.bytes) {NO_RESTART_MARKER}")
+        return value
 
     def run_journal(self, partition: int) -> RunJournal:
         """A journal handle for one run, writing to ``partition``."""
@@ -63,8 +97,10 @@ class RunJournal:
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
               what: str = "journal record", must_ack: bool = False) -> None:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
-        value = self._writer.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+        value = self._writer.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
         with self._lock:  # the first delivery must be the first record appended
+            if self._writer.closed:
+                raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
             delivery = self._writer.store.append(self.partition, record_key, value)
             if self.first_delivery is None:
                 self.first_delivery = delivery

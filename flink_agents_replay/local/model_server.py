@@ -19,8 +19,12 @@ Endpoints:
 * ``GET /stats`` — the counters as JSON (see :class:`ServerStats`); ``POST /stats/reset`` zeroes them.
 
 Every chat and order request waits ``delay_ms`` first (a slow model), or the ``X-Stub-Delay-Ms`` header's
-value. A request carrying an ``Idempotency-Key`` header is executed at most once per key and endpoint:
-a later one gets the stored reply, and one arriving while the first is still under way waits for it.
+value. An *outage* can be scheduled (:meth:`StubModelServer.schedule_outage`, tests): once a given number of
+chat completions has been executed, every chat request is answered ``503`` for a number of seconds
+(counted as ``unavailable``, not executed), then the service answers again.
+
+A request carrying an ``Idempotency-Key`` header is executed at most once per key and endpoint: a later
+one gets the stored reply, and one arriving while the first is still under way waits for it.
 
 In-process (tests)::
 
@@ -106,6 +110,7 @@ class ServerStats:
             the same question asked twice. ``Idempotency-Key`` and the delay header are not part of it.
         idempotent_replays: requests answered from the idempotency store, without executing.
         distinct: different requests executed (``chat + orders == distinct + repeated``).
+        unavailable: chat requests answered 503 during a scheduled outage (not executed).
     """
 
     chat: int = 0
@@ -114,6 +119,7 @@ class ServerStats:
     repeated: int = 0
     idempotent_replays: int = 0
     distinct: int = 0
+    unavailable: int = 0
 
     @property
     def executions(self) -> int:
@@ -156,17 +162,37 @@ class _State:
         self._replays = 0
         self._seen: set[bytes] = set()
         self._slots: dict[tuple[str, str], _Slot] = {}
+        self._unavailable = 0
+        self._outage: tuple[int, float] | None = None  # (after this many chat executions, for seconds)
+        self._outage_ends: float | None = None
+
+    def schedule_outage(self, after_chat: int, seconds: float) -> None:
+        with self._lock:
+            self._outage, self._outage_ends = (after_chat, seconds), None
+
+    def refuse_now(self, endpoint: str) -> bool:
+        """Whether a chat request falls into the scheduled outage (counted when it does)."""
+        if endpoint != "chat":
+            return False
+        with self._lock:
+            if self._outage is not None and self._outage_ends is None and self._executions["chat"] >= self._outage[0]:
+                self._outage_ends = time.monotonic() + self._outage[1]
+            if self._outage_ends is not None and time.monotonic() < self._outage_ends:
+                self._unavailable += 1
+                return True
+            return False
 
     def stats(self) -> ServerStats:
         with self._lock:
             return ServerStats(chat=self._executions["chat"], orders=self._executions["orders"],
                                in_flight=self._in_flight, repeated=self._repeated,
-                               idempotent_replays=self._replays, distinct=len(self._seen))
+                               idempotent_replays=self._replays, distinct=len(self._seen),
+                               unavailable=self._unavailable)
 
     def reset(self) -> None:
         with self._lock:
             self._executions = dict.fromkeys(self._executions, 0)
-            self._repeated = self._replays = 0
+            self._repeated = self._replays = self._unavailable = 0
             self._seen.clear()
             # Pending requests keep their own slot and still answer whoever waits on it.
             self._slots.clear()
@@ -398,6 +424,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._send(_error(400, f"{DELAY_HEADER} must be a number of milliseconds >= 0, got {header!r}"))
             return
+        if self.server.state.refuse_now(endpoint):
+            self._send(_error(503, "the model is unavailable (a scheduled outage)"))
+            return
         key = self.headers.get(IDEMPOTENCY_HEADER) or None
         self._send(self.server.state.run(endpoint, canonical, key, delay_ms / 1000, produce))
 
@@ -478,6 +507,10 @@ class StubModelServer:
     def reset_stats(self) -> None:
         """Zero the counters and forget stored idempotent replies (like ``POST /stats/reset``)."""
         self._state.reset()
+
+    def schedule_outage(self, *, after_chat: int, seconds: float) -> None:
+        """Once ``after_chat`` chat completions were executed, answer every chat request 503 for ``seconds``."""
+        self._state.schedule_outage(after_chat, seconds)
 
     def __enter__(self) -> StubModelServer:
         return self.start()

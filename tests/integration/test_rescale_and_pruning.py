@@ -49,7 +49,8 @@ JOB_TIMEOUT_S = 90
 _RESTORED = re.compile(
     r"subtask (\d+) restored: read (\d+) journal records for (\d+) keys from partitions (\S+) in [\d.]+ s; "
     r"(\d+) runs were in flight at the checkpoint")
-_FRESH = re.compile(r"subtask (\d+): fresh start, no journal to read \(partitions (\S+)\)")
+_FRESH = re.compile(r"subtask (\d+): fresh start of job \S+, no checkpoint and no earlier attempt in the journal "
+                    r"\(partitions (\S+)\)")
 
 
 # --- job plumbing --------------------------------------------------------------------------------------------

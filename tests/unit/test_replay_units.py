@@ -14,6 +14,7 @@ from flink_agents_replay.config import DEFAULT_CAPTURE_RETENTION_MS, AgentConfig
 from flink_agents_replay.errors import CallBlocked, ConfigError, ReplayConfigError, ReplayIsolationError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.journal.raised import decode_exception
 from flink_agents_replay.journal.records import CallOutcome, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import Durability, JournalWriter
@@ -400,7 +401,7 @@ def test_recorded_policy_for_one_resource_and_live_for_another():
 def test_recorded_raised_outcome_is_raised_into_the_action():
     recorded, production = _production_records(["lookup"])
     [record] = recorded.values()
-    assert record.outcome is CallOutcome.RAISED and isinstance(record.result, KeyError)
+    assert record.outcome is CallOutcome.RAISED and isinstance(decode_exception(record.result), KeyError)
     invoked = []
     replay = ReplayCalls({"lookup": CallPolicy.RECORDED}, recorded)
     result = execute_run(make_agent(invoked), _input(["lookup"]), {}, replay=replay)
@@ -579,7 +580,8 @@ def test_blocked_call_writes_no_started_record_to_the_journal():
     result = execute_run(make_agent([]), _input(["mail"], catch=False), {},
                          journal=_writer(store).run_journal(KEY_GROUP), replay=replay)
     assert result.error.startswith("CallBlocked")
-    assert len(store.records(KEY_GROUP)) == 1  # only the accepted record
+    kinds = [RecordCodec.peek_header(value)["kind"] for _, value in store.records(KEY_GROUP)]
+    assert kinds == ["accepted", "failed"]  # no call record: the CallBlocked left the action
 
 
 def test_a_run_that_reuses_an_action_reports_that_actions_calls_for_the_capture():

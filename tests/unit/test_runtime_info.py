@@ -33,9 +33,22 @@ class _JavaTaskInfo:
         return 0
 
 
+class _JavaJobId:
+    def toString(self):  # noqa: N802
+        return "d41d8cd98f00b204e9800998ecf8427e"
+
+
+class _JavaJobInfo:
+    def getJobId(self):  # noqa: N802
+        return _JavaJobId()
+
+
 class _JavaContext:
     def getTaskInfo(self):  # noqa: N802
         return _JavaTaskInfo()
+
+    def getJobInfo(self):  # noqa: N802
+        return _JavaJobInfo()
 
 
 class _ThreadModeContext:
@@ -52,7 +65,7 @@ def test_process_mode_getters_are_used():
 
 
 def test_thread_mode_falls_back_to_task_info():
-    assert subtask_info(_ThreadModeContext()) == SubtaskInfo(3, 5, 300, 0)
+    assert subtask_info(_ThreadModeContext()) == SubtaskInfo(3, 5, 300, 0, "d41d8cd98f00b204e9800998ecf8427e")
 
 
 def test_unrelated_attribute_errors_are_not_hidden():

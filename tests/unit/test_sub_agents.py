@@ -179,7 +179,8 @@ def test_a_child_exception_reaches_the_parent_with_its_type_also_when_reused():
     calls.clear()
     again = run(parent, store, value="order-9", history=recover(store).history(key_digest("k")))
     assert calls == Counter() and summary(again) == summary(first)
-    crashed = prefix(store, 3)  # accepted, c1's RAISED record, the child call's RAISED record
+    # accepted, c1's RAISED record, the child action's failure (c1 raised out of it), the child call's RAISED record
+    crashed = prefix(store, 4)
     calls.clear()
     replayed = run(parent, crashed, value="order-9", history=recover(crashed).history(key_digest("k")))
     assert calls["c1"] == 0 and summary(replayed) == summary(first)

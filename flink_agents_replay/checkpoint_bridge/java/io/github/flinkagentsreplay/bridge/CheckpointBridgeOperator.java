@@ -14,10 +14,13 @@ import org.apache.flink.api.common.state.ListStateDescriptor;
 import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.python.PythonOptions;
+import org.apache.flink.runtime.execution.SuppressRestartsException;
+import org.apache.flink.runtime.state.VoidNamespace;
 import org.apache.flink.runtime.state.StateInitializationContext;
 import org.apache.flink.runtime.state.StateSnapshotContext;
 import org.apache.flink.runtime.event.WatermarkEvent;
 import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionInfo;
+import org.apache.flink.streaming.api.operators.InternalTimer;
 import org.apache.flink.streaming.api.operators.Output;
 import org.apache.flink.streaming.api.operators.TimestampedCollector;
 import org.apache.flink.streaming.api.watermark.Watermark;
@@ -54,6 +57,13 @@ import java.util.List;
 public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedProcessOperator<K, IN, OUT> {
 
     private static final long serialVersionUID = 1L;
+
+    /**
+     * In the message of a Python error that restarting cannot cure (the same input fails the same way): such a
+     * failure ends the job instead of looping through the restart strategy. Keep equal to
+     * flink_agents_replay.errors.NO_RESTART_MARKER.
+     */
+    static final String NO_RESTART_MARKER = "[flink-agents-replay: not restarted]";
 
     /** Name of the union list state; part of the savepoint format, never change it. */
     public static final String STATE_NAME = "flink-agents-replay.checkpoint-bridge";
@@ -302,6 +312,44 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         public void close() {
             delegate.close();
         }
+    }
+
+    @Override
+    public void processElement(StreamRecord<IN> element) throws Exception {
+        try {
+            super.processElement(element);
+        } catch (Exception e) {
+            throw withoutRestartIfMarked(e);
+        }
+    }
+
+    @Override
+    public void onEventTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
+        try {
+            super.onEventTime(timer);
+        } catch (Exception e) {
+            throw withoutRestartIfMarked(e);
+        }
+    }
+
+    @Override
+    public void onProcessingTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
+        try {
+            super.onProcessingTime(timer);
+        } catch (Exception e) {
+            throw withoutRestartIfMarked(e);
+        }
+    }
+
+    /** The failure as is, or wrapped so that Flink fails the job without restarting it (see NO_RESTART_MARKER). */
+    static Exception withoutRestartIfMarked(Exception failure) {
+        for (Throwable cause = failure; cause != null; cause = cause.getCause()) {
+            String message = cause.getMessage();
+            if (message != null && message.contains(NO_RESTART_MARKER)) {
+                return new SuppressRestartsException(failure);
+            }
+        }
+        return failure;
     }
 
     /** PyFlink's operator-fusion optimizer calls copy(); without this override the bridge would vanish. */

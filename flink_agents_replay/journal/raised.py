@@ -1,0 +1,55 @@
+"""Exceptions as the journal keeps them: their type, arguments and attributes, so they come back as raised.
+
+A call that raised is journaled with its exception, and reusing the call raises that exception again, so
+an action that handled it (``except ConnectionError:``) takes the same branch after a failure. Pickling
+an exception directly rebuilds it by calling its constructor with ``exc.args``; that fails for the many
+third-party exceptions whose constructors take keyword-only or other arguments than they store (HTTP
+client errors that need a ``response=``), and a stand-in type would send the action down another branch.
+So the journal stores the type (by reference, like any user value), ``args`` and the instance's
+attributes, and rebuilds the exception *without* calling its constructor, the way ``copy`` does.
+
+An attribute that cannot be pickled (an open connection, a lock) is left out and named in the rebuilt
+exception's notes; the type and message always survive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["decode_exception", "encode_exception"]
+
+_VERSION = 1
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        cloudpickle.dumps(value)
+    except Exception:  # noqa: BLE001 - pickling raises many types
+        return False
+    return True
+
+
+def encode_exception(exc: BaseException) -> dict[str, Any]:
+    """Plain data that :func:`decode_exception` turns back into an exception of the same type."""
+    kind: type = type(exc)
+    args = exc.args if _picklable(exc.args) else tuple(str(arg) for arg in exc.args)
+    attributes = {name: value for name, value in vars(exc).items() if _picklable(value)}
+    dropped = sorted(set(vars(exc)) - set(attributes))
+    if not _picklable(kind):  # a type pickle cannot name: keep what people need to read
+        kind, args, attributes = RuntimeError, (f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}",), {}
+    return {"version": _VERSION, "type": kind, "args": args, "attributes": attributes, "dropped": dropped}
+
+
+def decode_exception(encoded: Any) -> BaseException:
+    """The exception :func:`encode_exception` encoded (an exception object, as older records hold, as is)."""
+    if isinstance(encoded, BaseException):
+        return encoded
+    kind = encoded["type"]
+    exc = kind.__new__(kind, *encoded["args"])
+    exc.args = tuple(encoded["args"])
+    exc.__dict__.update(encoded["attributes"])
+    if encoded["dropped"] and hasattr(exc, "add_note"):
+        exc.add_note(f"flink-agents-replay: attributes {encoded['dropped']} could not be journaled and are missing")
+    return exc

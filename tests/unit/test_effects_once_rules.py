@@ -1,0 +1,281 @@
+"""The rules behind the every-effect-once guarantee, on the in-memory journal: failed actions, exceptions,
+in-place memory changes, shared events, call ids, attempt records and record sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.errors import JournalRecordTooLargeError
+from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.journal.raised import decode_exception, encode_exception
+from flink_agents_replay.journal.records import key_digest
+from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.journal.writer import JournalClosedError, JournalWriter
+from flink_agents_replay.memory import Memory, MemoryUpdate
+from flink_agents_replay.resources import Tool, current_call_id
+from flink_agents_replay.runner import RunInput, execute_run
+
+KEY_GROUP = 2
+SIGNING_KEY = b"effects-once-rules-key"
+
+
+def _writer(store: MemoryJournalStore, **kwargs) -> JournalWriter:
+    return JournalWriter(store, RecordCodec(SIGNING_KEY, "op"), "per_action", **kwargs)
+
+
+def _history(store: MemoryJournalStore, key: str = "k"):
+    end = store.end_offsets([KEY_GROUP])
+    return read_recovery_index(store, RecordCodec(SIGNING_KEY, "op"), {KEY_GROUP: 0}, end).history(key_digest(key))
+
+
+def _run(agent, store, value="in", seq=1, memory=None, history=None):
+    return execute_run(agent, RunInput("k", KEY_GROUP, seq, value), memory if memory is not None else {},
+                       history=history, journal=_writer(store).run_journal(KEY_GROUP))
+
+
+# -- failed calls ------------------------------------------------------------------------------------------------
+class FlakyService:
+    """Down (ConnectionError) while ``down`` is true; counts invocations."""
+
+    def __init__(self):
+        self.down = True
+        self.invocations = 0
+
+    def __call__(self, text):
+        self.invocations += 1
+        if self.down:
+            raise ConnectionError(f"service down for {text}")
+        return f"ok({text})"
+
+
+def flaky_agent(service: FlakyService, handle: bool) -> Agent:
+    class Flaky(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            first = ctx.call("steady", event.input)
+            try:
+                answer = ctx.call("flaky", first)
+            except ConnectionError:
+                if not handle:
+                    raise
+                answer = "fallback"
+            ctx.send_event(OutputEvent(output=answer))
+
+    steady = []
+    return Flaky(resources={"steady": Tool(lambda text: steady.append(text) or f"s({text})", side_effects="none"),
+                            "flaky": Tool(service, side_effects="none")})
+
+
+def test_a_call_whose_exception_failed_its_action_is_made_again_and_counted():
+    service, store = FlakyService(), MemoryJournalStore(4)
+    with pytest.raises(ConnectionError):
+        _run(flaky_agent(service, handle=False), store)
+    service.down = False
+    again = _run(flaky_agent(service, handle=False), store, history=_history(store))
+    assert [o.output for o in again.outputs] == ["ok(s(in))"]
+    assert service.invocations == 2 and again.stats.calls_reused == 1  # the steady call was reused
+    assert again.stats.calls_retried_after_failure == 1
+    # A third attempt after that one finished reuses everything, the retried call's result included.
+    third = _run(flaky_agent(service, handle=False), store, history=_history(store))
+    assert service.invocations == 2 and third.stats.actions_reused == 1
+
+
+def test_a_handled_exception_is_reused_as_raised():
+    service, store = FlakyService(), MemoryJournalStore(4)
+    first = _run(flaky_agent(service, handle=True), store)
+    service.down = False  # reuse must not ask again: the action decided on the failure
+    again = _run(flaky_agent(service, handle=True), store, history=_history(store))
+    assert [o.output for o in first.outputs] == [o.output for o in again.outputs] == ["fallback"]
+    assert service.invocations == 1
+
+
+def test_a_crash_after_a_handled_exception_reuses_it():
+    """Killed mid-way after handling: no failure record, so the RAISED result is reused (the action saw it)."""
+    service, store = FlakyService(), MemoryJournalStore(4)
+    _run(flaky_agent(service, handle=True), store)
+    crashed = MemoryJournalStore(4)
+    for key, value in store.records(KEY_GROUP)[:3]:  # accepted, steady call, flaky call (RAISED)
+        crashed.append(KEY_GROUP, key, value)
+    service.down = False
+    again = _run(flaky_agent(service, handle=True), crashed, history=_history(crashed))
+    assert [o.output for o in again.outputs] == ["fallback"] and service.invocations == 1
+
+
+class NeedsResponse(Exception):
+    """Like HTTP client errors: the constructor takes keyword-only arguments it does not pass to ``args``."""
+
+    def __init__(self, message, *, response, body=None):
+        super().__init__(message)
+        self.response = response
+        self.body = body
+
+
+def test_exceptions_keep_their_type_and_attributes_through_the_journal():
+    import cloudpickle
+
+    for raised in (NeedsResponse("bad gateway", response={"status": 502}, body=b"x"), ConnectionError("down"),
+                   OSError(111, "refused"), KeyError("k")):
+        restored = decode_exception(cloudpickle.loads(cloudpickle.dumps(encode_exception(raised))))
+        assert type(restored) is type(raised) and restored.args == raised.args and str(restored) == str(raised)
+        assert vars(restored) == vars(raised)
+
+
+# -- memory changed in place -----------------------------------------------------------------------------------
+def test_in_place_changes_are_journaled_and_reproduced_by_reuse():
+    memory = Memory({"log": ["a"], "profile": {"tags": {"x"}}, "n": 1})
+    memory.get("log").append("b")
+    memory.get("profile.tags").add("y")
+    memory.get("n")
+    updates = memory.take_updates()
+    assert updates == [MemoryUpdate("log", ["a", "b"]), MemoryUpdate("profile", {"tags": {"x", "y"}})]
+    replayed = Memory({"log": ["a"], "profile": {"tags": {"x"}}, "n": 1})
+    replayed.apply(updates)
+    assert replayed.data == memory.data
+
+
+def test_a_read_only_action_journals_nothing_and_set_calls_are_not_doubled():
+    memory = Memory({"log": ["a"], "profile": {"name": "n"}})
+    memory.get("log")
+    memory.set("profile.city", "Paris")
+    assert memory.take_updates() == [MemoryUpdate("profile.city", "Paris")]
+
+
+def test_entries_share_no_object_after_an_action():
+    memory = Memory()
+    shared = []
+    memory.set("a", shared)
+    memory.set("b", shared)
+    memory.take_updates()
+    memory.get("a").append(1)  # a failure-free run must see what reuse sees: b unchanged
+    assert memory.take_updates() == [MemoryUpdate("a", [1])]
+    assert memory.data == {"a": [1], "b": []}
+
+
+class Noted(Event):
+    pass
+
+
+def sharing_agent(calls: list) -> Agent:
+    class Sharing(Agent):
+        @action(InputEvent)
+        def note(event, ctx):
+            items = [ctx.call("tool", event.input)]
+            ctx.memory.set("items", items)
+            ctx.send_event(Noted(items=items))
+
+        @action(Noted)
+        def grow(event, ctx):
+            event.items.append("changed by grow")  # its own copy of the event
+            ctx.memory.get("items").append(ctx.call("tool", "more"))
+
+        @action(Noted)
+        def report(event, ctx):
+            ctx.send_event(OutputEvent(output={"event": list(event.items), "memory": list(ctx.memory.get("items"))}))
+
+    return Sharing(resources={"tool": Tool(lambda text: calls.append(text) or text.upper(), side_effects="none")})
+
+
+def test_events_and_memory_changed_by_one_action_look_the_same_after_reuse():
+    calls, store = [], MemoryJournalStore(4)
+    first = _run(sharing_agent(calls), store)
+    again = _run(sharing_agent(calls), store, history=_history(store))
+    expected = {"event": ["IN"], "memory": ["IN", "MORE"]}
+    assert [o.output for o in first.outputs] == [o.output for o in again.outputs] == [expected]
+    assert first.memory == again.memory == {"items": ["IN", "MORE"]} and calls == ["in", "more"]
+
+
+# -- call ids --------------------------------------------------------------------------------------------------
+def id_agent(ids: list) -> Agent:
+    class Ids(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.call("svc", event.input)
+            ctx.send_event(OutputEvent(output=None))
+
+    return Ids(resources={"svc": Tool(lambda text: ids.append(current_call_id()), side_effects="external")})
+
+
+def test_call_ids_are_stable_per_request_and_differ_between_requests():
+    ids: list = []
+    for value in ("order-1", "order-1", "order-2"):
+        execute_run(id_agent(ids), RunInput("k", KEY_GROUP, 1, value), {})
+    execute_run(id_agent(ids), RunInput("k", KEY_GROUP, 2, "order-1"), {})
+    first, same, other_input, other_seq = ids
+    assert first == same and len({first, other_input, other_seq}) == 3
+    assert first.startswith("Ids:act:1:0:") and first.isascii() and len(first) < 80
+
+
+# -- records tied to the job -----------------------------------------------------------------------------------
+def test_attempt_records_tie_history_to_its_job():
+    store = MemoryJournalStore(4)
+    writer = _writer(store)
+    _run(sharing_agent([]), store)  # an earlier job's records
+    write_attempt_records(writer, [KEY_GROUP], "job-b", 0, 0)
+    _run(sharing_agent([]), store, value="b")
+    codec = RecordCodec(SIGNING_KEY, "op")
+    other = read_job_history(store, codec, [KEY_GROUP], "job-c")
+    assert not other.found and other.other_records == len(store.records(KEY_GROUP)) - 1
+    mine = read_job_history(store, codec, [KEY_GROUP], "job-b")
+    assert mine.found and mine.last_attempt == 0
+    history = mine.index.history(key_digest("k"))
+    assert history.recorded_input(1) is not None and history.input_matches(1, _digest("b"))
+
+
+def _digest(value):
+    from flink_agents_replay.digest import digest_value
+
+    return digest_value(value)
+
+
+# -- limits ----------------------------------------------------------------------------------------------------
+def test_a_record_larger_than_kafka_takes_names_the_action_and_the_memory_path():
+    class Grows(Agent):
+        @action(InputEvent)
+        def grow(event, ctx):
+            ctx.memory.set("small", 1)
+            ctx.memory.set("document", "x" * 5000)
+            ctx.send_event(OutputEvent(output=None))
+
+    store = MemoryJournalStore(4)
+    with pytest.raises(JournalRecordTooLargeError, match=r"action grow .*Largest parts: memory path 'document' 5,0"):
+        execute_run(Grows(), RunInput("k", KEY_GROUP, 1, "in"), {},
+                    journal=_writer(store, max_record_bytes=4096).run_journal(KEY_GROUP))
+
+
+def test_a_closed_journal_refuses_writes_of_abandoned_runs():
+    store = MemoryJournalStore(4)
+    writer = _writer(store)
+    writer.close()
+    with pytest.raises(JournalClosedError):
+        execute_run(sharing_agent([]), RunInput("k", KEY_GROUP, 1, "in"), {}, journal=writer.run_journal(KEY_GROUP))
+    assert store.records(KEY_GROUP) == []
+
+
+def test_a_tool_with_a_timeout_gives_up_waiting_and_keeps_the_call_id():
+    import threading
+
+    from flink_agents_replay.errors import CallTimeoutError
+
+    release, seen = threading.Event(), []
+
+    def slow(text):
+        seen.append(current_call_id())
+        release.wait(10)  # released below: the hung service
+        return text
+
+    class Slow(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            try:
+                ctx.call("slow", event.input)
+            except CallTimeoutError:
+                ctx.send_event(OutputEvent(output="timed out"))
+
+    agent = Slow(resources={"slow": Tool(slow, side_effects="external", timeout_s=0.2)})
+    result = execute_run(agent, RunInput("k", KEY_GROUP, 1, "in"), {})
+    release.set()
+    assert [o.output for o in result.outputs] == ["timed out"]
+    assert seen and seen[0].startswith("Slow:act:1:0:")
