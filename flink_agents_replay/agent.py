@@ -23,6 +23,9 @@ metrics live. A call made any other way (a raw HTTP request inside an action) is
 runtime and runs again after a failure.
 
 Events and memory values must be picklable with cloudpickle: they are journaled and kept in Flink state.
+
+Agent and sub-agent names may not contain whitespace, ``:`` or ``/``: the journal uses the last two as
+separators (:attr:`Agent.name`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ __all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerC
 
 _ACTION_ATTRIBUTE = "__flink_agents_replay_action__"
 _EVENT_ID_ATTRIBUTE = "_event_id"
+#: Characters an agent name may not contain, and what the journal uses them for.
+_NAME_SEPARATORS = {":": "between the parts of a record key", "/": "between the agents of a sub-agent path"}
 
 
 class Event:
@@ -130,7 +135,8 @@ class Agent:
 
     Args:
         name: the agent's name (default: the class name). It derives the operator's uid and the
-            journal topic, so changing it after a savepoint was taken breaks restoring from it.
+            journal topic, so changing it after a savepoint was taken breaks restoring from it. It may not
+            contain whitespace, ``:`` or ``/`` (see :attr:`name`).
         resources: models and tools by name; a plain callable is registered as a :class:`Tool`.
         sub_agents: agents this one calls with ``ctx.call_agent`` (registered under their names).
     """
@@ -138,8 +144,6 @@ class Agent:
     def __init__(self, *, name: str | None = None, resources: Mapping[str, Resource | Callable] | None = None,
                  sub_agents: Iterable[Agent] = ()):
         self.name = name or type(self).__name__
-        if not self.name or any(c.isspace() for c in self.name):
-            raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {self.name!r}")
         self._resources: dict[str, Resource] = {}
         for resource_name, resource in (resources or {}).items():
             self.add_resource(resource_name, resource)
@@ -151,6 +155,31 @@ class Agent:
             raise AgentDefinitionError(f"agent {self.name} defines no action: decorate one with @action(InputEvent)")
         if not any(issubclass(InputEvent, spec.event_types) for spec in self.actions):
             raise AgentDefinitionError(f"agent {self.name} has no action for InputEvent, so inputs would do nothing")
+
+    @property
+    def name(self) -> str:
+        """The agent's name; for a sub-agent also its name in ``ctx.call_agent`` and in its actions' names.
+
+        Checked whenever it is set: it must be non-empty, without whitespace and without ``:`` or ``/``
+        (else :class:`AgentDefinitionError`). The journal joins a record key's parts with ``:``, so a
+        sub-agent named with one writes records whose keys no restore can read back; it journals a
+        sub-agent's actions as ``<sub-agent>/<action>`` (``/`` joins a nested path), so a ``/`` in a name
+        makes different paths journal under the same action name. An agent's name also derives its
+        journal topic, where Kafka allows neither.
+        """
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {name!r}")
+        separator = next((c for c in name if c in _NAME_SEPARATORS), None)
+        if separator is not None:
+            raise AgentDefinitionError(
+                f"agent name {name!r} contains {separator!r}, which the journal uses as a separator "
+                f"({_NAME_SEPARATORS[separator]}): choose a name without ':' and '/', e.g. "
+                f"{name.replace(':', '-').replace('/', '-')!r}")
+        self._name = name
 
     def add_resource(self, name: str, resource: Resource | Callable) -> Agent:
         """Register ``resource`` (a :class:`Resource`, or a callable as a tool) under ``name``."""
