@@ -23,6 +23,33 @@ metrics live. A call made any other way (a raw HTTP request inside an action) is
 runtime and runs again after a failure.
 
 Events and memory values must be picklable with cloudpickle: they are journaled and kept in Flink state.
+
+Agent and sub-agent names may not contain whitespace, ``:`` or ``/``: the journal uses the last two as
+separators (:attr:`Agent.name`).
+
+**Action fingerprints.** Every journaled action completion carries the fingerprint of the action's code
+(:attr:`ActionSpec.fingerprint`); a restore or a replay that finds a completion written with another
+fingerprint applies ``fingerprint_policy``. The same code gives the same fingerprint in every Python
+process of the same Python version: nothing that differs between processes counts (hash seed, memory
+addresses, set and dict iteration order), and neither do line numbers, the file, or the action's
+function name (the action's name and triggering event types count separately, as the agent's wiring).
+What counts as the action's code:
+
+- the function's bytecode, names, variable names (local, free, cell), argument counts, exception table
+  and constants, and every nested code object (lambdas, comprehensions, inner functions) the same way;
+- its default values and the contents of its closure cells;
+- constants, defaults and closure contents that are plain data: ``None``, ``bool``, ``int``, ``float``,
+  ``complex``, ``str``, ``bytes``, ``...``, and tuples, lists, dicts, sets and frozensets of them,
+  encoded canonically (set elements and dict items sorted by their encodings, containers recursively);
+- functions among them (a helper the action closes over): their code, defaults and closure, recursively
+  (a cycle stops at the repeated value; beyond 24 levels of nesting only a marker counts);
+- any other object (a client, an enum member, a dict subclass) counts only by its type's qualified
+  name, never by its state or ``repr``; a class counts by its qualified name, a builtin function by its
+  name, a bound method by its function and the type of the object it is bound to.
+
+Not covered: what the action reaches through global names — a module-level helper function, constant or
+class it calls by name can change without changing the fingerprint — and the code of resources. The
+bytecode is the running Python's: another Python minor version gives other fingerprints.
 """
 
 from __future__ import annotations
@@ -43,6 +70,8 @@ __all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerC
 
 _ACTION_ATTRIBUTE = "__flink_agents_replay_action__"
 _EVENT_ID_ATTRIBUTE = "_event_id"
+#: Characters an agent name may not contain, and what the journal uses them for.
+_NAME_SEPARATORS = {":": "between the parts of a record key", "/": "between the agents of a sub-agent path"}
 
 
 class Event:
@@ -113,7 +142,11 @@ def action(*event_types: type[Event]) -> Callable[[Callable], staticmethod]:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action of an agent: its name, function, triggering event types and code fingerprint."""
+    """One action of an agent: its name, function, triggering event types and code fingerprint.
+
+    ``fingerprint`` identifies the action's code and the agent's action wiring, the same in every process
+    running the same code (see *Action fingerprints* in :mod:`flink_agents_replay.agent`).
+    """
 
     name: str
     function: Callable
@@ -130,7 +163,8 @@ class Agent:
 
     Args:
         name: the agent's name (default: the class name). It derives the operator's uid and the
-            journal topic, so changing it after a savepoint was taken breaks restoring from it.
+            journal topic, so changing it after a savepoint was taken breaks restoring from it. It may not
+            contain whitespace, ``:`` or ``/`` (see :attr:`name`).
         resources: models and tools by name; a plain callable is registered as a :class:`Tool`.
         sub_agents: agents this one calls with ``ctx.call_agent`` (registered under their names).
     """
@@ -138,8 +172,6 @@ class Agent:
     def __init__(self, *, name: str | None = None, resources: Mapping[str, Resource | Callable] | None = None,
                  sub_agents: Iterable[Agent] = ()):
         self.name = name or type(self).__name__
-        if not self.name or any(c.isspace() for c in self.name):
-            raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {self.name!r}")
         self._resources: dict[str, Resource] = {}
         for resource_name, resource in (resources or {}).items():
             self.add_resource(resource_name, resource)
@@ -151,6 +183,31 @@ class Agent:
             raise AgentDefinitionError(f"agent {self.name} defines no action: decorate one with @action(InputEvent)")
         if not any(issubclass(InputEvent, spec.event_types) for spec in self.actions):
             raise AgentDefinitionError(f"agent {self.name} has no action for InputEvent, so inputs would do nothing")
+
+    @property
+    def name(self) -> str:
+        """The agent's name; for a sub-agent also its name in ``ctx.call_agent`` and in its actions' names.
+
+        Checked whenever it is set: it must be non-empty, without whitespace and without ``:`` or ``/``
+        (else :class:`AgentDefinitionError`). The journal joins a record key's parts with ``:``, so a
+        sub-agent named with one writes records whose keys no restore can read back; it journals a
+        sub-agent's actions as ``<sub-agent>/<action>`` (``/`` joins a nested path), so a ``/`` in a name
+        makes different paths journal under the same action name. An agent's name also derives its
+        journal topic, where Kafka allows neither.
+        """
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise AgentDefinitionError(f"agent name must be non-empty without spaces, got {name!r}")
+        separator = next((c for c in name if c in _NAME_SEPARATORS), None)
+        if separator is not None:
+            raise AgentDefinitionError(
+                f"agent name {name!r} contains {separator!r}, which the journal uses as a separator "
+                f"({_NAME_SEPARATORS[separator]}): choose a name without ':' and '/', e.g. "
+                f"{name.replace(':', '-').replace('/', '-')!r}")
+        self._name = name
 
     def add_resource(self, name: str, resource: Resource | Callable) -> Agent:
         """Register ``resource`` (a :class:`Resource`, or a callable as a tool) under ``name``."""
@@ -303,18 +360,114 @@ def _collect_actions(agent_type: type) -> tuple[ActionSpec, ...]:
 
 
 def _fingerprint(function: Callable, wiring: str) -> str:
-    """Hash of the action's code (not its line numbers) and the agent's action wiring."""
+    """The action's fingerprint: a hash of the agent's action wiring and of the action's code.
+
+    What counts as the action's code (see the module docstring): the function's bytecode, names, variable
+    names, argument counts, exception table and constants, its nested code objects, its default values and
+    the contents of its closure cells, canonically encoded by :class:`_CodeEncoder`. The result depends on
+    nothing that varies between processes running the same code (hash seed, memory addresses, set order).
+    """
     digest = hashlib.sha256(wiring.encode())
-    _hash_code(inspect.unwrap(function).__code__, digest)
+    digest.update(_CodeEncoder().encode(inspect.unwrap(function)))
     return digest.hexdigest()[:16]
 
 
-def _hash_code(code: types.CodeType, digest) -> None:
-    digest.update(code.co_code)
-    digest.update(repr(code.co_names).encode())
-    digest.update(repr(code.co_varnames).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _hash_code(const, digest)
+#: How deep the fingerprint follows values inside values and functions inside closures and defaults. A
+#: bound keeps the cost of a fingerprint small; anything deeper contributes only a marker.
+_FINGERPRINT_MAX_DEPTH = 24
+
+
+def _sized(data: bytes) -> bytes:
+    return b"%d:%s" % (len(data), data)
+
+
+def _qualified_name(value: Any) -> bytes:
+    return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}".encode()
+
+
+class _CodeEncoder:
+    """A canonical, unambiguous byte encoding of code and of the values an action's code reaches.
+
+    Every value gets a type tag and length-prefixed parts; sets, frozensets and dicts are sorted by the
+    encodings of their elements (keys), so their iteration order, which depends on the hash seed, does not
+    count. ``repr`` is never used: many reprs hold memory addresses.
+    """
+
+    def __init__(self) -> None:
+        # ids of the containers and functions being encoded (the current path only), to stop at cycles. An
+        # id is only compared here, never encoded.
+        self._active: set[int] = set()
+        self._depth = 0
+
+    def encode(self, value: Any) -> bytes:
+        """The encoding of ``value``."""
+        kind = type(value)
+        if value is None:
+            return b"N"
+        if value is Ellipsis:
+            return b"."
+        if kind is bool:
+            return b"T" if value else b"F"
+        if kind is int:
+            return b"i" + _sized(format(value, "x").encode())  # hex: no limit on int-to-str digits
+        if kind is float:
+            return b"f" + _sized(value.hex().encode())
+        if kind is complex:
+            return b"j" + _sized(value.real.hex().encode()) + _sized(value.imag.hex().encode())
+        if kind is str:
+            return b"s" + _sized(value.encode("utf-8", "surrogatepass"))
+        if kind is bytes:
+            return b"b" + _sized(value)
+        if isinstance(value, type):
+            return b"c" + _sized(_qualified_name(value))
+        if isinstance(value, types.BuiltinFunctionType):
+            return b"B" + _sized(_qualified_name(value))
+        if kind not in (tuple, list, set, frozenset, dict, types.CodeType, types.FunctionType, types.MethodType):
+            # Any other object: its type, never its state or repr (which may hold an address).
+            return b"o" + _sized(_qualified_name(kind))
+        if id(value) in self._active:
+            return b"^"  # a cycle back to a value being encoded
+        if self._depth >= _FINGERPRINT_MAX_DEPTH:
+            return b"~"
+        self._active.add(id(value))
+        self._depth += 1
+        try:
+            return self._encode_composite(value)
+        finally:
+            self._depth -= 1
+            self._active.discard(id(value))
+
+    def _encode_composite(self, value: Any) -> bytes:
+        kind = type(value)
+        if kind is types.CodeType:
+            return self._code(value)
+        if kind is types.FunctionType:
+            return self._function(value)
+        if kind is types.MethodType:
+            return b"M" + self.encode(value.__func__) + _sized(_qualified_name(type(value.__self__)))
+        if kind is dict:
+            items = sorted(self.encode(k) + self.encode(v) for k, v in value.items())
         else:
-            digest.update(repr(const).encode())
+            items = [self.encode(item) for item in value]
+            if kind in (set, frozenset):
+                items.sort()
+        tag = {tuple: b"(", list: b"[", set: b"{", frozenset: b"<", dict: b"d"}[kind]
+        return tag + b"%d:" % len(items) + b"".join(items)
+
+    def _code(self, code: types.CodeType) -> bytes:
+        # Not co_filename, co_firstlineno, co_linetable, co_name/co_qualname: moving or renaming the code
+        # (the action's name is part of the wiring) must not change it. Bytecode holds no line numbers.
+        parts = [code.co_code, getattr(code, "co_exceptiontable", b""),
+                 b"%d,%d,%d" % (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount)]
+        names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_consts)
+        return b"C" + b"".join(_sized(part) for part in parts) + b"".join(self.encode(n) for n in names)
+
+    def _function(self, function: types.FunctionType) -> bytes:
+        cells = []
+        for cell in function.__closure__ or ():
+            try:
+                cells.append(self.encode(cell.cell_contents))
+            except ValueError:  # a cell not yet assigned
+                cells.append(b"E")
+        return (b"F" + self.encode(function.__code__) + self.encode(function.__defaults__)
+                + self.encode(function.__kwdefaults__) + b"%d:" % len(cells) + b"".join(cells))
