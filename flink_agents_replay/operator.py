@@ -278,7 +278,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
             offsets.update({p: low[p] for p in gaps})
         end = journal.end_offsets(offsets)
-        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=plan.needs)
+        # A replay takes only what the savepoint's runs in flight need, never production's later runs (§14).
+        keep = plan.needed_by_replay if self.replay is not None else plan.needs
+        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep)
         self.restored = True
         self.last_restore_ms = (time.monotonic() - begun) * 1000
         self.restore_gauge.inc(int(self.last_restore_ms))  # set: it starts at 0 in every attempt

@@ -84,8 +84,9 @@ class ManifestEntry:
 class ManifestWriter:
     """Writes a subtask's manifest entries (creates the compacted manifest topic if missing).
 
-    The journal's Kafka store, on one partition: the same topic checks, pass-through settings and idempotent
-    producer with ``acks=all``.
+    The journal's Kafka store, on one partition: the same topic checks (except the one refusing compaction:
+    only the latest entry per key matters here), pass-through settings and idempotent producer with
+    ``acks=all``.
     """
 
     def __init__(self, kafka_config: Mapping[str, Any], topic: str, *, create_topic: bool = True,
@@ -93,7 +94,8 @@ class ManifestWriter:
         self.timeout_s = timeout_s
         self._store = KafkaJournalStore(kafka_config, topic, 1, create_topic=create_topic,
                                         replication_factor=replication_factor,
-                                        topic_config={"cleanup.policy": "compact"}, timeout_s=timeout_s)
+                                        topic_config={"cleanup.policy": "compact"}, timeout_s=timeout_s,
+                                        allow_compaction=True)
 
     def write(self, entry: ManifestEntry) -> None:
         """Write ``entry`` and wait for Kafka's acknowledgement."""
@@ -109,7 +111,7 @@ def read_entries(kafka_config: Mapping[str, Any], topic: str, timeout_s: float =
     if partition_count(kafka_config, topic, timeout_s) is None:
         raise ReplayConfigError(f"capture manifest topic {topic!r} does not exist: was the production job run "
                                 "with capture on (AgentConfig(capture=True)) and this capture topic?")
-    store = KafkaJournalStore(kafka_config, topic, 1, create_topic=False, timeout_s=timeout_s)
+    store = KafkaJournalStore(kafka_config, topic, 1, create_topic=False, timeout_s=timeout_s, allow_compaction=True)
     try:
         records = store.read(store.start_offsets([0]), store.end_offsets([0]))
         return [ManifestEntry.decode(record.value) for record in records if record.value is not None]

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from flink_agents_replay.errors import ConfigError, JournalError, TopicMismatchError
 from flink_agents_replay.journal.store import Delivery, JournalStore, StoredRecord
@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 _REQUIRED_PRODUCER_SETTINGS = {"enable.idempotence": True, "acks": "all"}
 _READ_BATCH = 2000
 _TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+_NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
+
+def _compacts(policy: str | None) -> bool:
+    """Whether a ``cleanup.policy`` value (``delete``, ``compact``, ``compact,delete``) compacts."""
+    return policy is not None and "compact" in {part.strip().lower() for part in policy.split(",")}
 
 
 class _KafkaDelivery(Delivery):
@@ -64,22 +70,36 @@ class KafkaJournalStore(JournalStore):
         replication_factor: for a created topic (default: the broker's default).
         topic_config: topic-level settings for a created topic (e.g. ``retention.ms``).
         timeout_s: bound on start-up requests (an unreachable broker fails within it).
+        allow_compaction: accept a compacted topic (``cleanup.policy`` with ``compact``). Off for journal
+            and capture topics: compaction keeps only the last record per Kafka key and would drop earlier
+            ones silently. On only for a topic compacted on purpose (the capture manifest).
     """
 
     def __init__(self, kafka_config: Mapping[str, Any], topic: str, partitions: int, *, create_topic: bool = True,
                  replication_factor: int | None = None, topic_config: Mapping[str, str] | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, allow_compaction: bool = False):
         if "bootstrap.servers" not in kafka_config:
             raise ConfigError("the Kafka settings need 'bootstrap.servers' (e.g. {'bootstrap.servers': 'host:9092'})")
         for name, required in _REQUIRED_PRODUCER_SETTINGS.items():
             if name in kafka_config and str(kafka_config[name]).lower() != str(required).lower():
                 raise ConfigError(f"the journal needs Kafka setting {name}={required}; remove {name} from the config")
+        topic_config = dict(topic_config or {})
+        if not allow_compaction:
+            if _compacts(topic_config.get("cleanup.policy")):
+                raise ConfigError(
+                    f"topic_config for topic {topic!r} sets cleanup.policy={topic_config['cleanup.policy']}: "
+                    "compaction keeps only the last record per Kafka key, so earlier journal or capture records "
+                    "would be dropped without an error; remove cleanup.policy from topic_config (pruning and "
+                    "retention delete records)")
+            # Explicit, so a broker whose default policy compacts does not compact a topic created here.
+            topic_config.setdefault("cleanup.policy", "delete")
         self._config = dict(kafka_config)
         self.topic = topic
         self._partitions = partitions
         self.timeout_s = timeout_s
+        self._allow_compaction = allow_compaction
         self._admin = AdminClient(self._config)
-        self.topic_id = self._ensure_topic(create_topic, replication_factor, dict(topic_config or {}))
+        self.topic_id = self._ensure_topic(create_topic, replication_factor, topic_config)
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
         self._poller: threading.Thread | None = None
@@ -114,7 +134,39 @@ class KafkaJournalStore(JournalStore):
                 f"is {self._partitions} (one partition per key group). Fix: use a new journal topic name, or set "
                 f"max parallelism to {len(found.partitions)} if that is what the job's savepoints were taken with"
             )
+        elif not self._allow_compaction:
+            self._check_cleanup_policy()
         return self._describe_topic_id()
+
+    def _check_cleanup_policy(self) -> None:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.05
+        while True:
+            future = self._admin.describe_configs([resource], request_timeout=self.timeout_s)[resource]
+            try:
+                policy = future.result(timeout=self.timeout_s)["cleanup.policy"].value
+                break
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() in _NOT_ALLOWED:  # a start-up check must not require more than producing needs
+                    log.warning("cannot check that topic %s is not compacted (%s): grant DescribeConfigs on it to "
+                                "have it checked; a compacted topic silently loses records", self.topic, error)
+                    return
+                if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
+                    raise JournalError(f"could not describe the configuration of topic {self.topic!r}: {error}"
+                                       ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        if _compacts(policy):
+            raise TopicMismatchError(
+                f"topic {self.topic!r} has cleanup.policy={policy}: compaction keeps only the last record per Kafka "
+                "key, so earlier journal or capture records of a key would be dropped without an error and a restore "
+                "or a replay would miss them. Fix: use a new topic name (this package creates it with "
+                "cleanup.policy=delete), or change this topic: kafka-configs.sh --bootstrap-server "
+                f"{self._config['bootstrap.servers']} --alter --entity-type topics --entity-name {self.topic} "
+                "--add-config cleanup.policy=delete"
+            )
 
     def _create(self, replication_factor: int | None, topic_config: dict) -> None:
         new_topic = NewTopic(self.topic, self._partitions, replication_factor or -1, config=topic_config)

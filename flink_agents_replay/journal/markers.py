@@ -76,6 +76,14 @@ class RestorePlan:
         return (offset >= self.barrier_ends.get(partition, 0) or (digest_of_key, seq) in self.in_flight
                 or seq >= self.replaying.get(digest_of_key, _NEVER))
 
+    def needed_by_replay(self, partition: int, offset: int, digest_of_key: str, seq: int) -> bool:
+        """Whether a replay may use a production journal record (DESIGN §14): one of a run in flight at the
+        barrier (also written after it: production finished that run), or of a history production was still
+        replaying at the barrier. Records of runs started after the barrier are not: those runs belong to
+        the replay and run under its side-effect policy, whatever production had journaled for them."""
+        return (digest_of_key, seq) in self.in_flight or (
+            seq >= self.replaying.get(digest_of_key, _NEVER) and offset < self.barrier_ends.get(partition, 0))
+
 
 def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
     """Combine every subtask's marker, keeping the partitions in ``owned``."""
