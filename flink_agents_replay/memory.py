@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DELETED", "Memory", "MemoryUpdate"]
+__all__ = ["DELETED", "Memory", "MemoryUpdate", "private_copy"]
 
 
 class _Deleted:
@@ -78,7 +78,7 @@ def _snapshot(value: Any) -> bytes | None:
         return None
 
 
-def _private_copy(value: Any) -> Any:
+def private_copy(value: Any) -> Any:
     """A deep copy; the value itself if it cannot be copied (journaling it then says why it cannot be kept)."""
     try:
         return copy.deepcopy(value)
@@ -174,7 +174,7 @@ class Memory:
         self._updates.extend(MemoryUpdate(top, self._data[top]) for top in sorted(changed))
         for top in changed | self._written:
             if top in self._data:
-                self._data[top] = _private_copy(self._data[top])
+                self._data[top] = private_copy(self._data[top])
         updates, self._updates = self._updates, []
         self._read, self._written = {}, set()
         return updates

@@ -60,7 +60,7 @@ from flink_agents_replay.journal.records import (
     key_digest,
 )
 from flink_agents_replay.journal.writer import JournalClosedError, RunJournal
-from flink_agents_replay.memory import Memory, MemoryUpdate
+from flink_agents_replay.memory import Memory, MemoryUpdate, private_copy
 from flink_agents_replay.replay.policy import CallPolicy, policy_for
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy
 
@@ -307,7 +307,7 @@ def _deliveries(event: Event, handlers: list[ActionSpec]) -> list[tuple[Event, A
     changes in its event must not reach another (a reused action's changes would not)."""
     if len(handlers) == 1:
         return [(event, handlers[0])]
-    return [(copy.deepcopy(event), handler) for handler in handlers]
+    return [(private_copy(event), handler) for handler in handlers]
 
 
 def _check_fingerprint(completion: CompletionRecord, spec: ActionSpec, run: RunInput,
@@ -565,7 +565,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
     updates = state.take_updates()
     # The events as sent; later changes to objects they shared with memory or each other must not reach them
     # (a reused action's events come from the journal, as they were when it ended).
-    sent[:] = copy.deepcopy(sent)
+    sent[:] = private_copy(sent)
     if journal is not None:
         completion = CompletionRecord(run.seq, order, event.id, action, spec.fingerprint, updates, sent,
                                       next_position, context.input_digest)
