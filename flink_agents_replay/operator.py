@@ -302,10 +302,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self.restored = True
             self.last_restore_ms = (time.monotonic() - begun) * 1000
             self.restore_gauge.inc(int(self.last_restore_ms))
-            log.info("subtask %d: job %s restarted before its first completed checkpoint (attempt %d): read %d "
-                     "journal records for %d keys of earlier attempts from partitions %s in %.2f s; reusing them",
-                     self.subtask, job_id, attempt, found.index.records_read - found.other_records,
-                     len(found.index), _ranges(found.starts), self.last_restore_ms / 1000)
+            log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; job %s "
+                     "restarted before its first completed checkpoint (attempt %d): the records of its earlier "
+                     "attempts are reused", self.subtask, found.index.records_read - found.other_records,
+                     len(found.index), _ranges(found.starts), self.last_restore_ms / 1000, job_id, attempt)
         else:
             log.info("subtask %d: fresh start of job %s, no checkpoint and no earlier attempt in the journal "
                      "(partitions %s); %d records of earlier jobs are not reused", self.subtask, job_id,

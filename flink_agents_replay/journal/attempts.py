@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import RecordKind, parse_journal_key
+from flink_agents_replay.journal.records import ATTEMPT_ACTION, RecordKind, parse_journal_key
 from flink_agents_replay.journal.store import JournalStore
 from flink_agents_replay.journal.writer import JournalWriter
 
@@ -43,8 +43,6 @@ __all__ = ["ATTEMPT_ACTION", "JobHistory", "attempt_key", "read_job_history", "w
 
 log = logging.getLogger(__name__)
 
-#: The action field of an attempt record's Kafka key; no key of a run uses it.
-ATTEMPT_ACTION = "_attempt"
 _ATTEMPT_DIGEST = "_job"
 _VERSION = 1
 

@@ -30,6 +30,7 @@ from flink_agents_replay.memory import MemoryUpdate
 
 __all__ = [
     "ACCEPTED_ACTION",
+    "ATTEMPT_ACTION",
     "AcceptedRecord",
     "ActionFailedRecord",
     "CallOutcome",
@@ -77,6 +78,8 @@ class RunPosition:
 #: The action name in the Kafka record key of an accepted record (no action has a leading underscore name
 #: clash: actions are Python identifiers, and this one is reserved).
 ACCEPTED_ACTION = "_accepted"
+#: The action name in the Kafka record key of an attempt record (see :mod:`.attempts`); no run writes it.
+ATTEMPT_ACTION = "_attempt"
 
 
 @dataclass

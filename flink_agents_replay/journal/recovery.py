@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import parse_journal_key
+from flink_agents_replay.journal.records import ATTEMPT_ACTION, parse_journal_key
 from flink_agents_replay.journal.store import JournalStore
 
 __all__ = ["read_recovery_index"]
@@ -36,11 +36,13 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
     for stored in store.read(start, end):
         index.records_read += 1
         try:
-            _, seq, _, _, digest_of_key = parse_journal_key(stored.key)
+            _, seq, _, action, digest_of_key = parse_journal_key(stored.key)
         except (AttributeError, ValueError, UnicodeDecodeError):
             raise SignatureError(f"journal record (partition {stored.partition} offset {stored.offset}) has key "
                                  f"{stored.key!r:.80}, not a flink-agents-replay journal key: something else "
                                  "writes to the journal topic") from None
+        if action == ATTEMPT_ACTION:
+            continue  # where a job started (another job's, in this range): no key's history
         if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
             continue  # a run the checkpoint already holds: never unpickled
         index.add_raw(digest_of_key, stored)

@@ -392,7 +392,7 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
     pairs = list(pairwise(s for s in samples if s.at <= finished_at))
     advances = sum(1 for a, b in pairs if sum(b.low.values()) > sum(a.low.values()))
     assert advances >= 8, f"the low watermarks advanced only {advances} times while input flowed"
-    used = [p for p in final.high if final.high[p]]
+    used = [p for p in final.high if final.high[p] > 1]  # runs wrote there (every partition has an attempt record)
     per_partition = {p: sum(1 for a, b in pairs if b.low[p] > a.low[p]) for p in used}
     assert min(per_partition.values()) >= 3, f"advances per partition while input flowed: {per_partition}"
 

@@ -224,6 +224,17 @@ def test_attempt_records_tie_history_to_its_job():
     assert history.recorded_input(1) is not None and history.input_matches(1, _digest("b"))
 
 
+def test_a_checkpoint_restore_passes_over_attempt_records_in_its_range():
+    """Another job's start inside the range a savepoint restore reads is no key's history (it would hold the
+    prune floor and the 'restored' state forever)."""
+    store = MemoryJournalStore(4)
+    write_attempt_records(_writer(store), [KEY_GROUP], "job-c", 0, 0)
+    _run(sharing_agent([]), store)
+    index = read_recovery_index(store, RecordCodec(SIGNING_KEY, "op"), {KEY_GROUP: 0}, store.end_offsets([KEY_GROUP]))
+    assert len(index) == 1 and index.history(key_digest("k")) is not None
+    assert index.floor_offsets() == {KEY_GROUP: 1}
+
+
 def _digest(value):
     from flink_agents_replay.digest import digest_value
 
