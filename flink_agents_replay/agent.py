@@ -304,11 +304,20 @@ class RunnerContext:
 
     @property
     def memory(self) -> Memory:
-        """The key's short-term memory (dotted paths)."""
+        """The key's short-term memory (dotted paths).
+
+        ``get`` returns the stored object: change it in place (``ctx.memory.get("log").append(x)``) or replace
+        it with ``set``, both count and both are reproduced when the action is reused after a failure. After
+        the action, entries it changed or set are private copies (no other entry or event shares them).
+        """
         return self._memory
 
     def send_event(self, event: Event) -> None:
-        """Send ``event``: it triggers the actions registered for its type, or leaves as output."""
+        """Send ``event``: it triggers the actions registered for its type, or leaves as output.
+
+        The event is taken as it is when the action ends (later changes to objects it shares with memory do
+        not reach it), and an action handling it gets its own copy when several actions handle it.
+        """
         if not isinstance(event, Event):
             raise TypeError(f"send_event takes an Event, got {type(event).__name__}: {event!r}")
         self._send(event)
