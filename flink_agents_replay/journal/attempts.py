@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import ATTEMPT_ACTION, RecordKind, parse_journal_key
+from flink_agents_replay.journal.records import ATTEMPT_ACTION, RecordKind
+from flink_agents_replay.journal.recovery import parse_stored_key
 from flink_agents_replay.journal.store import JournalStore
 from flink_agents_replay.journal.writer import JournalWriter
 
@@ -75,12 +76,7 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
     history = JobHistory(RecoveryIndex(codec))
     for stored in store.read(start, end):
         history.index.records_read += 1
-        try:
-            _, _, event, action, digest_of_key = parse_journal_key(stored.key)
-        except (AttributeError, ValueError, UnicodeDecodeError):
-            raise SignatureError(f"journal record (partition {stored.partition} offset {stored.offset}) has key "
-                                 f"{stored.key!r:.80}, not a flink-agents-replay journal key: something else "
-                                 "writes to the journal topic") from None
+        _, _, event, action, digest_of_key = parse_stored_key(stored)
         if action == ATTEMPT_ACTION:
             if event == job_id:
                 _note_attempt(history, codec, stored)

@@ -10,14 +10,24 @@ from flink_agents_replay.errors import SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.records import ATTEMPT_ACTION, parse_journal_key
-from flink_agents_replay.journal.store import JournalStore
+from flink_agents_replay.journal.store import JournalStore, StoredRecord
 
-__all__ = ["read_recovery_index"]
+__all__ = ["parse_stored_key", "read_recovery_index"]
 
 log = logging.getLogger(__name__)
 
 
 RecordFilter = Callable[[int, int, str, int], bool]
+
+
+def parse_stored_key(stored: StoredRecord) -> tuple[int, int, str, str, str]:
+    """The parts of a read record's journal key; a key of another format is a :class:`SignatureError`."""
+    try:
+        return parse_journal_key(stored.key)
+    except (AttributeError, ValueError, UnicodeDecodeError):
+        raise SignatureError(f"journal record (partition {stored.partition} offset {stored.offset}) has key "
+                             f"{stored.key!r:.80}, not a flink-agents-replay journal key: something else "
+                             "writes to the journal topic") from None
 
 
 def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[int, int],
@@ -35,12 +45,7 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
     begun = time.monotonic()
     for stored in store.read(start, end):
         index.records_read += 1
-        try:
-            _, seq, _, action, digest_of_key = parse_journal_key(stored.key)
-        except (AttributeError, ValueError, UnicodeDecodeError):
-            raise SignatureError(f"journal record (partition {stored.partition} offset {stored.offset}) has key "
-                                 f"{stored.key!r:.80}, not a flink-agents-replay journal key: something else "
-                                 "writes to the journal topic") from None
+        _, seq, _, action, digest_of_key = parse_stored_key(stored)
         if action == ATTEMPT_ACTION:
             continue  # where a job started (another job's, in this range): no key's history
         if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
