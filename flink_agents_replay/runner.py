@@ -371,6 +371,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
     sent: list[Event] = []
     record_key = journal_key(run.key_group, run.seq, event.id, action, digest_of_key)
     next_position = 0
+    call_errors: list[tuple[BaseException, int]] = []  # what ctx.call / call_agents raised, with the call's position
 
     def send(new_event: Event) -> None:
         sent.append(with_event_id(new_event, event_id(digest_of_key, run.seq, event.id, action, len(sent))))
@@ -390,6 +391,13 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         nonlocal next_position
         position = next_position
         next_position += 1
+        try:
+            return make_call(position, resource_name, args, kwargs)
+        except Exception as exc:
+            call_errors.append((exc, position))
+            raise
+
+    def make_call(position: int, resource_name: str, args: tuple, kwargs: dict) -> Any:
         resource = scope.agent.resource(resource_name)
         args_digest = digest_value((args, kwargs))
         record = take_recorded(position, resource_name, args_digest)
@@ -421,8 +429,11 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         prefix = context.replay.call_id_prefix if context.replay is not None else ""
         token = _CALL_ID.set(prefix + call_id(scope.path[0], action, run.seq, position,
                                               (record_key.decode(), context.input_digest, resource_name, args_digest)))
+        # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
+        # since a reused call could not do it again.
+        call_args, call_kwargs = private_copy((args, kwargs))
         try:
-            result = resource.invoke(*args, **kwargs)
+            result = resource.invoke(*call_args, **call_kwargs)
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             stats.calls_executed += 1
             write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
@@ -480,7 +491,8 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         def child_run(call: _ChildCall, child_memory: dict):
             child_scope = _Scope(call.child, (*scope.path, call.child.name), parent_order=order, deadline=deadline,
                                  timeout_s=timeout_s)
-            first = with_event_id(InputEvent(call.input), child_input_event_id(
+            # The child's own copy of its input: what the child does to it must not reach the parent's objects.
+            first = with_event_id(InputEvent(private_copy(call.input)), child_input_event_id(
                 digest_of_key, run.seq, event.id, action, call.position, call.child.name, call.args_digest))
             child_state, child_stats = Memory(child_memory), RunStats()
             outputs = _run_events(context, child_scope, first, child_state, child_stats)
@@ -529,7 +541,9 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                 value, error = (outputs, child_memory), None
                 write_call(call.position, _child_resource(call.child), call.args_digest, CallOutcome.RETURNED, value)
             if error is not None:
-                failure = failure or error
+                if failure is None:
+                    failure = error
+                    call_errors.append((error, call.position))
                 results.append([])
                 continue
             outputs, child_memory = value
@@ -560,7 +574,8 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
     except Exception as exc:
         if journal is not None and not isinstance(exc, (RunCancelled, JournalClosedError)):
             _journal_action_failed(journal, record_key, spec, ActionFailedRecord(
-                run.seq, order, event.id, action, f"{type(exc).__name__}: {exc}"[:500], context.input_digest))
+                run.seq, order, event.id, action, f"{type(exc).__name__}: {exc}"[:500], context.input_digest,
+                _escaped_calls(exc, call_errors)))
         raise
     updates = state.take_updates()
     # The events as sent; later changes to objects they shared with memory or each other must not reach them
@@ -587,6 +602,19 @@ def _largest_parts(updates: list[MemoryUpdate], events: list[Event]) -> str:
     return (f"Largest parts: {shown}. Keep large values out of memory and events (store them elsewhere and keep a "
             "reference), or raise message.max.bytes in the kafka settings together with the journal topic's "
             "max.message.bytes.")
+
+
+def _escaped_calls(failure: BaseException, raised: list[tuple[BaseException, int]]) -> list[int]:
+    """Positions of the calls whose exception left the action: ``failure`` itself, or one it was raised from or
+    while handling (``__cause__``/``__context__``). A call whose exception the action handled and got past is
+    not among them: the action went on with that outcome, and its next attempt must take the same path."""
+    chain, seen = [], set()
+    link: BaseException | None = failure
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return sorted({position for exc, position in raised if any(exc is escaped for escaped in chain)})
 
 
 def _journal_action_failed(journal: RunJournal, record_key: bytes, spec: ActionSpec,

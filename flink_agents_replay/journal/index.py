@@ -13,10 +13,12 @@ records belong to an abandoned history.
 
 Failed actions: a call that raised is reused (its exception raised again) only when the action that
 made it handled the exception. When an exception leaves an action, the operator journals an
-:class:`ActionFailedRecord` before the task fails; filing it drops the RAISED call records of that action
-execution written before it, so the next attempt makes those calls again (a transient outage is not
-turned into a permanent failure). Calls that returned are still reused. An action that caught the
-exception and was then killed mid-way has no such record, and reuses the RAISED result as it saw it.
+:class:`ActionFailedRecord` before the task fails, naming the calls whose exception left with it (the
+exception itself, or the one it was raised from or while handling); filing it drops those calls' RAISED
+records, so the next attempt makes them again (a transient outage is not turned into a permanent
+failure). Calls that returned, and calls whose exception the action handled and got past, are still
+reused: the next attempt takes the same path. An action that caught an exception and was then killed
+mid-way has no such record, and reuses the RAISED result as it saw it.
 
 Divergence: history is positional — (seq, order of the action in its run). When a replayed action
 finds no completion at position P although the key has records *after* P, or finds a record written
@@ -90,9 +92,10 @@ class KeyHistory:
         self._note_input(record.seq, record.input_digest)
         action_slot = (record.seq, record.event_id, record.action)
         calls = self.calls.get(action_slot, {})
-        for position in [p for p, call in calls.items() if call.outcome is CallOutcome.RAISED]:
-            del calls[position]
-            self.retried[action_slot].add(position)
+        for position in record.escaped_calls:
+            if position in calls and calls[position].outcome is CallOutcome.RAISED:
+                del calls[position]
+                self.retried[action_slot].add(position)
 
     def retried_positions(self, seq: int, event: str, action: str) -> set[int]:
         """Positions of calls that raised in an action that then failed: made again, counted as retries."""

@@ -104,6 +104,60 @@ def test_a_crash_after_a_handled_exception_reuses_it():
     assert [o.output for o in again.outputs] == ["fallback"] and service.invocations == 1
 
 
+def test_an_action_that_handled_a_failure_and_crashed_later_takes_the_same_path_again():
+    """Only calls whose exception left the action are made again: a handled one keeps the action on its path,
+    so a later external call keeps its place and is reused (found by an adversarial review: get-or-create)."""
+    store, lookups, charges, crashes = MemoryJournalStore(4), [], [], []
+
+    def lookup(text):
+        lookups.append(text)
+        if len(lookups) == 1:  # missing at first; found once anything looks again
+            raise LookupError(f"no account for {text}")
+        return f"found({text})"
+
+    class Charging(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            try:
+                account = ctx.call("lookup", event.input)
+            except LookupError:
+                account = ctx.call("create", event.input)
+            receipt = ctx.call("charge", account)
+            if not crashes:
+                crashes.append("crash")
+                raise RuntimeError("crash after the charge")  # not raised from or while handling a call's error
+            ctx.send_event(OutputEvent(output=receipt))
+
+    agent = Charging(resources={"lookup": Tool(lookup, side_effects="none"),
+                                "create": Tool(lambda text: f"new({text})", side_effects="external"),
+                                "charge": Tool(lambda account: charges.append(account) or f"paid({account})")})
+    with pytest.raises(RuntimeError):
+        _run(agent, store)
+    again = _run(agent, store, history=_history(store))
+    assert [o.output for o in again.outputs] == ["paid(new(in))"]
+    assert (lookups, charges) == (["in"], ["new(in)"]) and again.stats.calls_retried_after_failure == 0
+
+
+def test_a_resource_gets_a_copy_of_its_arguments():
+    """A tool that appends to the list it is given must not change the action's memory: a reused call could not
+    do it again (found by an adversarial review: a chat wrapper appending its reply to the history)."""
+    class Chat(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            history = ctx.memory.get("chat") or []
+            history.append(event.input)
+            ctx.memory.set("chat", history)
+            ctx.send_event(OutputEvent(output=ctx.call("llm", history)))
+
+    def llm(history):
+        history.append("assistant reply")
+        return len(history)
+
+    result = execute_run(Chat(resources={"llm": Tool(llm, side_effects="none")}), RunInput("k", KEY_GROUP, 1, "hi"),
+                         {})
+    assert result.memory == {"chat": ["hi"]} and [o.output for o in result.outputs] == [2]
+
+
 class NeedsResponse(Exception):
     """Like HTTP client errors: the constructor takes keyword-only arguments it does not pass to ``args``."""
 
