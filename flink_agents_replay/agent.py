@@ -358,6 +358,11 @@ def _collect_actions(agent_type: type) -> tuple[ActionSpec, ...]:
         for attribute, value in vars(klass).items():
             function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
             if callable(function) and hasattr(function, _ACTION_ATTRIBUTE):
+                if attribute.startswith("_"):
+                    # The journal names its own records (accepted inputs, attempt starts) with a leading
+                    # underscore: an action of that name would be taken for one and never reused.
+                    raise AgentDefinitionError(f"action {agent_type.__qualname__}.{attribute}: action names may not "
+                                               "start with '_' (reserved for the journal's own records)")
                 found.pop(attribute, None)  # an override keeps its own place at the end
                 found[attribute] = function
     wiring = "|".join(

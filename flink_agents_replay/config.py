@@ -61,6 +61,10 @@ class AgentConfig:
         journal_enabled: ``False`` runs without a journal (nothing is reused after a failure).
         fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``);
             default ``reuse``, and ``re-execute`` in a replay (the point of a replay is to run the new code).
+        continue_job: the id of an earlier job this one continues when it starts without a checkpoint: the
+            records that job journaled since its first attempt are reused (a job that used up its restarts
+            before its first checkpoint, submitted again under a new job id). By default a new job reuses
+            nothing of earlier jobs.
         accept_reexecution_after_gap: restore even when records the checkpoint needs were deleted
             (restoring an older savepoint after later pruning); the affected actions run again.
         slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
@@ -100,6 +104,7 @@ class AgentConfig:
     journal_enabled: bool = True
     fingerprint_policy: FingerprintPolicy | None = None
     accept_reexecution_after_gap: bool = False
+    continue_job: str | None = None
     slot_wait_timeout_s: float = 600.0
     close_timeout_s: float = 30.0
     ack_timeout_s: float = 60.0

@@ -169,7 +169,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
             codec = RecordCodec(self.config.signing_key_bytes, self.config.uid)
             self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s,
-                                        max_record_bytes(self.config.kafka))
+                                        max_record_bytes(self.config.kafka, self.store.max_message_bytes))
 
     def _open_capture(self) -> CaptureWriter:
         config = self.config
@@ -293,9 +293,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
         See :mod:`flink_agents_replay.journal.attempts` for how records are tied to a job.
         """
+        if self.job_id is None:
+            log.warning("subtask %d: the job id is unknown here, so a restart before the first checkpoint will run "
+                        "its inputs' calls again", self.subtask)
+            return
         begun = time.monotonic()
-        job_id = self.job_id or "unknown-job"
-        found = read_job_history(self.store, self.writer.codec, self.owned, job_id)
+        job_id = self.job_id
+        found = read_job_history(self.store, self.writer.codec, self.owned,
+                                 {job_id} | ({self.config.continue_job} if self.config.continue_job else set()))
         attempt = found.last_attempt + 1
         if found.found:
             self.index = found.index

@@ -35,6 +35,7 @@ from flink_agents_replay.errors import (
     AgentDefinitionError,
     CallBlocked,
     CallInDoubtError,
+    CallTimeoutError,
     FingerprintMismatchError,
     JournalRecordTooLargeError,
     NoSubAgentOutputError,
@@ -265,7 +266,7 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
         if completion is not None:
             state.apply(completion.memory_updates)
             state.take_updates()
-            sent = completion.sent_events
+            sent = [private_copy(sent_event) for sent_event in completion.sent_events]  # as executed ones are
             stats.actions_reused += 1
             # The run's calls include those of reused actions: a capture of this run must hold every call
             # a replay may be asked to serve as recorded.
@@ -273,7 +274,7 @@ def _run_events(context: _Run, scope: _Scope, first: Event, state: Memory, stats
                                  if call is not None and call.outcome is not CallOutcome.STARTED)
         else:
             recorded: list[CallRecord | None] = []
-            retried: set[int] = set()
+            retried: dict[int, int] = {}
             if history is not None:
                 # A sub-agent's records share its parent action's order: only top-level steps can diverge.
                 if not scope.is_child and history.has_records_after(position) and history.drop_after(position):
@@ -365,13 +366,13 @@ def _child_memory_path(child: Agent) -> str:
 
 
 def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str, event: Event, order: int,
-                    state: Memory, recorded: list[CallRecord | None], retried: set[int],
+                    state: Memory, recorded: list[CallRecord | None], retried: dict[int, int],
                     stats: RunStats) -> list[Event]:
     run, journal, digest_of_key = context.run, context.journal, context.digest_of_key
     sent: list[Event] = []
     record_key = journal_key(run.key_group, run.seq, event.id, action, digest_of_key)
     next_position = 0
-    call_errors: list[tuple[BaseException, int]] = []  # what ctx.call / call_agents raised, with the call's position
+    steps: list[_CallStep] = []  # each ctx.call / ctx.call_agents of this action execution, in order
 
     def send(new_event: Event) -> None:
         sent.append(with_event_id(new_event, event_id(digest_of_key, run.seq, event.id, action, len(sent))))
@@ -392,10 +393,12 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         position = next_position
         next_position += 1
         try:
-            return make_call(position, resource_name, args, kwargs)
-        except Exception as exc:
-            call_errors.append((exc, position))
+            result = make_call(position, resource_name, args, kwargs)
+        except Exception:
+            steps.append(_CallStep(raised=(position,)))
             raise
+        steps.append(_CallStep(returned=(position,)))
+        return result
 
     def make_call(position: int, resource_name: str, args: tuple, kwargs: dict) -> Any:
         resource = scope.agent.resource(resource_name)
@@ -427,13 +430,19 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
             write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
         note_retry(position, resource_name)
         prefix = context.replay.call_id_prefix if context.replay is not None else ""
-        token = _CALL_ID.set(prefix + call_id(scope.path[0], action, run.seq, position,
-                                              (record_key.decode(), context.input_digest, resource_name, args_digest)))
+        # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.
+        request = (record_key.decode(), context.input_digest, resource_name, args_digest, retried.get(position, 0))
+        token = _CALL_ID.set(prefix + call_id(scope.path[0], action, run.seq, position, request))
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
         try:
             result = resource.invoke(*call_args, **call_kwargs)
+        except CallTimeoutError:
+            # It may still take effect: not an outcome to reuse. The next attempt finds the call in doubt (an
+            # external resource's 'started' record) and its in_doubt policy decides, or simply makes it again.
+            stats.calls_in_doubt += 1
+            raise
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             stats.calls_executed += 1
             write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
@@ -442,7 +451,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
             _CALL_ID.reset(token)
         stats.calls_executed += 1
         write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
-        return result
+        return private_copy(result)  # the journaled result stays as it was, whatever the action does to its copy
 
     def note_retry(position: int, resource_name: str) -> None:
         if position in retried:
@@ -521,6 +530,7 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
 
         results: list[list[Any]] = []
         failure: BaseException | None = None
+        failed: list[int] = []
         for call in planned:
             outcome = executed.get(call.position)
             if outcome is None:  # a finished child call: its recorded result, without running the child
@@ -541,14 +551,15 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
                 value, error = (outputs, child_memory), None
                 write_call(call.position, _child_resource(call.child), call.args_digest, CallOutcome.RETURNED, value)
             if error is not None:
-                if failure is None:
-                    failure = error
-                    call_errors.append((error, call.position))
+                failure = failure or error
+                failed.append(call.position)
                 results.append([])
                 continue
             outputs, child_memory = value
             state.set(_child_memory_path(call.child), copy.deepcopy(child_memory))
-            results.append(outputs)
+            results.append(private_copy(outputs))
+        steps.append(_CallStep(raised=tuple(failed),
+                               returned=tuple(c.position for c in planned if c.position not in failed)))
         if failure is not None:
             raise failure
         return results
@@ -575,12 +586,12 @@ def _execute_action(context: _Run, scope: _Scope, spec: ActionSpec, action: str,
         if journal is not None and not isinstance(exc, (RunCancelled, JournalClosedError)):
             _journal_action_failed(journal, record_key, spec, ActionFailedRecord(
                 run.seq, order, event.id, action, f"{type(exc).__name__}: {exc}"[:500], context.input_digest,
-                _escaped_calls(exc, call_errors)))
+                _calls_to_retry(steps)))
         raise
     updates = state.take_updates()
     # The events as sent; later changes to objects they shared with memory or each other must not reach them
     # (a reused action's events come from the journal, as they were when it ended).
-    sent[:] = private_copy(sent)
+    sent[:] = [private_copy(sent_event) for sent_event in sent]  # one by one: siblings share nothing either
     if journal is not None:
         completion = CompletionRecord(run.seq, order, event.id, action, spec.fingerprint, updates, sent,
                                       next_position, context.input_digest)
@@ -604,17 +615,29 @@ def _largest_parts(updates: list[MemoryUpdate], events: list[Event]) -> str:
             "max.message.bytes.")
 
 
-def _escaped_calls(failure: BaseException, raised: list[tuple[BaseException, int]]) -> list[int]:
-    """Positions of the calls whose exception left the action: ``failure`` itself, or one it was raised from or
-    while handling (``__cause__``/``__context__``). A call whose exception the action handled and got past is
-    not among them: the action went on with that outcome, and its next attempt must take the same path."""
-    chain, seen = [], set()
-    link: BaseException | None = failure
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        chain.append(link)
-        link = link.__cause__ or link.__context__
-    return sorted({position for exc, position in raised if any(exc is escaped for escaped in chain)})
+@dataclass(frozen=True)
+class _CallStep:
+    """One ``ctx.call`` (one position) or ``ctx.call_agents`` (one position per child) and how its calls ended."""
+
+    raised: tuple[int, ...] = ()
+    returned: tuple[int, ...] = ()
+
+
+def _calls_to_retry(steps: list[_CallStep]) -> list[int]:
+    """The failed calls the next attempt makes again, after an exception left the action.
+
+    Those of the action's last steps, back to the last step that had a call return: making them again can
+    change the action's path only after every call that succeeded, so no journaled success is ever out of
+    place (and repeated). A failure the action handled and got past (a retry loop that then succeeded, a
+    get-or-create) is reused as it was; a retry loop that gave up is made again; in a fan-out every failed
+    child is run again at once.
+    """
+    positions: list[int] = []
+    for step in reversed(steps):
+        positions += step.raised
+        if step.returned:
+            break
+    return sorted(positions)
 
 
 def _journal_action_failed(journal: RunJournal, record_key: bytes, spec: ActionSpec,
@@ -675,7 +698,7 @@ def _recorded_outcome(record: CallRecord) -> Any:
     """What a finished recorded call gives the action again: its result, or its exception raised."""
     if record.outcome is CallOutcome.RAISED:
         raise decode_exception(record.result)
-    return record.result
+    return private_copy(record.result)
 
 
 def _describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:

@@ -21,9 +21,14 @@ On such a start a subtask reads its partitions from their earliest record:
   a continuation of an old one unless it restores the old one's savepoint); the log says how many it
   passed over.
 
-Limits, stated in the README: a redeploy that keeps the job id without restoring state (application
-mode with a fixed job id and HA data left in place) counts as the same job and reuses its records; give
-the redeployed job another journal topic (or delete the old one) to start from nothing.
+A job may also be told to continue an earlier job (``AgentConfig(continue_job=...)``): a job that used
+up its restart attempts before its first checkpoint and is submitted again gets a new job id, and would
+otherwise run every input of the old one again.
+
+Limits, stated in the README: a stateless redeploy that keeps the job id (application mode with HA gives
+its job a fixed id; redeployed after its HA data was removed, it starts without state under the same id)
+counts as the same job and reuses its records; give the redeployed job another journal topic (or delete
+the old one) to start from nothing.
 """
 
 from __future__ import annotations
@@ -68,8 +73,11 @@ class JobHistory:
         return bool(self.starts)
 
 
-def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterable[int], job_id: str) -> JobHistory:
-    """Read ``partitions`` from their earliest record; index what ``job_id`` wrote from its first attempt on."""
+def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterable[int],
+                     job_ids: Iterable[str]) -> JobHistory:
+    """Read ``partitions`` from their earliest record; index what was written from the first attempt record of
+    any of ``job_ids`` (this job, and an earlier one it continues) on."""
+    job_ids = set(job_ids)
     partitions = list(partitions)
     start = store.start_offsets(partitions)
     end = store.end_offsets(partitions)
@@ -78,7 +86,7 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
         history.index.records_read += 1
         _, _, event, action, digest_of_key = parse_stored_key(stored)
         if action == ATTEMPT_ACTION:
-            if event == job_id:
+            if event in job_ids:
                 _note_attempt(history, codec, stored)
             continue
         if stored.partition in history.starts:
@@ -106,7 +114,7 @@ def write_attempt_records(writer: JournalWriter, partitions: Iterable[int], job_
         key = attempt_key(partition, job_id)
         payload = {"version": _VERSION, "job_id": job_id, "attempt": attempt, "subtask": subtask}
         value = writer.encode(key, RecordKind.ATTEMPT, payload, fingerprint="", what="an attempt record")
-        deliveries.append(writer.store.append(partition, key, value))
+        deliveries.append(writer.append(partition, key, value, "an attempt record"))
     for delivery in deliveries:
         delivery.wait(writer.ack_timeout_s)
     log.debug("wrote attempt %d records of job %s to %d partitions", attempt, job_id, len(partitions))

@@ -11,14 +11,13 @@ read in write order, and a key's records are written one run at a time, so a lat
 means a restore ran another input there (after a divergence or an order-restore timeout) and the older
 records belong to an abandoned history.
 
-Failed actions: a call that raised is reused (its exception raised again) only when the action that
-made it handled the exception. When an exception leaves an action, the operator journals an
-:class:`ActionFailedRecord` before the task fails, naming the calls whose exception left with it (the
-exception itself, or the one it was raised from or while handling); filing it drops those calls' RAISED
-records, so the next attempt makes them again (a transient outage is not turned into a permanent
-failure). Calls that returned, and calls whose exception the action handled and got past, are still
-reused: the next attempt takes the same path. An action that caught an exception and was then killed
-mid-way has no such record, and reuses the RAISED result as it saw it.
+Failed actions: when an exception leaves an action, the operator journals an :class:`ActionFailedRecord`
+before the task fails, naming the failed calls to make again: those of the action's last steps, back to
+the last step in which a call returned (see ``runner._calls_to_retry``). Filing it drops those calls'
+RAISED records, so the next attempt makes them again (a transient outage is not turned into a permanent
+failure). Calls that returned, and failures the action handled and got past, are still reused: the next
+attempt takes the same path, and no journaled success moves. An action that caught an exception and was
+then killed mid-way has no such record, and reuses the RAISED result as it saw it.
 
 Divergence: history is positional — (seq, order of the action in its run). When a replayed action
 finds no completion at position P although the key has records *after* P, or finds a record written
@@ -64,7 +63,7 @@ class KeyHistory:
     calls: dict[ActionSlot, dict[int, CallRecord]] = field(default_factory=lambda: defaultdict(dict))
     accepted: dict[int, str] = field(default_factory=dict)  # seq -> input digest, from accepted records
     #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
-    retried: dict[ActionSlot, set[int]] = field(default_factory=lambda: defaultdict(set))
+    retried: dict[ActionSlot, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     input_digests: dict[int, str] = field(default_factory=dict)
     partition: int | None = None
     first_offset: int | None = None
@@ -92,14 +91,15 @@ class KeyHistory:
         self._note_input(record.seq, record.input_digest)
         action_slot = (record.seq, record.event_id, record.action)
         calls = self.calls.get(action_slot, {})
-        for position in record.escaped_calls:
+        retried = self.retried[action_slot]
+        for position in record.retry_calls:
             if position in calls and calls[position].outcome is CallOutcome.RAISED:
                 del calls[position]
-                self.retried[action_slot].add(position)
+                retried[position] = retried.get(position, 0) + 1
 
-    def retried_positions(self, seq: int, event: str, action: str) -> set[int]:
-        """Positions of calls that raised in an action that then failed: made again, counted as retries."""
-        return self.retried.get((seq, event, action), set())
+    def retried_positions(self, seq: int, event: str, action: str) -> dict[int, int]:
+        """Calls that raised in an action that then failed, made again: position -> how many times so far."""
+        return self.retried.get((seq, event, action), {})
 
     def _note_input(self, seq: int, input_digest: str) -> None:
         known = self.input_digests.get(seq)

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
@@ -29,6 +29,7 @@ _REQUIRED_PRODUCER_SETTINGS = {"enable.idempotence": True, "acks": "all"}
 _READ_BATCH = 2000
 _TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 _NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+T = TypeVar("T")
 
 
 def _compacts(policy: str | None) -> bool:
@@ -97,6 +98,7 @@ class KafkaJournalStore(JournalStore):
         self.topic = topic
         self._partitions = partitions
         self.timeout_s = timeout_s
+        self.max_message_bytes: int | None = None  # the topic's max.message.bytes, once read
         self._allow_compaction = allow_compaction
         self._admin = AdminClient(self._config)
         self.topic_id = self._ensure_topic(create_topic, replication_factor, topic_config)
@@ -134,30 +136,45 @@ class KafkaJournalStore(JournalStore):
                 f"is {self._partitions} (one partition per key group). Fix: use a new journal topic name, or set "
                 f"max parallelism to {len(found.partitions)} if that is what the job's savepoints were taken with"
             )
-        elif not self._allow_compaction:
-            self._check_cleanup_policy()
+        topic_settings = self._topic_settings()
+        if topic_settings is not None and "max.message.bytes" in topic_settings:
+            self.max_message_bytes = int(topic_settings["max.message.bytes"])
+        if not missing and not self._allow_compaction and topic_settings is not None:
+            self._check_cleanup_policy(topic_settings.get("cleanup.policy"))
         return self._describe_topic_id()
 
-    def _check_cleanup_policy(self) -> None:
+    def _topic_settings(self) -> dict[str, str] | None:
+        """The topic's settings; ``None`` when the broker does not let this client read them."""
         resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+
+        def describe() -> dict[str, str] | None:
+            future = self._admin.describe_configs([resource], request_timeout=self.timeout_s)[resource]
+            try:
+                return {name: entry.value for name, entry in future.result(timeout=self.timeout_s).items()}
+            except KafkaException as exc:
+                if exc.args[0].code() in _NOT_ALLOWED:  # a start-up check must not need more than producing does
+                    log.warning("cannot read the settings of topic %s (%s): grant DescribeConfigs on it to have its "
+                                "cleanup policy and record size limit checked", self.topic, exc.args[0])
+                    return None
+                raise
+
+        return self._with_retries(f"describe the configuration of topic {self.topic!r}", describe)
+
+    def _with_retries(self, what: str, request: Callable[[], T]) -> T:
+        """``request()``, tried again on retriable errors (a new topic's leaders, a leader moving) for ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
         pause = 0.05
         while True:
-            future = self._admin.describe_configs([resource], request_timeout=self.timeout_s)[resource]
             try:
-                policy = future.result(timeout=self.timeout_s)["cleanup.policy"].value
-                break
+                return request()
             except KafkaException as exc:
                 error = exc.args[0]
-                if error.code() in _NOT_ALLOWED:  # a start-up check must not require more than producing needs
-                    log.warning("cannot check that topic %s is not compacted (%s): grant DescribeConfigs on it to "
-                                "have it checked; a compacted topic silently loses records", self.topic, error)
-                    return
                 if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
-                    raise JournalError(f"could not describe the configuration of topic {self.topic!r}: {error}"
-                                       ) from None
+                    raise JournalError(f"could not {what}: {error}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
+
+    def _check_cleanup_policy(self, policy: str | None) -> None:
         if _compacts(policy):
             raise TopicMismatchError(
                 f"topic {self.topic!r} has cleanup.policy={policy}: compaction keeps only the last record per Kafka "
@@ -228,19 +245,12 @@ class KafkaJournalStore(JournalStore):
         request = {TopicPartition(self.topic, p): spec for p in partitions}
         if not request:
             return {}
-        deadline = time.monotonic() + self.timeout_s
-        pause = 0.05
-        while True:
+
+        def list_offsets() -> dict[int, int]:
             futures = self._admin.list_offsets(request, request_timeout=self.timeout_s)
-            try:
-                return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
-            except KafkaException as exc:
-                error = exc.args[0]
-                # A new topic's leaders, or a leader moving, answer with retriable errors for a while.
-                if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
-                    raise JournalError(f"could not list offsets of journal topic {self.topic!r}: {error}") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
+            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+
+        return self._with_retries(f"list offsets of journal topic {self.topic!r}", list_offsets)
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         return self._list_offsets(partitions, OffsetSpec.latest())

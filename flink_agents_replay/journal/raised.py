@@ -1,12 +1,14 @@
 """Exceptions as the journal keeps them: their type, arguments and attributes, so they come back as raised.
 
 A call that raised is journaled with its exception, and reusing the call raises that exception again, so
-an action that handled it (``except ConnectionError:``) takes the same branch after a failure. Pickling
-an exception directly rebuilds it by calling its constructor with ``exc.args``; that fails for the many
-third-party exceptions whose constructors take keyword-only or other arguments than they store (HTTP
-client errors that need a ``response=``), and a stand-in type would send the action down another branch.
-So the journal stores the type (by reference, like any user value), ``args`` and the instance's
-attributes, and rebuilds the exception *without* calling its constructor, the way ``copy`` does.
+an action that handled it (``except ConnectionError:``) takes the same branch after a failure. An
+exception that survives a pickle round trip with its type is journaled as it is (a user value; built-in
+exceptions keep attributes that live outside ``__dict__``, such as ``OSError.filename``). Pickling rebuilds
+an exception by calling its constructor with ``exc.args``, which fails for the many third-party
+exceptions whose constructors take keyword-only or other arguments than they store (HTTP client errors
+that need a ``response=``), and a stand-in type would send the action down another branch. For those the
+journal stores the type (by reference, like any user value), ``args`` and the instance's attributes, and
+rebuilds the exception *without* calling its constructor, the way ``copy`` does.
 
 An attribute that cannot be pickled (an open connection, a lock) is left out and named in the rebuilt
 exception's notes; the type and message always survive.
@@ -31,8 +33,18 @@ def _picklable(value: Any) -> bool:
     return True
 
 
-def encode_exception(exc: BaseException) -> dict[str, Any]:
-    """Plain data that :func:`decode_exception` turns back into an exception of the same type."""
+def _round_trips(exc: BaseException) -> bool:
+    try:
+        return type(cloudpickle.loads(cloudpickle.dumps(exc))) is type(exc)
+    except Exception:  # noqa: BLE001 - a constructor that does not take exc.args, an unpicklable attribute...
+        return False
+
+
+def encode_exception(exc: BaseException) -> BaseException | dict[str, Any]:
+    """What the journal keeps of ``exc``: the exception itself when pickle rebuilds it, else plain data that
+    :func:`decode_exception` turns back into an exception of the same type."""
+    if _round_trips(exc):
+        return exc
     kind: type = type(exc)
     args = exc.args if _picklable(exc.args) else tuple(str(arg) for arg in exc.args)
     attributes = {name: value for name, value in vars(exc).items() if _picklable(value)}

@@ -12,8 +12,8 @@ serialized business key: a raw key may contain ':' or collide in ``str()``.
 * A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
   events it sent. Reusing an action means applying exactly these.
 * An :class:`ActionFailedRecord` is written (and acknowledged) when an exception leaves an action. The
-  calls whose exception left with it (not handled by the action) are made again by the next attempt
-  instead of being reused: a failure is not forever (see :mod:`.index`).
+  action's trailing failed calls are made again by the next attempt instead of being reused: a failure is
+  not forever (see :mod:`.index`).
 * An :class:`AttemptRecord` is written (and acknowledged) in every owned partition when a subtask starts
   with no checkpoint to restore: it ties the records after it to the Flink job that wrote them, so a
   restart of the same job before its first completed checkpoint finds them (see :mod:`.attempts`).
@@ -136,8 +136,8 @@ class ActionFailedRecord:
     action: str
     error: str  # "<type>: <message>", for people reading the journal
     input_digest: str = ""
-    #: Calls whose exception left the action (the exception itself, or its cause or context): made again.
-    escaped_calls: list[int] = field(default_factory=list)
+    #: Failed calls the next attempt makes again (the action's trailing failed calls; see the index).
+    retry_calls: list[int] = field(default_factory=list)
 
 
 def _short_hash(*parts: object) -> str:

@@ -31,9 +31,11 @@ DEFAULT_MAX_RECORD_BYTES = 1_000_000
 _FRAMING_BYTES = 512
 
 
-def max_record_bytes(kafka_config: Mapping[str, Any]) -> int:
-    """The largest record the producer sends: its ``message.max.bytes`` (the user's setting, else the default)."""
-    return int(kafka_config.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
+def max_record_bytes(kafka_config: Mapping[str, Any], topic_limit: int | None = None) -> int:
+    """The largest record Kafka takes: the producer's ``message.max.bytes`` (the user's setting, else the
+    default), or the topic's ``max.message.bytes`` when that is smaller (the broker would refuse the rest)."""
+    producer_limit = int(kafka_config.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
+    return producer_limit if topic_limit is None else min(producer_limit, topic_limit)
 
 
 class JournalClosedError(JournalError):
@@ -59,11 +61,20 @@ class JournalWriter:
         self.durability = Durability(durability)
         self.ack_timeout_s = ack_timeout_s
         self.max_record_bytes = max_record_bytes
-        self.closed = False
+        self._closed = False
+        self._lock = threading.Lock()  # a write either lands before close() returns or is refused
 
     def close(self) -> None:
         """Refuse every later write (runs abandoned on close may still be running)."""
-        self.closed = True
+        with self._lock:
+            self._closed = True
+
+    def append(self, partition: int, record_key: bytes, value: bytes, what: str) -> Delivery:
+        """Append an encoded record, unless the writer is closed (:class:`JournalClosedError`)."""
+        with self._lock:
+            if self._closed:
+                raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
+            return self.store.append(partition, record_key, value)
 
     def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str, what: str) -> bytes:
         """The record's bytes; a record Kafka would refuse is a :class:`JournalRecordTooLargeError` now."""
@@ -99,9 +110,7 @@ class RunJournal:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
         value = self._writer.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
         with self._lock:  # the first delivery must be the first record appended
-            if self._writer.closed:
-                raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
-            delivery = self._writer.store.append(self.partition, record_key, value)
+            delivery = self._writer.append(self.partition, record_key, value, what)
             if self.first_delivery is None:
                 self.first_delivery = delivery
             self.records_written += 1

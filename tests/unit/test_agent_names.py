@@ -70,3 +70,10 @@ def test_accepted_names_still_work_and_round_trip_through_journal_keys():
 def test_names_with_spaces_are_still_refused(name):
     with pytest.raises(AgentDefinitionError, match="non-empty without spaces"):
         Echo(name=name)
+
+
+@pytest.mark.parametrize("reserved", ["_accepted", "_attempt", "_private"])
+def test_action_names_with_a_leading_underscore_are_reserved(reserved):
+    namespace = {reserved: action(InputEvent)(lambda event, ctx: None)}
+    with pytest.raises(AgentDefinitionError, match=f"{reserved}: action names may not start with '_'"):
+        type("Reserved", (Agent,), namespace)()

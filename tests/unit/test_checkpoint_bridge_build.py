@@ -95,3 +95,11 @@ def test_compile_classpath_is_the_installed_pyflink():
 def test_no_built_artifacts_inside_the_repository():
     package = REPO / "flink_agents_replay" / "checkpoint_bridge"
     assert not [p for p in package.rglob("*") if p.suffix in {".jar", ".class"}]
+
+
+def test_the_bridge_and_the_python_errors_share_the_no_restart_marker():
+    """The bridge recognises failures not to restart by this text in their message: both sides must agree."""
+    from flink_agents_replay.errors import NO_RESTART_MARKER
+
+    source = "\n".join(path.read_text() for path in build.java_sources())
+    assert f'NO_RESTART_MARKER = "{NO_RESTART_MARKER}";' in source

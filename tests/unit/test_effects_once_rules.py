@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.errors import JournalRecordTooLargeError
+from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError, JournalRecordTooLargeError
 from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
@@ -171,10 +171,13 @@ def test_exceptions_keep_their_type_and_attributes_through_the_journal():
     import cloudpickle
 
     for raised in (NeedsResponse("bad gateway", response={"status": 502}, body=b"x"), ConnectionError("down"),
-                   OSError(111, "refused"), KeyError("k")):
+                   OSError(111, "refused"), KeyError("k"), FileNotFoundError(2, "No such file", "/no/doc.txt"),
+                   UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), StopIteration(5)):
         restored = decode_exception(cloudpickle.loads(cloudpickle.dumps(encode_exception(raised))))
         assert type(restored) is type(raised) and restored.args == raised.args and str(restored) == str(raised)
         assert vars(restored) == vars(raised)
+        for name in ("filename", "encoding", "value"):  # kept outside __dict__ by built-in exceptions
+            assert getattr(restored, name, None) == getattr(raised, name, None)
 
 
 # -- memory changed in place -----------------------------------------------------------------------------------
@@ -270,12 +273,14 @@ def test_attempt_records_tie_history_to_its_job():
     write_attempt_records(writer, [KEY_GROUP], "job-b", 0, 0)
     _run(sharing_agent([]), store, value="b")
     codec = RecordCodec(SIGNING_KEY, "op")
-    other = read_job_history(store, codec, [KEY_GROUP], "job-c")
+    other = read_job_history(store, codec, [KEY_GROUP], {"job-c"})
     assert not other.found and other.other_records == len(store.records(KEY_GROUP)) - 1
-    mine = read_job_history(store, codec, [KEY_GROUP], "job-b")
+    mine = read_job_history(store, codec, [KEY_GROUP], {"job-b"})
     assert mine.found and mine.last_attempt == 0
     history = mine.index.history(key_digest("k"))
     assert history.recorded_input(1) is not None and history.input_matches(1, _digest("b"))
+    continued = read_job_history(store, codec, [KEY_GROUP], {"job-d", "job-b"})  # job d continues job b
+    assert continued.found and continued.index.records_read == mine.index.records_read
 
 
 def test_a_checkpoint_restore_passes_over_attempt_records_in_its_range():
@@ -344,3 +349,141 @@ def test_a_tool_with_a_timeout_gives_up_waiting_and_keeps_the_call_id():
     release.set()
     assert [o.output for o in result.outputs] == ["timed out"]
     assert seen and seen[0].startswith("Slow:act:1:0:")
+
+
+# -- found by a fresh-eyes review --------------------------------------------------------------------------------
+def _attempts(agent, store, attempts: int = 4, on_failure=None):
+    """Run one input until it finishes, as restarts would (each attempt with the journal so far)."""
+    for attempt in range(attempts):
+        try:
+            return _run(agent, store, history=_history(store) if attempt else None)
+        except Exception:  # noqa: BLE001 - an attempt that failed: the next one recovers
+            if on_failure is not None:
+                on_failure(attempt)
+    raise AssertionError(f"no attempt of {attempts} finished")
+
+
+def test_a_retry_loop_that_gave_up_is_made_again_by_the_next_attempt():
+    service = FlakyService()
+
+    class GivesUp(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            for _ in range(3):
+                try:
+                    ctx.send_event(OutputEvent(output=ctx.call("flaky", event.input)))
+                    return
+                except ConnectionError:
+                    pass
+            raise RuntimeError("still down after 3 tries")  # raised outside the except: no __context__
+
+    result = _attempts(GivesUp(resources={"flaky": Tool(service, side_effects="none")}), MemoryJournalStore(4),
+                       on_failure=lambda attempt: setattr(service, "down", False))
+    assert [o.output for o in result.outputs] == ["ok(in)"] and service.invocations == 4
+    assert result.stats.calls_retried_after_failure == 1  # the first one made again returns: the loop ends
+
+
+def test_every_failed_child_of_a_fan_out_runs_again_in_one_attempt():
+    down, runs = {"on": True}, []
+
+    class Child(Agent):
+        @action(InputEvent)
+        def work(event, ctx):
+            runs.append(event.input)
+            if down["on"]:
+                raise ConnectionError(f"child {event.input} down")
+            ctx.send_event(OutputEvent(output=f"done {event.input}"))
+
+    class Parent(Agent):
+        @action(InputEvent)
+        def fan(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call_agents([("Child", i) for i in range(3)])))
+
+    result = _attempts(Parent(sub_agents=[Child()]), MemoryJournalStore(4),
+                       on_failure=lambda attempt: down.update(on=False))
+    assert runs == [0, 1, 2, 0, 1, 2]  # one failed attempt, then all three at once
+    assert [o.output for o in result.outputs] == [[["done 0"], ["done 1"], ["done 2"]]]
+
+
+def test_a_retried_call_gets_a_call_id_of_its_own():
+    service, ids = FlakyService(), []
+
+    def flaky(text):
+        ids.append(current_call_id())
+        return service(text)
+
+    class Once(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("flaky", event.input)))
+
+    _attempts(Once(resources={"flaky": Tool(flaky, side_effects="none")}), MemoryJournalStore(4),
+              on_failure=lambda attempt: setattr(service, "down", False))
+    assert len(ids) == 2 and ids[0] != ids[1]  # a service may have stored the failure under the first id
+
+
+def test_a_timed_out_call_is_in_doubt_and_its_policy_decides():
+    import time as clock
+
+    charges = []
+
+    def charge(text):
+        clock.sleep(0.3)  # the slow service: it still takes effect after the caller stopped waiting
+        charges.append(text)
+        return "receipt"
+
+    class Pays(Agent):
+        @action(InputEvent)
+        def pay(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("charge", event.input)))
+
+    store = MemoryJournalStore(4)
+    agent = Pays(resources={"charge": Tool(charge, side_effects="external", in_doubt="fail", timeout_s=0.05)})
+    with pytest.raises(CallTimeoutError):
+        _run(agent, store)
+    clock.sleep(0.4)
+    with pytest.raises(CallInDoubtError):
+        _run(agent, store, history=_history(store))
+    assert charges == ["in"]
+
+
+def test_events_sent_together_share_no_object():
+    class Split(Event):
+        pass
+
+    class Report(Event):
+        pass
+
+    class Sharing(Agent):
+        @action(InputEvent)
+        def split(event, ctx):
+            items = ["x"]
+            ctx.send_event(Split(items=items))
+            ctx.send_event(Report(items=items))
+
+        @action(Split)
+        def enrich(event, ctx):
+            event.items.append("enriched")
+            ctx.send_event(OutputEvent(output=None))
+
+        @action(Report)
+        def report(event, ctx):
+            ctx.send_event(OutputEvent(output=list(event.items)))
+
+    store = MemoryJournalStore(4)
+    first = _run(Sharing(), store)
+    again = _run(Sharing(), store, history=_history(store))
+    assert [o.output for o in first.outputs] == [o.output for o in again.outputs] == [None, ["x"]]
+
+
+def test_a_call_result_changed_by_the_action_stays_as_journaled():
+    class Changes(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            reply = ctx.call("llm", event.input)
+            reply.append("changed by the action")
+            ctx.send_event(OutputEvent(output=reply))
+
+    result = execute_run(Changes(resources={"llm": Tool(lambda text: [text], side_effects="none")}),
+                         RunInput("k", KEY_GROUP, 1, "hi"), {})
+    assert [call.result for call in result.calls] == [["hi"]]  # what the capture records
