@@ -80,7 +80,12 @@ class RestorePlan:
         """Whether a replay may use a production journal record (DESIGN §14): one of a run in flight at the
         barrier (also written after it: production finished that run), or of a history production was still
         replaying at the barrier. Records of runs started after the barrier are not: those runs belong to
-        the replay and run under its side-effect policy, whatever production had journaled for them."""
+        the replay and run under its side-effect policy, whatever production had journaled for them.
+
+        The second kind goes beyond "runs in flight": a key production was still recovering at the barrier
+        (inputs recorded before an earlier failure, not yet re-reached) holds those records as part of the
+        savepoint's recovery state, and a production restore from the savepoint would reuse them too; the
+        replay starts from the same state, so it does as well (records written before the barrier only)."""
         return (digest_of_key, seq) in self.in_flight or (
             seq >= self.replaying.get(digest_of_key, _NEVER) and offset < self.barrier_ends.get(partition, 0))
 
