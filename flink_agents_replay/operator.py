@@ -545,19 +545,23 @@ class ActionExecutionOperator(KeyedProcessFunction):
             yield AgentOutput(key, result.seq, output.id, output.output)
 
 
+_LOGGING_SET_UP = threading.Lock()
+
+
 def _configure_logging() -> None:
     """Make the operator's INFO lines visible: to $FLINK_AGENTS_REPLAY_LOG_FILE, else to stderr (once per process:
     the handler is marked, so a second copy of this module does not add another and double every line)."""
     logger = logging.getLogger("flink_agents_replay")
-    if any(getattr(handler, "_flink_agents_replay", False) for handler in logger.handlers):
-        return
-    path = os.environ.get(LOG_FILE_ENV)
-    handler = logging.FileHandler(path) if path else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler._flink_agents_replay = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    with _LOGGING_SET_UP:  # subtasks of one TaskManager open concurrently: check and add as one step
+        if any(getattr(handler, "_flink_agents_replay", False) for handler in logger.handlers):
+            return
+        path = os.environ.get(LOG_FILE_ENV)
+        handler = logging.FileHandler(path) if path else logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._flink_agents_replay = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _ranges(partitions) -> str:
