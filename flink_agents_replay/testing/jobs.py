@@ -12,6 +12,7 @@ import itertools
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "keyed_json_inputs",
     "make_inputs",
     "produce_inputs",
+    "reference_outputs",
     "run_agent_job",
     "running_job",
     "stop_with_savepoint",
@@ -111,6 +113,12 @@ def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[
         memory[key] = result.memory
         outputs += [AgentOutput(key, seqs[key], output.id, output.output) for output in result.outputs]
     return outputs
+
+
+def reference_outputs(agent: Agent, inputs: Iterable[Any], **options: Any) -> Counter:
+    """The failure-free outputs of ``agent`` on ``inputs`` (:func:`failure_free_outputs`) as a Counter of
+    :func:`canonical_output` s: what a failed-over job's collected outputs must equal, each exactly once."""
+    return Counter(canonical_output(output) for output in failure_free_outputs(agent, inputs, **options))
 
 
 def exactly_once_string_sink(bootstrap_servers: str, topic: str, transactional_id_prefix: str,

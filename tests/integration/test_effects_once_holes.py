@@ -25,9 +25,9 @@ from flink_agents_replay.testing.agents import InjectedFailure, logical_call_cou
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
     canonical_output,
-    failure_free_outputs,
     make_inputs,
     produce_inputs,
+    reference_outputs,
     run_agent_job,
 )
 
@@ -96,7 +96,7 @@ def test_restarts_before_the_first_checkpoint_reuse_earlier_attempts(kafka_boots
     inputs = make_inputs(keys, per_key)
     input_topic = produce_inputs(kafka_bootstrap, inputs)
     reference_counter = InvocationCounter(tmp_path / "reference.db")
-    reference = Counter(canonical_output(o) for o in failure_free_outputs(two_step_agent(reference_counter), inputs))
+    reference = reference_outputs(two_step_agent(reference_counter), inputs)
     counter = InvocationCounter(tmp_path / "calls.db")
     outputs = run_agent_job(kafka_bootstrap, input_topic, two_step_agent(counter, faults=(60, 200)),
                             _config(kafka_bootstrap), checkpoint_interval_ms=NO_CHECKPOINT_MS, restart_attempts=3,
@@ -125,7 +125,7 @@ def llm_agent(base_url: str) -> Agent:
 def test_a_model_outage_longer_than_its_retries_is_survived(kafka_bootstrap, model_server, operator_log):
     inputs = make_inputs(12, 4)
     input_topic = produce_inputs(kafka_bootstrap, inputs)
-    reference = Counter(canonical_output(o) for o in failure_free_outputs(llm_agent(model_server().base_url), inputs))
+    reference = reference_outputs(llm_agent(model_server().base_url), inputs)
     server = model_server()
     # ChatModel's retries wait 0.25 + 0.5 + 1 s: a 4 s outage outlasts them.
     server.schedule_outage(after_chat=15, seconds=4)
@@ -174,7 +174,7 @@ def test_a_child_failing_once_inside_a_fan_out_is_run_again(kafka_bootstrap, tmp
     inputs = make_inputs(8, 4)
     input_topic = produce_inputs(kafka_bootstrap, inputs)
     reference_counter = InvocationCounter(tmp_path / "reference.db")
-    reference = Counter(canonical_output(o) for o in failure_free_outputs(fan_out_agent(reference_counter), inputs))
+    reference = reference_outputs(fan_out_agent(reference_counter), inputs)
     counter = InvocationCounter(tmp_path / "calls.db")
     agent = fan_out_agent(counter, fail_child_input="key-003|2|b")
     outputs = run_agent_job(kafka_bootstrap, input_topic, agent, _config(kafka_bootstrap, max_concurrent_child_calls=2),
@@ -215,8 +215,7 @@ def logging_agent(counter: InvocationCounter, faults: tuple[int, ...] = ()) -> A
 def test_in_place_changes_to_memory_values_survive_reuse(kafka_bootstrap, tmp_path, operator_log):
     inputs = make_inputs(12, 8)
     input_topic = produce_inputs(kafka_bootstrap, inputs)
-    reference = Counter(canonical_output(o) for o in failure_free_outputs(
-        logging_agent(InvocationCounter(tmp_path / "reference.db")), inputs))
+    reference = reference_outputs(logging_agent(InvocationCounter(tmp_path / "reference.db")), inputs)
     counter = InvocationCounter(tmp_path / "calls.db")
     outputs = run_agent_job(kafka_bootstrap, input_topic, logging_agent(counter, faults=(30, 70)),
                             _config(kafka_bootstrap), checkpoint_interval_ms=300, restart_attempts=3)

@@ -18,10 +18,9 @@ import pytest
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action, current_call_id
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
-    canonical_output,
-    failure_free_outputs,
     make_inputs,
     produce_inputs,
+    reference_outputs,
     run_agent_job,
 )
 
@@ -82,8 +81,7 @@ def test_retry_loop_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path,
     name = f"adv-retry-{uuid.uuid4().hex[:6]}"
 
     reference_agent = make_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name, fails_before_success)
-    reference = failure_free_outputs(reference_agent, inputs)
-    expected = Counter(canonical_output(o) for o in reference)
+    expected = reference_outputs(reference_agent, inputs)
 
     counter = InvocationCounter(tmp_path / "job.sqlite")
     topic = produce_inputs(kafka_bootstrap, inputs)
@@ -154,9 +152,8 @@ def make_get_or_create_agent(counter: InvocationCounter, fault: bool, name: str)
 def test_get_or_create_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path):
     inputs = make_inputs(KEYS, PER_KEY)
     name = f"adv-getcreate-{uuid.uuid4().hex[:6]}"
-    reference = failure_free_outputs(make_get_or_create_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name),
-                                     inputs)
-    expected = Counter(canonical_output(o) for o in reference)
+    expected = reference_outputs(make_get_or_create_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name),
+                                 inputs)
 
     counter = InvocationCounter(tmp_path / "job.sqlite")
     topic = produce_inputs(kafka_bootstrap, inputs)
