@@ -9,6 +9,7 @@ exactly once (the "fired" flag lives in the same file, so a restarted task does 
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,12 +39,15 @@ def logical_call_counts(counter: InvocationCounter) -> dict[str, int]:
 
 def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s: float = 0.0,
                 fail_after_calls: int | None = None, before_failure: Callable[[], None] | None = None,
-                memory_value: Callable[[], Any] | None = None) -> Agent:
+                memory_value: Callable[[], Any] | None = None, traced: bool = False) -> Agent:
     """3 chained actions per input, 2 journaled calls each; memory keeps the key's history.
 
     With ``fail_after_calls=N``, the first action raises :class:`InjectedFailure` between its two calls
     once N calls have run in total (once per counter file), after calling ``before_failure`` if given.
     ``memory_value`` makes the first action also store its result under memory path ``extra.value``.
+    ``traced`` also counts ``done:<tool>:<argument>`` when a call returns (a snapshot of the file right after
+    a SIGKILL then tells the calls under way: begun more often than done), and varies each call's delay from
+    0.5x to 1.5x ``call_delay_s``, fixed per call, so that keys drift apart and a kill finds varied calls.
     """
 
     def tool(tool_name: str):
@@ -51,7 +55,9 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
             counter.increment(f"call:{tool_name}:{argument}")
             counter.increment("calls")
             if call_delay_s:
-                time.sleep(call_delay_s)
+                time.sleep(call_delay_s * (0.5 + zlib.crc32(argument.encode()) % 1000 / 1000 if traced else 1))
+            if traced:
+                counter.increment(f"done:{tool_name}:{argument}")
             return f"{tool_name}({argument})"
         invoke.__qualname__ = tool_name
         return invoke

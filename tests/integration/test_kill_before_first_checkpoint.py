@@ -6,7 +6,7 @@ checkpoint completed -- every journaled call and action is reused, not repeated,
 equal a failure-free run's, each exactly once.
 
 Set-up, as an operator would run it: a standalone session cluster with ONE TaskManager, the job submitted
-with ``flink run -py`` (``early_kill_job.py``: checkpoint interval 60 s and min-pause 60 s, so the first
+with ``flink run -py`` (``agent_failover_job.py --traced``: checkpoint interval 60 s and min-pause 60 s, so the first
 checkpoint comes 60 s after the job starts; fixed-delay restarts), 60 inputs over 6 keys, 6 tool calls per
 input at 0.15 s each, outputs through Flink's exactly-once ``KafkaSink``.
 
@@ -52,19 +52,20 @@ from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.records import CallOutcome, RecordKind, key_digest, parse_journal_key
 from flink_agents_replay.local.processes import pid_alive
+from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
     canonical_output,
     failure_free_outputs,
-    job_script,
     make_inputs,
     produce_inputs,
 )
 
 pytestmark = pytest.mark.integration
 
-JOB = Path(__file__).resolve().parents[1] / "jobs" / "early_kill_job.py"
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "agent_failover_job.py"
+AGENT_NAME = "chain"  # chain_agent's, as the job runs it
 SIGNING_KEY = "infra-adversary-signing-key-0123"
 KEYS, PER_KEY = 6, 10
 CALL_DELAY_S = 0.15
@@ -136,10 +137,6 @@ def read_journal(bootstrap: str, topic: str, keys: list[str]) -> JournalView:
         store.close()
     view.started_only = started - view.results
     return view
-
-
-with job_script(JOB) as _module:
-    AGENT_NAME = _module.AGENT_NAME
 
 
 # -- the cluster, seen as an operator sees it ----------------------------------------------------------
@@ -219,9 +216,8 @@ class Scenario:
         self.log = operator_log
         self.inputs = make_inputs(KEYS, PER_KEY)
         self.keys = sorted({record["key"] for record in self.inputs})
-        with job_script(JOB) as module:
-            reference_counter = InvocationCounter(tmp_path / "reference.db")
-            outputs = failure_free_outputs(module.traced_chain_agent(reference_counter), self.inputs)
+        reference_counter = InvocationCounter(tmp_path / "reference.db")
+        outputs = failure_free_outputs(chain_agent(reference_counter, traced=True), self.inputs)
         self.expected = Counter(canonical_output(output) for output in outputs)
         self.expected_calls = set(split_counts(reference_counter.counts())[0])
         assert len(self.expected_calls) == len(self.inputs) * 6
@@ -241,7 +237,8 @@ class Scenario:
             "--output-topic", self.output_topic, "--journal-topic", self.journal_topic,
             "--counter-path", str(self.counter.path), "--signing-key", SIGNING_KEY, "--parallelism", "2",
             "--checkpoint-interval-ms", str(self.checkpoint_ms), "--min-pause-ms", str(self.checkpoint_ms),
-            "--restart-attempts", "5", "--restart-delay-ms", "1000", "--call-delay-s", str(CALL_DELAY_S))
+            "--restart-attempts", "5", "--restart-delay-ms", "1000", "--call-delay-s", str(CALL_DELAY_S),
+            "--max-concurrent-runs", "16", "--transaction-timeout-ms", "300000", "--traced")
         self.job_start = self.cluster.rest_get(f"/jobs/{self.job_id}")["start-time"] / 1000
         config = self.cluster.rest_get(f"/jobs/{self.job_id}/checkpoints/config")
         assert (config["interval"], config["min_pause"]) == (self.checkpoint_ms, self.checkpoint_ms), config

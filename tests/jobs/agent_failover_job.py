@@ -8,8 +8,8 @@ and writes every output as ``json.dumps(canonical_output(output))`` with Flink's
 ``KafkaSink`` (committed at checkpoints: read it with ``isolation.level=read_committed``).
 
 The source and the JSON parsing run with parallelism 1, so the agent has one upstream instance and every
-key's inputs arrive in topic order, also after a restore (DESIGN §13). Used by
-``tests/integration/test_local_flink.py``::
+key's inputs arrive in topic order, also after a restore. Used by ``tests/integration/test_local_flink.py``
+and ``tests/integration/test_kill_before_first_checkpoint.py``::
 
     flink run -d -py tests/jobs/agent_failover_job.py --bootstrap-servers 127.0.0.1:9092 \\
         --input-topic in --output-topic out --journal-topic journal --counter-path /tmp/calls.db
@@ -42,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--signing-key", required=True, help="journal signing key (16+ characters)")
     parser.add_argument("--parallelism", type=int, default=2, help="parallelism of the agent and the sink")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=500)
+    parser.add_argument("--min-pause-ms", type=int, default=None,
+                        help="execution.checkpointing.min-pause; equal to the interval, the first checkpoint comes "
+                             "exactly one interval after the start (Flink picks a random delay between the two)")
+    parser.add_argument("--transaction-timeout-ms", type=int, default=120_000, help="of the exactly-once sink")
+    parser.add_argument("--traced", action="store_true", help="chain_agent(traced=True): calls' returns counted")
     parser.add_argument("--restart-attempts", type=int, default=3, help="fixed-delay restarts after a failure")
     parser.add_argument("--restart-delay-ms", type=int, default=500)
     parser.add_argument("--call-delay-s", type=float, default=0.0, help="how long each tool call takes")
@@ -53,16 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """The job's environment, with the pipeline defined on it."""
+    min_pause = {} if args.min_pause_ms is None else {"execution.checkpointing.min-pause": f"{args.min_pause_ms} ms"}
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
                              restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
-                             jars=[kafka_connector_jar()])
+                             jars=[kafka_connector_jar()], config=min_pause)
     keyed = keyed_json_inputs(env, args.bootstrap_servers, args.input_topic, bounded=args.bounded)
-    agent = chain_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s)
+    agent = chain_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s, traced=args.traced)
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
               "signing_key": args.signing_key, "max_concurrent_runs": args.max_concurrent_runs}
     outputs = connect_to_agent(keyed, agent, config)
     sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic,
-                                    f"agent-failover-{uuid.uuid4().hex[:8]}", transaction_timeout_ms=120_000)
+                                    f"agent-failover-{uuid.uuid4().hex[:8]}",
+                                    transaction_timeout_ms=args.transaction_timeout_ms)
     (outputs.map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING())
      .uid("agent-failover/serialize").sink_to(sink).uid("agent-failover/sink"))
     return env
