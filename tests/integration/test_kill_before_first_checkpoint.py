@@ -243,6 +243,19 @@ class Scenario:
         config = self.cluster.rest_get(f"/jobs/{self.job_id}/checkpoints/config")
         assert (config["interval"], config["min_pause"]) == (self.checkpoint_ms, self.checkpoint_ms), config
 
+    def recover_once_and_finish(self, name: str) -> None:
+        """After one kill: a new TaskManager, the restart logged by both subtasks as attempt 1, the outputs and
+        calls checked (:meth:`finish`) and saved under ``name``, and no restart taken for a fresh start."""
+        log_mark = len(self.log())
+        self.replace_taskmanager()
+        poll_until(lambda: self.restarted_subtasks(log_mark, attempt=1) == {0, 1}, 180,
+                   lambda: f"no restart logged by both subtasks; {self.cluster.job_diagnostics(self.job_id)}")
+        summary = self.finish()
+        summary["restart_log"] = sorted(set(self.restart_logged(log_mark)))
+        _save(name, summary)
+        fresh = [line for line in self.log()[log_mark:] if "fresh start of job" in line]
+        assert fresh == [], f"a restart was taken for a fresh start: {fresh}"
+
     def wait_for_calls(self, condition, what: str, timeout_s: float = 120) -> None:
         def check():
             if self.first_call_at is None and self.counter.count("calls"):
@@ -386,15 +399,7 @@ def test_sigkill_in_first_seconds_before_first_checkpoint(kafka_bootstrap, new_t
     kill = scenario.kill()
     assert kill.in_flight, "no call was under way at the kill"
     assert kill.journal.results, "nothing was journaled before the kill: the fault hit too early to test reuse"
-    log_mark = len(operator_log())
-    scenario.replace_taskmanager()
-    poll_until(lambda: scenario.restarted_subtasks(log_mark, attempt=1) == {0, 1}, 180,
-               lambda: f"no restart logged by both subtasks; {scenario.cluster.job_diagnostics(scenario.job_id)}")
-    summary = scenario.finish()
-    summary["restart_log"] = sorted(set(scenario.restart_logged(log_mark)))
-    _save("a-single-kill", summary)
-    fresh = [line for line in operator_log()[log_mark:] if "fresh start of job" in line]
-    assert fresh == [], f"a restart was taken for a fresh start: {fresh}"
+    scenario.recover_once_and_finish("a-single-kill")
 
 
 def test_sigkill_twice_second_during_recovery(kafka_bootstrap, new_topic, flink_cluster, tmp_path, operator_log):
@@ -452,12 +457,4 @@ def test_sigkill_while_first_checkpoint_in_progress(kafka_bootstrap, new_topic, 
     kill = scenario.kill(checkpoint_triggered=True)
     assert kill.in_flight, "no call was under way at the kill"
     assert kill.journal.results, "nothing was journaled before the kill"
-    log_mark = len(operator_log())
-    scenario.replace_taskmanager()
-    poll_until(lambda: scenario.restarted_subtasks(log_mark, attempt=1) == {0, 1}, 180,
-               lambda: f"no restart logged by both subtasks; {scenario.cluster.job_diagnostics(scenario.job_id)}")
-    summary = scenario.finish()
-    summary["restart_log"] = sorted(set(scenario.restart_logged(log_mark)))
-    _save("c-kill-during-first-checkpoint", summary)
-    fresh = [line for line in operator_log()[log_mark:] if "fresh start of job" in line]
-    assert fresh == [], f"a restart was taken for a fresh start: {fresh}"
+    scenario.recover_once_and_finish("c-kill-during-first-checkpoint")
