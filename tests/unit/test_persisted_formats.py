@@ -1,5 +1,6 @@
 """Persisted formats: every record and state kind is plain data that names no module of this package, round
-trips, and what 0.1.0 wrote (checked-in fixture, made by tests/fixtures/compat/make_record_fixtures.py) still reads."""
+trips, and what earlier versions wrote (checked-in fixtures per version, made by
+tests/fixtures/compat/make_record_fixtures.py) still reads."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def test_a_newer_schema_version_is_refused_with_advice():
         codec.load(header, newer)
 
 
-# -- what 0.1.0 wrote ----------------------------------------------------------------------------------
+# -- what earlier versions wrote ----------------------------------------------------------------------------------
 
 def _fixture(version: str) -> dict:
     return json.loads((FIXTURES / version / "records.json").read_text())
@@ -168,9 +169,28 @@ def _decode(codec: RecordCodec, entry: dict):
     return codec.decode(base64.b64decode(entry["record_key"]), base64.b64decode(entry["value"])).payload
 
 
-def test_journal_records_written_by_0_1_0_still_read():
-    fixture = _fixture("v0_1_0")
-    codec = RecordCodec(base64.b64decode(fixture["signing_key"]), fixture["producer"])
+@dataclass(frozen=True)
+class Classified(Event):
+    """The agent's own class for the event the fixtures' script sent (defined in its ``__main__``)."""
+
+    label: str
+    score: float
+
+
+VERSIONS = sorted(path.name for path in FIXTURES.iterdir() if (path / "records.json").exists())
+
+
+def test_there_is_a_fixture_of_this_version_and_of_0_1_0():
+    from flink_agents_replay import __version__
+
+    assert {"v0_1_0", "v" + __version__.replace(".", "_")} <= set(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_journal_records_written_by_earlier_versions_still_read(version):
+    fixture = _fixture(version)
+    codec = RecordCodec(base64.b64decode(fixture["signing_key"]), fixture["producer"],
+                        event_types=EventTypes([Classified]))
     records = {name: _decode(codec, entry) for name, entry in fixture["journal"].items()}
     assert records["accepted"] == AcceptedRecord(1, "in-1", 1_700_000_000_000)
     assert records["call_started"].outcome is CallOutcome.STARTED
@@ -191,8 +211,9 @@ def test_journal_records_written_by_0_1_0_still_read():
     assert records["attempt"]["attempt"] == 2
 
 
-def test_capture_records_written_by_0_1_0_still_read():
-    fixture = _fixture("v0_1_0")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_capture_records_written_by_earlier_versions_still_read(version):
+    fixture = _fixture(version)
     codec = capture_codec(base64.b64decode(fixture["signing_key"]), fixture["producer"])
     captured = _decode(codec, fixture["capture"]["captured_input"])
     run = _decode(codec, fixture["capture"]["captured_run"])
@@ -202,8 +223,9 @@ def test_capture_records_written_by_0_1_0_still_read():
     assert run.blocked == [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")]
 
 
-def test_keyed_state_written_by_0_1_0_still_reads():
-    state = {name: base64.b64decode(raw) for name, raw in _fixture("v0_1_0")["state"].items()}
+@pytest.mark.parametrize("version", VERSIONS)
+def test_keyed_state_written_by_earlier_versions_still_reads(version):
+    state = {name: base64.b64decode(raw) for name, raw in _fixture(version)["state"].items()}
     assert decode_waiting(state["waiting"]) == WaitingInput({"text": "next"}, 1_700_000_000_500)
     assert decode_in_flight(state["in_flight"]) == InFlightInput(4, {"text": "now"}, 1_700_000_000_400)
     assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
