@@ -54,7 +54,6 @@ bytecode is the running Python's: another Python minor version gives other finge
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import inspect
 import types
@@ -63,65 +62,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceError, UnknownSubAgentError
+from flink_agents_replay.events import Event, EventTypes, InputEvent, OutputEvent, with_event_id
 from flink_agents_replay.memory import Memory
 from flink_agents_replay.resources import Resource, Tool
 
-__all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerContext", "action"]
+__all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerContext", "action", "with_event_id"]
 
 _ACTION_ATTRIBUTE = "__flink_agents_replay_action__"
-_EVENT_ID_ATTRIBUTE = "_event_id"
 #: Characters an agent name may not contain, and what the journal uses them for.
 _NAME_SEPARATORS = {":": "between the parts of a record key", "/": "between the agents of a sub-agent path"}
-
-
-class Event:
-    """Base class of events. Subclass it, as a plain class or a dataclass.
-
-    ``Event(**fields)`` stores the fields as attributes. The runtime gives every sent event an ``id``
-    derived from its place in the run (never random), so a replayed run reproduces every id.
-    """
-
-    def __init__(self, **fields: Any):
-        self.__dict__.update(fields)
-
-    @property
-    def id(self) -> str | None:
-        """The runtime-assigned id (``None`` before the event is sent)."""
-        return self.__dict__.get(_EVENT_ID_ATTRIBUTE)
-
-    def _fields(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != _EVENT_ID_ATTRIBUTE}
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
-        return f"{type(self).__name__}({fields})"
-
-
-class InputEvent(Event):
-    """Wraps one input record; ``input`` is the record as it arrived."""
-
-    def __init__(self, input: Any):  # noqa: A002 - the public field name
-        super().__init__(input=input)
-
-
-class OutputEvent(Event):
-    """Sent by an action to emit ``output`` from the operator."""
-
-    def __init__(self, output: Any):
-        super().__init__(output=output)
-
-
-def with_event_id(event: Event, event_id: str) -> Event:
-    """A shallow copy of ``event`` carrying ``event_id`` (frozen dataclasses included)."""
-    stamped = copy.copy(event)
-    object.__setattr__(stamped, _EVENT_ID_ATTRIBUTE, event_id)
-    return stamped
 
 
 def action(*event_types: type[Event]) -> Callable[[Callable], staticmethod]:
@@ -266,6 +215,18 @@ class Agent:
     def actions_for(self, event: Event) -> list[ActionSpec]:
         """The actions ``event`` triggers, in definition order."""
         return [spec for spec in self.actions if spec.handles(event)]
+
+    def event_types(self) -> EventTypes:
+        """Resolves the names of events persisted by this agent (its and its sub-agents' action triggers first)."""
+        declared: dict[type[Event], None] = {}
+        pending, seen = [self], set()
+        while pending:
+            agent = pending.pop()
+            if id(agent) not in seen:
+                seen.add(id(agent))
+                declared.update(dict.fromkeys(kind for spec in agent.actions for kind in spec.event_types))
+                pending.extend(agent.sub_agents.values())
+        return EventTypes(declared)
 
 
 class RunnerContext:

@@ -7,6 +7,7 @@ __all__ = [
     "CallBlocked",
     "CallInDoubtError",
     "CallTimeoutError",
+    "ChatModelError",
     "ConfigError",
     "FingerprintMismatchError",
     "JournalError",
@@ -127,3 +128,19 @@ class CallBlocked(ReplayError, RuntimeError):  # noqa: N818 - the name the desig
 
     def __reduce__(self):
         return (type(self), (str(self), self.resource, self.arguments))
+
+
+class ChatModelError(RuntimeError):
+    """The chat-completions endpoint answered with an error or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.status))
+
+    @property
+    def transient(self) -> bool:
+        """Worth trying again: the endpoint was unreachable, rate-limited (429) or failed itself (5xx)."""
+        return self.status is None or self.status == 429 or self.status >= 500

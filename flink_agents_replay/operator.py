@@ -34,7 +34,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
 from pyflink.common import Types
 from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
@@ -43,11 +42,22 @@ from flink_agents_replay.agent import Agent
 from flink_agents_replay.capture.manifest import CaptureDescription, ManifestWriter, manifest_topic
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.capture.schemas import capture_codec
 from flink_agents_replay.capture.writer import CaptureWriter
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.digest import digest_value
-from flink_agents_replay.errors import JournalGapError, NotPicklableError, ReplayError
+from flink_agents_replay.errors import JournalGapError, ReplayError
+from flink_agents_replay.formats.state import (
+    InFlightInput,
+    WaitingInput,
+    decode_in_flight,
+    decode_memory,
+    decode_waiting,
+    encode_in_flight,
+    encode_memory,
+    encode_waiting,
+)
 from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
 from flink_agents_replay.journal.codec import FORMAT_VERSION, RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
@@ -72,21 +82,6 @@ _COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reus
              "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
              "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
              "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned")
-
-
-@dataclass(frozen=True)
-class _Waiting:
-    """An input waiting in keyed state for its key's turn, with its event time (and, in a replay, the seq
-    production gave it)."""
-
-    value: Any
-    event_time: int | None
-    captured_seq: int | None = None
-
-
-def _waiting(raw: bytes) -> _Waiting:
-    entry = cloudpickle.loads(raw)
-    return entry if isinstance(entry, _Waiting) else _Waiting(entry, None)  # state from before event times
 
 
 @dataclass(frozen=True)
@@ -167,7 +162,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 self.config.kafka, self.config.journal_topic, self.max_parallelism,
                 create_topic=self.config.create_topic, replication_factor=self.config.replication_factor,
                 topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
-            codec = RecordCodec(self.config.signing_key_bytes, self.config.uid)
+            codec = RecordCodec(self.config.signing_key_bytes, self.config.uid, event_types=self.agent.event_types())
             self.writer = JournalWriter(self.store, codec, self.config.durability, self.config.ack_timeout_s,
                                         max_record_bytes(self.config.kafka, self.store.max_message_bytes))
 
@@ -184,7 +179,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             manifest = ManifestWriter(config.kafka, manifest_topic(config.capture_topic),
                                       create_topic=config.create_topic, replication_factor=config.replication_factor,
                                       timeout_s=config.kafka_timeout_s)
-        return CaptureWriter(store, RecordCodec(config.signing_key_bytes, config.uid), description, manifest,
+        return CaptureWriter(store, capture_codec(config.signing_key_bytes, config.uid), description, manifest,
                              config.ack_timeout_s)
 
     def _load_recorded_calls(self) -> None:
@@ -354,23 +349,23 @@ class ActionExecutionOperator(KeyedProcessFunction):
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
         key = ctx.get_current_key()
-        waiting = _Waiting(value, ctx.timestamp())
+        waiting = WaitingInput(value, ctx.timestamp())
         if self.replay is not None and isinstance(value, CapturedInput):  # production's seq and event time
-            waiting = _Waiting(value.payload, value.event_time, value.seq)
+            waiting = WaitingInput(value.payload, value.event_time, value.seq)
             if self._held_by_savepoint(waiting):
                 return
         if self.in_flight_state.value() is not None:
-            self.pending_state.add(cloudpickle.dumps(waiting))  # one run per key: wait, in order
+            self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
             return
         if self._recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
-            self.pending_state.add(cloudpickle.dumps(waiting))
+            self.pending_state.add(encode_waiting(waiting))
             self._start_next(key, ctx)
             return
         self._start(key, waiting, ctx)
         yield from ()
 
-    def _held_by_savepoint(self, waiting: _Waiting) -> bool:
+    def _held_by_savepoint(self, waiting: WaitingInput) -> bool:
         """Replay: whether production had accepted this captured input before the savepoint (or the restored
         key has started it since): the savepoint's state already accounts for it."""
         if waiting.captured_seq is None or waiting.captured_seq > (self.seq_state.value() or 0):
@@ -389,8 +384,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         run = self.runs.get(key)
         if run is None:  # restored from a checkpoint with this run in flight: submit it again
-            seq, value, *event_time = cloudpickle.loads(raw)  # (seq, value) in state written before event times
-            self._submit(key, seq, _Waiting(value, event_time[0] if event_time else None), ctx)
+            in_flight = decode_in_flight(raw)
+            self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx)
             run = self.runs[key]
         if not run.future.done():
             if not draining:
@@ -421,7 +416,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """Start the key's next waiting input: the one the journal recorded next, else the first to arrive."""
         waiting = list(self.pending_state.get() or [])
         if self.replay is not None:
-            kept = [raw for raw in waiting if not self._held_by_savepoint(_waiting(raw))]
+            kept = [raw for raw in waiting if not self._held_by_savepoint(decode_waiting(raw))]
             if len(kept) != len(waiting):
                 self.pending_state.update(kept)
                 waiting = kept
@@ -429,7 +424,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         expected = self._recorded_next_input(key)
         chosen = 0 if expected is None else next(
-            (i for i, raw in enumerate(waiting) if digest_value(_waiting(raw).value) == expected), None)
+            (i for i, raw in enumerate(waiting) if digest_value(decode_waiting(raw).value) == expected), None)
         if chosen is None:  # its recorded predecessor has not come back yet: wait for it (bounded)
             self._await_predecessor(ctx)
             return
@@ -438,7 +433,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.restored:  # only a restored key can be waiting (its history keeps the index non-empty)
             self._end_order_wait(ctx)
         self.pending_state.update(waiting[:chosen] + waiting[chosen + 1:])
-        self._start(key, _waiting(waiting[chosen]), ctx)
+        self._start(key, decode_waiting(waiting[chosen]), ctx)
 
     def _await_predecessor(self, ctx) -> None:
         if self.order_wait_state.value() is not None:
@@ -470,7 +465,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._start_next(key, ctx)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _start(self, key, waiting: _Waiting, ctx) -> None:
+    def _start(self, key, waiting: WaitingInput, ctx) -> None:
         seq = (self.seq_state.value() or 0) + 1
         if waiting.captured_seq is not None and waiting.captured_seq != seq:
             # The capture lacks inputs in between (lost before a failure): keep production's numbering.
@@ -478,7 +473,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
                         self.subtask, key, waiting.captured_seq, seq, waiting.captured_seq)
             seq = waiting.captured_seq
         self.seq_state.update(seq)
-        self.in_flight_state.update(cloudpickle.dumps((seq, waiting.value, waiting.event_time)))
+        self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time)))
         ctx.timer_service().register_event_time_timer(_DRAIN_TIMER)
         if self.capture is not None:
             group = key_group(key, self.key_type, self.max_parallelism)
@@ -486,12 +481,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                                           digest_value(waiting.value)))
         self._submit(key, seq, waiting, ctx)
 
-    def _submit(self, key, seq: int, waiting: _Waiting, ctx) -> None:
+    def _submit(self, key, seq: int, waiting: WaitingInput, ctx) -> None:
         if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
             raise ReplayError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
                               f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
         raw_memory = self.memory_state.value()
-        memory = cloudpickle.loads(raw_memory) if raw_memory is not None else {}
+        memory = decode_memory(raw_memory) if raw_memory is not None else {}
         group = key_group(key, self.key_type, self.max_parallelism)
         digest = key_digest(key)
         history = self.index.history(digest) if self.restored else None
@@ -518,11 +513,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         ctx.timer_service().register_processing_time_timer(now + self.config.poll_interval_ms)
 
     def _apply(self, key, result: RunResult, ctx):
-        try:
-            self.memory_state.update(cloudpickle.dumps(result.memory))
-        except Exception as exc:  # noqa: BLE001
-            raise NotPicklableError(f"the memory of key {key!r} cannot be serialized with cloudpickle "
-                                    f"after input {result.seq}: {exc}") from exc
+        self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
+                                                                  f"{result.seq}"))
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(_DRAIN_TIMER)
         for name, value in result.stats.as_dict().items():

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from flink_agents_replay.errors import CallTimeoutError
+from flink_agents_replay.errors import CallTimeoutError, ChatModelError
 
 __all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
 
@@ -123,22 +123,6 @@ class Tool(Resource):
     def __repr__(self) -> str:
         name = getattr(self.function, "__qualname__", self.function)
         return f"Tool({name!r}, side_effects={self.side_effects.value})"
-
-
-class ChatModelError(RuntimeError):
-    """The chat-completions endpoint answered with an error or could not be reached."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.status))
-
-    @property
-    def transient(self) -> bool:
-        """Worth trying again: the endpoint was unreachable, rate-limited (429) or failed itself (5xx)."""
-        return self.status is None or self.status == 429 or self.status >= 500
 
 
 class ChatModel(Resource):

@@ -27,6 +27,10 @@ from flink_agents_replay.kafka_topics import partition_count
 __all__ = ["CaptureDescription", "ManifestEntry", "ManifestWriter", "manifest_topic", "read_capture_start"]
 
 
+#: Version of a manifest entry's JSON (0.1.0's entries, without a version field, are version 1).
+MANIFEST_VERSION = 1
+
+
 def manifest_topic(capture_topic: str) -> str:
     """The manifest topic of a capture topic."""
     return f"{capture_topic}.manifest"
@@ -64,7 +68,7 @@ class ManifestEntry:
         """Kafka key and JSON value."""
         partitions = sorted(self.offsets)
         key = f"{self.checkpoint_id}:{partitions[0]}-{partitions[-1]}" if partitions else f"{self.checkpoint_id}:-"
-        value = {"checkpoint_id": self.checkpoint_id, "subtask": self.subtask,
+        value = {"version": MANIFEST_VERSION, "checkpoint_id": self.checkpoint_id, "subtask": self.subtask,
                  "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
                  **asdict(self.description), "output_topics": list(self.description.output_topics)}
         return key.encode(), json.dumps(value, sort_keys=True).encode()
@@ -73,6 +77,9 @@ class ManifestEntry:
     def decode(cls, value: bytes) -> ManifestEntry:
         """Parse a manifest value (raises ``ValueError``/``KeyError`` on one that is not an entry)."""
         data = json.loads(value)
+        if int(data.get("version", 1)) > MANIFEST_VERSION:  # 0.1.0 wrote no version: it is version 1
+            raise ValueError(f"manifest entry of version {data['version']}; this version reads up to "
+                             f"{MANIFEST_VERSION}: upgrade flink-agents-replay")
         description = CaptureDescription(
             uid=data["uid"], capture_topic=data["capture_topic"], key_type=data["key_type"],
             max_parallelism=int(data["max_parallelism"]), codec_version=int(data["codec_version"]),

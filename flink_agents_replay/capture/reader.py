@@ -5,25 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import cloudpickle
-
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
+from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
 from flink_agents_replay.errors import ReplayConfigError, SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.records import RecordKind
 from flink_agents_replay.kafka_topics import partition_count
 
 __all__ = ["CaptureDecoder", "read_capture"]
 
-_KINDS = {RecordKind.CAPTURED_INPUT.value: CapturedInput, RecordKind.CAPTURED_RUN.value: CapturedRun}
+_KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun}
 
 
 class CaptureDecoder:
     """Verifies and decodes capture records of one operator (its uid and signing key)."""
 
     def __init__(self, signing_key: bytes, uid: str):
-        self.codec = RecordCodec(signing_key, uid)
+        self.codec = capture_codec(signing_key, uid)
 
     def decode(self, value: bytes, where: str = "") -> CapturedInput | CapturedRun | None:
         """The record, verified; ``None`` for a record of another kind."""
@@ -33,8 +31,8 @@ class CaptureDecoder:
         expected = _KINDS.get(header.get("kind"))
         if expected is None:
             return None
-        _, payload = self.codec.verify(SIGNED_KEY, value, where=where)
-        record = cloudpickle.loads(payload)
+        header, payload = self.codec.verify(SIGNED_KEY, value, where=where)
+        record = self.codec.load(header, payload, where=where)
         if not isinstance(record, expected):
             raise SignatureError(f"capture record ({where}) holds a {type(record).__name__}, not a {expected.__name__}")
         return record

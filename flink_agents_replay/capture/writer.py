@@ -11,8 +11,9 @@ from collections.abc import Iterable
 
 from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, ManifestWriter
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun, capture_key
+from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN
 from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import RecordKind, key_digest
+from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.store import JournalStore
 
 __all__ = ["CaptureWriter"]
@@ -34,15 +35,15 @@ class CaptureWriter:
 
     def write_input(self, key_group: int, captured: CapturedInput) -> None:
         """Append an accepted input."""
-        record_key = capture_key(key_group, captured.seq, RecordKind.CAPTURED_INPUT.value, key_digest(captured.key))
-        value = self.codec.encode(SIGNED_KEY, RecordKind.CAPTURED_INPUT, captured,
+        record_key = capture_key(key_group, captured.seq, CAPTURED_INPUT, key_digest(captured.key))
+        value = self.codec.encode(SIGNED_KEY, CAPTURED_INPUT, captured,
                                   what=f"the captured input {captured.seq} of key {captured.key!r}")
         self.store.append(key_group, record_key, value)
 
     def write_run(self, key_group: int, run: CapturedRun) -> None:
         """Append what a run produced."""
-        record_key = capture_key(key_group, run.seq, RecordKind.CAPTURED_RUN.value, key_digest(run.key))
-        value = self.codec.encode(SIGNED_KEY, RecordKind.CAPTURED_RUN, run,
+        record_key = capture_key(key_group, run.seq, CAPTURED_RUN, key_digest(run.key))
+        value = self.codec.encode(SIGNED_KEY, CAPTURED_RUN, run,
                                   what=f"the captured run of input {run.seq} of key {run.key!r}")
         self.store.append(key_group, record_key, value)
 

@@ -98,9 +98,9 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
 
 def _note_attempt(history: JobHistory, codec: RecordCodec, stored) -> None:
     record = codec.decode(stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
-    if record.kind is not RecordKind.ATTEMPT:
+    if record.kind != RecordKind.ATTEMPT.value:
         raise SignatureError(f"journal record at partition {stored.partition} offset {stored.offset} has an attempt "
-                             f"key but kind {record.kind.value!r}")
+                             f"key but kind {record.kind!r}")
     history.starts.setdefault(stored.partition, stored.offset)
     history.last_attempt = max(history.last_attempt, int(record.payload["attempt"]))
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import cloudpickle
-
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.records import (
     AcceptedRecord,
@@ -204,7 +202,7 @@ class RecoveryIndex:
                 header, payload = self._codec.verify(
                     stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
                 if header["kind"] in _INDEXED_KINDS:
-                    record = cloudpickle.loads(payload)
+                    record = self._codec.load(header, payload)
                     if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord, ActionFailedRecord)):
                         self.add(digest_of_key, raw[0].partition, raw[0].offset, record)
         return self._keys.get(digest_of_key)

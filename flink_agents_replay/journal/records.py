@@ -48,15 +48,13 @@ __all__ = [
 
 
 class RecordKind(str, enum.Enum):
-    """The kinds of journal record (and of capture record: the same signed envelope carries both)."""
+    """The kinds of journal record (capture records, in the same signed envelope, have their own kinds)."""
 
     ACCEPTED = "accepted"
     CALL = "call"
     COMPLETION = "completion"
     ACTION_FAILED = "failed"
     ATTEMPT = "attempt"
-    CAPTURED_INPUT = "input"  # capture topic only (flink_agents_replay.capture)
-    CAPTURED_RUN = "run"
 
 
 class CallOutcome(str, enum.Enum):

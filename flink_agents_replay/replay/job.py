@@ -24,7 +24,7 @@ from pyflink.common.watermark_strategy import TimestampAssigner
 
 from flink_agents_replay.capture.manifest import read_capture_start
 from flink_agents_replay.errors import ReplayConfigError
-from flink_agents_replay.journal.codec import FORMAT_VERSION
+from flink_agents_replay.journal.codec import READABLE_VERSIONS
 from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
@@ -58,9 +58,9 @@ def prepare_replay(kafka: Mapping[str, Any], capture_topic: str, savepoint: str 
         problems.append(f"its keys are {description.key_type}, the replay keys by {key_type}")
     if description.max_parallelism != max_parallelism:
         problems.append(f"its max parallelism is {description.max_parallelism}, the replay's {max_parallelism}")
-    if description.codec_version != FORMAT_VERSION:
+    if description.codec_version not in READABLE_VERSIONS:
         problems.append(f"its record format is version {description.codec_version}, this version reads "
-                        f"{FORMAT_VERSION}")
+                        f"{READABLE_VERSIONS}")
     if problems:
         raise ReplayConfigError(f"the capture {capture_topic!r} does not fit this replay: " + "; ".join(problems))
     return ReplaySettings(capture_topic, offsets, description.journal_topic, frozenset(description.production_topics),

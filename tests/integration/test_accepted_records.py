@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 
-import cloudpickle
 import pytest
 from confluent_kafka import Producer
 
@@ -53,7 +52,7 @@ def test_every_input_is_accepted_in_order_with_its_digest_and_event_time(kafka_b
         _, seq, _, _, digest = parse_journal_key(stored.key)
         first_kind.setdefault((digest, seq), header["kind"])
         if header["kind"] == "accepted":
-            accepted[(digest, seq)] = cloudpickle.loads(payload)
+            accepted[(digest, seq)] = codec.load(header, payload)
     store.close()
 
     expected = {}

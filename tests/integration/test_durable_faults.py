@@ -12,7 +12,7 @@ from flink_agents_replay.config import SIGNING_KEY_ENV
 from flink_agents_replay.errors import ConfigError, JournalError, TopicMismatchError
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import RecordKind, journal_key, key_digest
+from flink_agents_replay.journal.records import CallOutcome, CallRecord, RecordKind, journal_key, key_digest
 from flink_agents_replay.keygroups import UnsupportedKeyTypeError, key_group
 from flink_agents_replay.local.processes import free_port
 from flink_agents_replay.pipeline import connect_to_agent
@@ -84,7 +84,8 @@ def _foreign_record_writer(bootstrap, topic, signing_key, producer_id):
 
         key = "key-000"
         record_key = journal_key(key_group(key, "STRING", 128), 999, "e", "classify", key_digest(key))
-        value = RecordCodec(signing_key.encode(), producer_id).encode(record_key, RecordKind.CALL, "forged")
+        forged = CallRecord(999, 0, "e", "classify", 0, "llm", "forged", CallOutcome.RETURNED, "forged")
+        value = RecordCodec(signing_key.encode(), producer_id).encode(record_key, RecordKind.CALL, forged)
         producer = Producer({"bootstrap.servers": bootstrap})
         producer.produce(topic, value=value, key=record_key, partition=key_group(key, "STRING", 128))
         producer.flush(30)

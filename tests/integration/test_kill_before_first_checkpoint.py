@@ -121,9 +121,9 @@ def read_journal(bootstrap: str, topic: str, keys: list[str]) -> JournalView:
             record = codec.decode(stored.key, stored.value)
             view.records += 1
             view.kinds[record.kind.value] += 1
-            if record.kind is RecordKind.ATTEMPT:
+            if record.kind == RecordKind.ATTEMPT:
                 view.attempts.append(dict(record.payload, partition=stored.partition))
-            if record.kind is not RecordKind.CALL:
+            if record.kind != RecordKind.CALL:
                 continue
             _, seq, _, _, digest = parse_journal_key(stored.key)
             call = record.payload

@@ -4,35 +4,49 @@ import pytest
 
 from flink_agents_replay.errors import NotPicklableError, SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import RecordKind, journal_key, key_digest, parse_journal_key
+from flink_agents_replay.journal.records import (
+    CallOutcome,
+    CallRecord,
+    CompletionRecord,
+    RecordKind,
+    journal_key,
+    key_digest,
+    parse_journal_key,
+)
+from flink_agents_replay.memory import MemoryUpdate
 
 KEY = b"k" * 32
 RECORD_KEY = journal_key(7, 3, "ev", "classify", key_digest("customer:1"))
 
 
+def _call(result) -> CallRecord:
+    return CallRecord(3, 0, "ev", "classify", 0, "llm", "d1", CallOutcome.RETURNED, result)
+
+
 def test_round_trip_keeps_kind_fingerprint_and_payload():
     codec = RecordCodec(KEY, "agent-x")
-    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, {"a": [1, 2]}, fingerprint="fp1")
+    completion = CompletionRecord(3, 0, "ev", "classify", "fp1", [MemoryUpdate("a", [1, 2])], [], 1, "in")
+    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, completion, fingerprint="fp1")
     decoded = codec.decode(RECORD_KEY, value)
     assert (decoded.kind, decoded.fingerprint, decoded.payload, decoded.producer) == (
-        RecordKind.COMPLETION, "fp1", {"a": [1, 2]}, "agent-x")
+        RecordKind.COMPLETION.value, "fp1", completion, "agent-x")
 
 
 def test_other_signing_key_is_rejected_before_unpickling():
-    value = RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, object())
+    value = RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, _call(object()))
     with pytest.raises(SignatureError, match="another signing key"):
         RecordCodec(b"z" * 32, "a").decode(RECORD_KEY, value)
 
 
 def test_tampered_payload_is_rejected():
-    value = bytearray(RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, "payload"))
+    value = bytearray(RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, _call("payload")))
     value[-40] ^= 0xFF
     with pytest.raises(SignatureError):
         RecordCodec(KEY, "a").decode(RECORD_KEY, bytes(value))
 
 
 def test_record_moved_to_another_kafka_key_is_rejected():
-    value = RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, "payload")
+    value = RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, _call("payload"))
     other_key = journal_key(7, 4, "ev", "classify", key_digest("customer:1"))
     with pytest.raises(SignatureError):
         RecordCodec(KEY, "a").decode(other_key, value)
@@ -45,13 +59,13 @@ def test_foreign_bytes_are_rejected(value):
 
 
 def test_foreign_producer_is_rejected_even_with_the_right_key():
-    value = RecordCodec(KEY, "job-1").encode(RECORD_KEY, RecordKind.CALL, "x")
+    value = RecordCodec(KEY, "job-1").encode(RECORD_KEY, RecordKind.CALL, _call("x"))
     with pytest.raises(SignatureError, match="each agent needs its own journal topic"):
         RecordCodec(KEY, "job-2").decode(RECORD_KEY, value)
 
 
 def test_unknown_format_version_is_rejected():
-    value = bytearray(RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, "x"))
+    value = bytearray(RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, _call("x")))
     value[4] = 99
     with pytest.raises(SignatureError, match="format version 99"):
         RecordCodec(KEY, "a").decode(RECORD_KEY, bytes(value))
@@ -61,7 +75,7 @@ def test_unpicklable_payload_names_what_it_was():
     import threading
 
     with pytest.raises(NotPicklableError, match="the result of call 0"):
-        RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, threading.Lock(), what="the result of call 0")
+        RecordCodec(KEY, "a").encode(RECORD_KEY, RecordKind.CALL, _call(threading.Lock()), what="the result of call 0")
 
 
 def test_short_signing_key_is_refused():

@@ -1,0 +1,38 @@
+"""Events as plain data: ``{"type": <event name>, "module": <the user's module>, "id": <event id>, "fields": <the
+user's fields, pickled>}``.
+
+The name is :func:`flink_agents_replay.events.event_name` of the class, resolved back through an
+:class:`~flink_agents_replay.events.EventTypes`; the module is only a hint that tells apart user classes
+of the same name (``None`` for this package's own ``InputEvent`` and ``OutputEvent``); the fields are
+user values. An event is rebuilt without calling its constructor (as pickle does), so dataclasses,
+frozen ones included, and classes whose ``__init__`` takes other arguments than their fields come back
+as they were sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flink_agents_replay.events import _EVENT_ID_ATTRIBUTE, Event, EventTypes, InputEvent, OutputEvent, event_name
+from flink_agents_replay.formats.plain import dump_user, load_user
+
+__all__ = ["event_from_plain", "event_to_plain"]
+
+
+def event_to_plain(event: Event) -> dict[str, Any]:
+    """The plain form of a sent event."""
+    fields = {name: value for name, value in vars(event).items() if name != _EVENT_ID_ATTRIBUTE}
+    kind = type(event)
+    module = None if kind in (InputEvent, OutputEvent) else kind.__module__
+    return {"type": event_name(kind), "module": module, "id": event.id,
+            "fields": dump_user(fields, what=f"a sent {type(event).__name__}")}
+
+
+def event_from_plain(plain: dict[str, Any], types: EventTypes) -> Event:
+    """The event :func:`event_to_plain` wrote, as an instance of the class its name resolves to."""
+    kind = types.resolve(plain["type"], plain.get("module"))
+    event = kind.__new__(kind)
+    event.__dict__.update(load_user(plain["fields"]))
+    if plain["id"] is not None:
+        event.__dict__[_EVENT_ID_ATTRIBUTE] = plain["id"]
+    return event

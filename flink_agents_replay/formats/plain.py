@@ -1,0 +1,48 @@
+"""Plain data on disk: msgpack for the package's own structure, cloudpickle only for the user's values.
+
+Everything this package persists is a *plain* structure — dicts with string keys, lists, strings, numbers,
+booleans, ``None`` and bytes — packed with msgpack. Unpacking it runs no code and names no class, so a
+record written by one version of this package reads in another, whatever its modules are called then.
+
+The user's values (memory values, event fields, tool results, business keys, inputs and outputs, the
+user's own exceptions) are the exception: they are whatever Python objects the agent uses, so they are
+kept as cloudpickled bytes inside the plain structure (:func:`dump_user`, :func:`load_user`). Each schema
+says which of its fields hold such bytes; nothing else is ever unpickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+import msgpack
+
+from flink_agents_replay.errors import NotPicklableError, SignatureError
+
+__all__ = ["dump_user", "load_user", "pack", "unpack"]
+
+
+def pack(plain: Any) -> bytes:
+    """The msgpack bytes of a plain structure (tuples become lists)."""
+    return msgpack.packb(plain, use_bin_type=True)
+
+
+def unpack(data: bytes, *, what: str = "record") -> Any:
+    """The plain structure :func:`pack` wrote; :class:`SignatureError` if the bytes are not one."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise SignatureError(f"{what} does not hold plain data this version reads: {exc}") from exc
+
+
+def dump_user(value: Any, *, what: str = "value") -> bytes:
+    """A user's value as bytes (cloudpickle); :class:`NotPicklableError` naming ``what`` if it cannot be."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - pickling raises many types
+        raise NotPicklableError(f"{what} cannot be serialized with cloudpickle: {exc}") from exc
+
+
+def load_user(data: bytes) -> Any:
+    """A user's value from :func:`dump_user`'s bytes (the only place this package unpickles current data)."""
+    return cloudpickle.loads(data)

@@ -1,0 +1,231 @@
+"""Persisted formats: every record and state kind is plain data that names no module of this package, round
+trips, and what earlier versions wrote (checked-in fixtures per version, made by
+tests/fixtures/compat/make_record_fixtures.py) still reads."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flink_agents_replay.agent import Event, InputEvent, OutputEvent, with_event_id
+from flink_agents_replay.capture.records import SIGNED_KEY, BlockedCall, CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
+from flink_agents_replay.errors import AgentDefinitionError, CallBlocked, ChatModelError, SignatureError
+from flink_agents_replay.events import EventTypes
+from flink_agents_replay.formats.state import (
+    InFlightInput,
+    WaitingInput,
+    decode_in_flight,
+    decode_memory,
+    decode_waiting,
+    encode_in_flight,
+    encode_memory,
+    encode_waiting,
+)
+from flink_agents_replay.journal.codec import RecordCodec
+from flink_agents_replay.journal.raised import decode_exception, encode_exception
+from flink_agents_replay.journal.records import (
+    AcceptedRecord,
+    ActionFailedRecord,
+    CallOutcome,
+    CallRecord,
+    CompletionRecord,
+    RecordKind,
+    journal_key,
+    key_digest,
+)
+from flink_agents_replay.memory import DELETED, MemoryUpdate
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
+KEY = b"k" * 32
+RECORD_KEY = journal_key(3, 1, "ev-1", "classify", key_digest("customer:1"))
+PACKAGE = b"flink_agents_replay"
+
+
+@dataclass(frozen=True)
+class Triaged(Event):
+    label: str
+    tags: tuple
+
+
+class SlowDown(Exception):
+    def __init__(self, message: str, *, wait_s: int):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+def _call(position: int, outcome: CallOutcome, result) -> CallRecord:
+    return CallRecord(1, 0, "ev-1", "classify", position, "llm", f"a{position}", outcome, result, "in-1")
+
+
+def _journal_records() -> list[tuple[RecordKind, object]]:
+    sent = [with_event_id(Triaged("billing", ("a", 1)), "ev-2"), with_event_id(OutputEvent({"x": {1, 2}}), "ev-3"),
+            with_event_id(InputEvent("child input"), "ev-4")]
+    return [
+        (RecordKind.ACCEPTED, AcceptedRecord(1, "in-1", 1_700_000_000_000)),
+        (RecordKind.CALL, _call(0, CallOutcome.STARTED, None)),
+        (RecordKind.CALL, _call(1, CallOutcome.RETURNED, {"label": "billing", "ids": {3, 1}})),
+        (RecordKind.CALL, _call(2, CallOutcome.RAISED, encode_exception(ChatModelError("busy", 503)))),
+        (RecordKind.CALL, _call(3, CallOutcome.RAISED, encode_exception(CallBlocked("no", "mailer", "()")))),
+        (RecordKind.CALL, _call(4, CallOutcome.RAISED, encode_exception(SlowDown("slow", wait_s=3)))),
+        (RecordKind.CALL, _call(5, CallOutcome.RAISED, encode_exception(KeyError("k")))),
+        (RecordKind.COMPLETION, CompletionRecord(1, 0, "ev-1", "classify", "fp", [
+            MemoryUpdate("log", ["a", {"n": 1}]), MemoryUpdate("draft", DELETED), MemoryUpdate("none", None)],
+            sent, 6, "in-1")),
+        (RecordKind.ACTION_FAILED, ActionFailedRecord(1, 1, "ev-1", "answer", "RuntimeError: x", "in-1", [0, 2])),
+        (RecordKind.ATTEMPT, {"version": 1, "job_id": "abc", "attempt": 2, "subtask": 1}),
+    ]
+
+
+def _capture_records() -> list[tuple[str, object]]:
+    return [
+        (CAPTURED_INPUT, CapturedInput(("tenant", 7), 1, None, {"text": "hi"}, "in-1")),
+        (CAPTURED_RUN, CapturedRun("customer:1", 1, "in-1", [CapturedOutput("ev-3", {"answer": 1})],
+                                   [_call(1, CallOutcome.RETURNED, [1, 2])],
+                                   [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")], "boom")),
+    ]
+
+
+def _comparable(value):
+    """Records compared field by field; exceptions by type, args and attributes."""
+    if isinstance(value, BaseException):
+        return (type(value), value.args, vars(value))
+    if isinstance(value, CallRecord) and value.outcome is CallOutcome.RAISED:
+        return (value.identity(), _comparable(decode_exception(value.result)))
+    return value
+
+
+@pytest.mark.parametrize(("kind", "record"), _journal_records(), ids=lambda v: getattr(v, "value", ""))
+def test_every_journal_record_round_trips_and_names_no_package_module(kind, record):
+    codec = RecordCodec(KEY, "op", event_types=EventTypes([Triaged]))
+    value = codec.encode(RECORD_KEY, kind, record)
+    assert PACKAGE not in value
+    decoded = codec.decode(RECORD_KEY, value).payload
+    assert _comparable(decoded) == _comparable(record)
+    if isinstance(record, CompletionRecord):
+        assert [type(e) for e in decoded.sent_events] == [Triaged, OutputEvent, InputEvent]
+        assert [e.id for e in decoded.sent_events] == ["ev-2", "ev-3", "ev-4"]
+        assert decoded.memory_updates[1].value is DELETED
+
+
+@pytest.mark.parametrize(("kind", "record"), _capture_records(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_capture_record_round_trips_and_names_no_package_module(kind, record):
+    codec = capture_codec(KEY, "op")
+    value = codec.encode(SIGNED_KEY, kind, record)
+    assert PACKAGE not in value
+    assert codec.decode(SIGNED_KEY, value).payload == record
+
+
+def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
+    waiting, in_flight = WaitingInput({"text": "x"}, 5, 3), InFlightInput(4, ("a", {1}), None)
+    memory = {"log": ["a"], "seen": {1, 2}, "nested": {"deep": {"x": 1.5}}}
+    entries = [encode_waiting(waiting), encode_in_flight(in_flight), encode_memory(memory)]
+    assert all(PACKAGE not in entry for entry in entries)
+    assert (decode_waiting(entries[0]), decode_in_flight(entries[1]), decode_memory(entries[2])) == (
+        waiting, in_flight, memory)
+
+
+def test_a_package_exception_comes_back_as_itself_without_its_constructor():
+    codec = RecordCodec(KEY, "op")
+    record = _call(2, CallOutcome.RAISED, encode_exception(ChatModelError("busy", 503)))
+    value = codec.encode(RECORD_KEY, RecordKind.CALL, record)
+    raised = decode_exception(codec.decode(RECORD_KEY, value).payload.result)
+    assert type(raised) is ChatModelError and raised.status == 503 and raised.transient and str(raised) == "busy"
+
+
+def test_an_event_name_that_two_classes_share_asks_for_event_name():
+    first = type("Twin", (Event,), {"__module__": "one"})
+    second = type("Twin", (Event,), {"__module__": "two"})
+    with pytest.raises(AgentDefinitionError, match="__event_name__"):
+        EventTypes().resolve("Twin")
+    assert EventTypes().resolve("Twin", "two") is second  # the module it was written from tells them apart
+    assert EventTypes([first]).resolve("Twin") is first  # the agent's own types win
+    renamed = type("Renamed", (Event,), {"__event_name__": "Twin", "__module__": "three"})
+    assert EventTypes([renamed]).resolve("Twin") is renamed
+    del first, second, renamed
+
+
+def test_a_newer_schema_version_is_refused_with_advice():
+    codec = RecordCodec(KEY, "op")
+    value = codec.encode(RECORD_KEY, RecordKind.ACCEPTED, AcceptedRecord(1, "d"))
+    from flink_agents_replay.formats import plain
+    header, body = codec.verify(RECORD_KEY, value)
+    newer = plain.pack({**plain.unpack(body), "v": 99})
+    with pytest.raises(SignatureError, match="upgrade flink-agents-replay"):
+        codec.load(header, newer)
+
+
+# -- what earlier versions wrote ----------------------------------------------------------------------------------
+
+def _fixture(version: str) -> dict:
+    return json.loads((FIXTURES / version / "records.json").read_text())
+
+
+def _decode(codec: RecordCodec, entry: dict):
+    return codec.decode(base64.b64decode(entry["record_key"]), base64.b64decode(entry["value"])).payload
+
+
+@dataclass(frozen=True)
+class Classified(Event):
+    """The agent's own class for the event the fixtures' script sent (defined in its ``__main__``)."""
+
+    label: str
+    score: float
+
+
+VERSIONS = sorted(path.name for path in FIXTURES.iterdir() if (path / "records.json").exists())
+
+
+def test_there_is_a_fixture_of_this_version_and_of_0_1_0():
+    from flink_agents_replay import __version__
+
+    assert {"v0_1_0", "v" + __version__.replace(".", "_")} <= set(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_journal_records_written_by_earlier_versions_still_read(version):
+    fixture = _fixture(version)
+    codec = RecordCodec(base64.b64decode(fixture["signing_key"]), fixture["producer"],
+                        event_types=EventTypes([Classified]))
+    records = {name: _decode(codec, entry) for name, entry in fixture["journal"].items()}
+    assert records["accepted"] == AcceptedRecord(1, "in-1", 1_700_000_000_000)
+    assert records["call_started"].outcome is CallOutcome.STARTED
+    assert records["call_returned"].result == {"label": "billing"}
+    package_error = decode_exception(records["call_raised_package"].result)
+    assert type(package_error) is ChatModelError and package_error.status == 503
+    user_error = decode_exception(records["call_raised_user"].result)
+    assert type(user_error).__name__ == "QuotaExceeded" and user_error.retry_after == 7
+    assert repr(decode_exception(records["call_raised_builtin"].result)) == "ValueError('bad input')"
+    completion = records["completion"]
+    assert [(u.path, u.value) for u in completion.memory_updates] == [("history", ["hi", {"n": 1}]),
+                                                                      ("draft", DELETED)]
+    classified, output = completion.sent_events
+    assert isinstance(classified, Event) and (classified.label, classified.score, classified.id) == (
+        "billing", 0.5, "ev-2")
+    assert type(output) is OutputEvent and output.output == {"answer": "refund", "tags": ("a", "b")}
+    assert records["failed"].retry_calls == [0, 1]
+    assert records["attempt"]["attempt"] == 2
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_capture_records_written_by_earlier_versions_still_read(version):
+    fixture = _fixture(version)
+    codec = capture_codec(base64.b64decode(fixture["signing_key"]), fixture["producer"])
+    captured = _decode(codec, fixture["capture"]["captured_input"])
+    run = _decode(codec, fixture["capture"]["captured_run"])
+    assert captured == CapturedInput("customer:1", 1, 1_700_000_000_000, {"text": "refund please"}, "in-1")
+    assert run.outputs == [CapturedOutput("ev-3", {"answer": "refund"})]
+    assert type(decode_exception(run.calls[1].result)) is CallBlocked
+    assert run.blocked == [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_keyed_state_written_by_earlier_versions_still_reads(version):
+    state = {name: base64.b64decode(raw) for name, raw in _fixture(version)["state"].items()}
+    assert decode_waiting(state["waiting"]) == WaitingInput({"text": "next"}, 1_700_000_000_500)
+    assert decode_in_flight(state["in_flight"]) == InFlightInput(4, {"text": "now"}, 1_700_000_000_400)
+    assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
