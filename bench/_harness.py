@@ -24,6 +24,8 @@ import cloudpickle
 from flink_agents_replay.operator import LOG_FILE_ENV
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# The repository root, for the suite's harnesses (``tests.harness``) that some benchmarks share with the tests.
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIGNING_KEY = "bench-signing-key-0123456789"
 

@@ -1,6 +1,6 @@
 """Order restoration: a failure that reverses two upstream instances' interleaving, restoration on vs off.
 
-The job of :mod:`flink_agents_replay.testing.upstreams`: a 2-partition Kafka topic, a source and a pacing
+The job of :mod:`tests.harness.upstreams`: a 2-partition Kafka topic, a source and a pacing
 map at parallelism 2 (each instance reads one partition; every key's inputs alternate between them), the
 stateful history agent (2 actions, a ``lookup`` and a ``writer`` call per input, each sleeping
 ``--call-ms``) at parallelism 1, checkpoints every 200 ms with a 500 ms pause. Once a checkpoint has
@@ -41,7 +41,7 @@ import _harness as h
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.testing.agents import logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.upstreams import (
+from tests.harness.upstreams import (
     FailOnceAfterCheckpoint,
     JobRecorder,
     UpstreamControl,

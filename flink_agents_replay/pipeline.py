@@ -68,8 +68,7 @@ def check_embedded_python_path(keyed_stream) -> None:
 
 
 def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None = None, *,
-                     check_journal: bool = True,
-                     operator_factory: Callable[[Agent, AgentConfig, str], ActionExecutionOperator] | None = None):
+                     check_journal: bool = True):
     """Run ``agent`` on every input of ``keyed_stream``; return the DataStream of its :class:`AgentOutput` s.
 
     Args:
@@ -78,8 +77,17 @@ def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[s
         config: an :class:`AgentConfig` or a dict of its fields (``{"kafka": {...}, ...}``).
         check_journal: reach the journal topic now (creating or validating it), so a wrong topic or an
             unreachable broker fails here with a clear error instead of inside the running job.
-        operator_factory: builds the operator from (agent, resolved config, key type); for instrumented
-            subclasses in tests (default :class:`ActionExecutionOperator`).
+    """
+    return _connect_to_agent(keyed_stream, agent, config, check_journal=check_journal,
+                             make_operator=ActionExecutionOperator)
+
+
+def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None, *,
+                      check_journal: bool, make_operator: Callable[[Agent, AgentConfig, str], ActionExecutionOperator]):
+    """:func:`connect_to_agent` with the operator built by ``make_operator(agent, resolved config, key type)``.
+
+    Not public API: the project's own test harness (``tests/harness/upstreams.py``) records what the operator
+    does through an instrumented subclass. Users observe a job through its outputs and metrics.
     """
     from pyflink.common import Types
 
@@ -100,7 +108,7 @@ def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[s
         KafkaJournalStore(config.kafka, config.journal_topic, config.max_parallelism,
                           create_topic=config.create_topic, replication_factor=config.replication_factor,
                           topic_config=config.topic_config, timeout_s=config.kafka_timeout_s).close()
-    operator = (operator_factory or ActionExecutionOperator)(agent, config, key_type)
+    operator = make_operator(agent, config, key_type)
     outputs = process_with_checkpoint_hooks(keyed_stream, operator, output_type=Types.PICKLED_BYTE_ARRAY(),
                                             name=f"agent {agent.name}")
     return outputs.uid(config.uid).set_max_parallelism(config.max_parallelism)

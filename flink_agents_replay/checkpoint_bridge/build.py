@@ -19,10 +19,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from flink_agents_replay.local.errors import LocalServiceError
-from flink_agents_replay.local.paths import home_dir
+from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.home import home_dir
 
-__all__ = ["JAR_NAME", "JAVA_RELEASE", "bridge_jar", "compile_classpath", "java_sources", "source_digest"]
+__all__ = ["JAR_NAME", "JAVA_RELEASE", "BridgeBuildError", "bridge_jar", "compile_classpath", "java_sources",
+           "source_digest"]
 
 JAR_NAME = "flink-agents-replay-checkpoint-bridge.jar"
 JAVA_RELEASE = "11"
@@ -33,11 +34,19 @@ _JAVAC_TIMEOUT_S = 300
 _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
+class BridgeBuildError(ReplayError, RuntimeError):
+    """The checkpoint bridge jar could not be built (no JDK, a PyFlink without its jars, javac failed).
+
+    The message says what to install or fix. The bridge's own error, not the local services' one: the product
+    does not depend on ``flink_agents_replay.local``.
+    """
+
+
 def java_sources() -> list[Path]:
     """The bridge's Java sources, in a stable order."""
     sources = sorted(JAVA_ROOT.rglob("*.java"))
     if not sources:
-        raise LocalServiceError(f"no Java sources for the checkpoint bridge under {JAVA_ROOT}: reinstall the package")
+        raise BridgeBuildError(f"no Java sources for the checkpoint bridge under {JAVA_ROOT}: reinstall the package")
     return sources
 
 
@@ -60,7 +69,7 @@ def compile_classpath() -> list[Path]:
     for folder, pattern in (("lib", "flink-dist-*.jar"), ("opt", "flink-python-*.jar")):
         jars = sorted((root / folder).glob(pattern))
         if not jars:
-            raise LocalServiceError(
+            raise BridgeBuildError(
                 f"PyFlink at {root} has no {folder}/{pattern}: reinstall apache-flink (pip install apache-flink)"
             )
         found.append(jars[-1])
@@ -85,7 +94,7 @@ def _javac() -> str:
             return str(candidate)
     found = shutil.which("javac")
     if found is None:
-        raise LocalServiceError(
+        raise BridgeBuildError(
             "'javac' is not on PATH (nor in $JAVA_HOME/bin): the checkpoint bridge is compiled from source and "
             "needs a JDK 11 or later; install one (Debian: apt-get install openjdk-17-jdk-headless) and try again"
         )
@@ -107,9 +116,9 @@ def _compile(target: Path) -> None:
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=_JAVAC_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
-            raise LocalServiceError(f"javac did not finish within {_JAVAC_TIMEOUT_S} s") from exc
+            raise BridgeBuildError(f"javac did not finish within {_JAVAC_TIMEOUT_S} s") from exc
         if result.returncode != 0:
-            raise LocalServiceError(
+            raise BridgeBuildError(
                 f"javac could not compile the checkpoint bridge (exit {result.returncode}) against "
                 f"PyFlink {_pyflink_version()}; javac said:\n{(result.stdout + result.stderr).strip()}"
             )

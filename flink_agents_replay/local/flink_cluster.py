@@ -373,6 +373,28 @@ class LocalFlinkCluster:
                 hosts[subtask["taskmanager"]] = hosts.get(subtask["taskmanager"], 0) + 1
         return hosts
 
+    def operator_metrics(self, job_id: str, group: str, names: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Operator metrics ``<group>.<name>`` of ``job_id``'s running subtasks, aggregated over them by the
+        REST API (``/jobs/<id>/vertices/<v>/subtasks/metrics?agg=sum,max``): ``{name: {"sum": .., "max": ..}}``.
+
+        Only the current attempt's subtasks report: a subtask on a killed TaskManager took its metrics with it,
+        and a restarted one counts from 0. Names no subtask reports (yet) are missing from the answer. Call it
+        while the job runs: this makes the JobManager fetch metrics from the TaskManagers (see ``job_subtasks``).
+        """
+        from urllib.parse import quote
+
+        found: dict[str, dict[str, float]] = {}
+        for node in self.rest_get(f"/jobs/{job_id}/plan")["plan"]["nodes"]:
+            base = f"/jobs/{job_id}/vertices/{node['id']}/subtasks/metrics"
+            # Ids are "<operator name>.<group>.<name>"; the operator name is Flink's, so match on the tail.
+            wanted = {m["id"]: name for m in self.rest_get(base) for name in names
+                      if m["id"].endswith(f".{group}.{name}")}
+            if wanted:
+                query = quote(",".join(wanted), safe=",")
+                for metric in self.rest_get(f"{base}?get={query}&agg=sum,max"):
+                    found[wanted[metric["id"]]] = {agg: float(metric[agg]) for agg in ("sum", "max") if agg in metric}
+        return found
+
     def job_diagnostics(self, job_id: str) -> str:
         """Job status, subtask states, checkpoint counts and the latest exceptions, for error messages.
 

@@ -1,20 +1,17 @@
-"""Where local services keep their files: a cache and work directory outside the repository."""
+"""Where local services keep their files: a cache and work directory outside the repository.
+
+The cache root itself (:func:`home_dir`) belongs to the product (``flink_agents_replay.home``: the checkpoint
+bridge caches its jar there too); this module adds what only the development services need.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from flink_agents_replay.home import home_dir
+
 __all__ = ["conf_dir", "home_dir"]
-
-
-def home_dir() -> Path:
-    """Root for fetched jars and service work directories (``$FLINK_AGENTS_REPLAY_HOME``)."""
-    configured = os.environ.get("FLINK_AGENTS_REPLAY_HOME")
-    if configured:
-        return Path(configured).expanduser().resolve()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "flink-agents-replay"
 
 
 def conf_dir() -> Path:

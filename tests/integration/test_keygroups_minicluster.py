@@ -7,7 +7,7 @@ from pyflink.datastream import KeyedProcessFunction
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.runtime_info import subtask_info
-from flink_agents_replay.testing.sample_keys import sample_int_keys, sample_long_keys, sample_string_keys
+from tests.harness.sample_keys import sample_int_keys, sample_long_keys, sample_string_keys
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Same-key inputs from two upstream instances, their interleaving reversed by a failure (DESIGN §13, issue 1302).
 
 Every key's inputs alternate between two upstream instances (a 2-partition topic, a source and a pacing
-map at parallelism 2, see :mod:`flink_agents_replay.testing.upstreams`): instance 0 leads in the first
+map at parallelism 2, see :mod:`tests.harness.upstreams`): instance 0 leads in the first
 attempt, and the failing run swaps the instances' delays, so the inputs a restore replays reach the agent
 in the other interleaving. The agent is stateful (each output reports the key's history) and counts every
 real tool call per logical input (``call:<tool>:<key>:<n>``). With order restoration the restored attempt
@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from flink_agents_replay.testing.agents import logical_call_counts
-from flink_agents_replay.testing.upstreams import (
+from tests.harness.upstreams import (
     FailOnceAfterCheckpoint,
     FailOnceWhileWaiting,
     JobRecorder,

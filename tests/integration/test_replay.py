@@ -43,7 +43,7 @@ from flink_agents_replay.replay.job import captured_inputs, prepare_replay, repl
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import exactly_once_string_sink, running_job, trigger_savepoint, wait_until
-from flink_agents_replay.testing.replay_agents import replay_triage_agent
+from tests.harness.replay_agents import replay_triage_agent
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flink_agents_replay.checkpoint_bridge import build
-from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.checkpoint_bridge.build import BridgeBuildError
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_CLASS = "io/github/flinkagentsreplay/bridge/CheckpointBridgeOperator.class"
@@ -67,7 +67,7 @@ def test_missing_javac_names_the_fix(home, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv("JAVA_HOME", raising=False)
 
-    with pytest.raises(LocalServiceError, match=r"'javac' is not on PATH.*JDK 11 or later"):
+    with pytest.raises(BridgeBuildError, match=r"'javac' is not on PATH.*JDK 11 or later"):
         build.bridge_jar()
     assert not list(home.rglob("*.jar"))
 
@@ -80,7 +80,7 @@ def test_compile_error_reports_javac_output_and_leaves_no_jar(home, tmp_path, mo
     source.write_text(source.read_text().replace("public void open()", "public void open( BROKEN"))
     monkeypatch.setattr(build, "JAVA_ROOT", copy)
 
-    with pytest.raises(LocalServiceError, match="javac could not compile the checkpoint bridge"):
+    with pytest.raises(BridgeBuildError, match="javac could not compile the checkpoint bridge"):
         build.bridge_jar()
     assert not list(home.rglob("*.jar"))
     assert not [p for p in (home / "bridge").rglob("*") if p.is_file()], "a failed build leaves nothing behind"

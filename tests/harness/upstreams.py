@@ -528,13 +528,17 @@ class ObservedOperator(ActionExecutionOperator):
 
 def connect_observed_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any], recorder: JobRecorder,
                            after_checkpoint: Callable[[int, int], None] | None = None):
-    """:func:`~flink_agents_replay.pipeline.connect_to_agent` with an :class:`ObservedOperator`."""
-    from flink_agents_replay.pipeline import connect_to_agent
+    """:func:`~flink_agents_replay.pipeline.connect_to_agent` with an :class:`ObservedOperator`.
+
+    Goes through the pipeline's private ``_connect_to_agent`` (the public function has no operator hook): the
+    same checks, uid and checkpoint bridge as a user's job, only the operator instance is the recording one.
+    """
+    from flink_agents_replay.pipeline import _connect_to_agent
 
     def observed(agent: Agent, resolved: AgentConfig, key_type: str) -> ObservedOperator:
         return ObservedOperator(agent, resolved, key_type, recorder, after_checkpoint)
 
-    return connect_to_agent(keyed_stream, agent, config, operator_factory=observed)
+    return _connect_to_agent(keyed_stream, agent, config, check_journal=True, make_operator=observed)
 
 
 def run_lane_job(bootstrap_servers: str, input_topic: str, agent: Agent, config: Mapping[str, Any],

@@ -1,0 +1,274 @@
+"""The testing environment behind :mod:`flink_agents_replay.testing`: an agent on a MiniCluster over a real broker.
+
+One :meth:`AgentTestEnvironment.run` is one Flink job on PyFlink's embedded MiniCluster, in this process,
+shaped like a production job: the inputs are written to a fresh one-partition Kafka topic and read back by a
+bounded ``KafkaSource`` (replayed from its checkpointed offsets after a failure), keyed by the caller's key
+function, run through :func:`~flink_agents_replay.pipeline.connect_to_agent` with a fresh journal topic, and
+the outputs leave through Flink's exactly-once ``KafkaSink``. The result's outputs are read from that topic
+with ``isolation.level=read_committed`` — what a downstream consumer sees, so an output written twice after a
+failure would show up twice.
+
+**Injecting a failure.** ``fail_over=FailOver(after_outputs=N)`` puts a pass-through map behind the agent
+that raises once, when the N-th output reaches it. Flink then restarts the job inside the MiniCluster (no
+TaskManager process is killed): it restores the latest completed checkpoint — or, before the first one,
+starts the job again — and replays the inputs since then. The agent's journaled actions are reused, not run
+again; the result says whether the failure fired (``failed_over``). "Fired once" is claimed in a SQLite file
+outside the Flink worker, so the restarted job does not fire it again.
+
+**Counting real calls.** :attr:`AgentTestEnvironment.counter` is an
+:class:`~flink_agents_replay.testing.counter.InvocationCounter` (a SQLite file; it pickles as its path, so a
+tool can take it into the job): let the agent's tools increment it, and the result's ``call_counts`` are what
+the run really invoked, across the failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sys
+import tempfile
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from flink_agents_replay.agent import Agent
+from flink_agents_replay.testing.counter import InvocationCounter
+
+__all__ = ["AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "FailOver", "InjectedFailover"]
+
+
+class InjectedFailover(RuntimeError):
+    """The failure :class:`FailOver` injects: the job fails over on it (Flink restarts it), once."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailOver:
+    """Make the job fail over once, when the ``after_outputs``-th output of the agent leaves it."""
+
+    after_outputs: int
+
+    def __post_init__(self) -> None:
+        if self.after_outputs < 1:
+            raise ValueError(f"FailOver(after_outputs=...) must be at least 1, got {self.after_outputs}")
+
+
+@dataclass(frozen=True)
+class CommittedOutput:
+    """One output of the agent as the output topic holds it (committed): the key, the input's seq and the output."""
+
+    key: str
+    seq: int
+    event_id: str
+    output: Any
+
+
+@dataclass(frozen=True)
+class AgentRunResult:
+    """What one :meth:`AgentTestEnvironment.run` did.
+
+    ``failure`` is the exception the job ended with (after its restarts; ``None``: it finished), carried
+    rather than raised, like Temporal's replay results: a test can assert on it and still read the outputs
+    committed before it.
+    """
+
+    outputs: tuple[CommittedOutput, ...]
+    call_counts: Mapping[str, int]
+    failed_over: bool
+    failure: BaseException | None
+    input_topic: str
+    output_topic: str
+    journal_topic: str
+
+    def outputs_by_key(self) -> dict[str, list[Any]]:
+        """Each key's outputs (their ``output`` values), in seq order."""
+        grouped: dict[str, list[CommittedOutput]] = defaultdict(list)
+        for output in self.outputs:
+            grouped[output.key].append(output)
+        return {key: [o.output for o in sorted(rows, key=lambda o: (o.seq, o.event_id))]
+                for key, rows in grouped.items()}
+
+    def duplicate_outputs(self) -> list[CommittedOutput]:
+        """Outputs committed more than once (the same event id): empty when every effect left once."""
+        seen = Counter(output.event_id for output in self.outputs)
+        return [output for output in self.outputs if seen[output.event_id] > 1]
+
+
+class _FailOnce:
+    """The pass-through map of :class:`FailOver`: raises :class:`InjectedFailover` at the N-th output, once."""
+
+    def __init__(self, claims: InvocationCounter, after_outputs: int):
+        self.claims = claims
+        self.after_outputs = after_outputs
+
+    def __call__(self, output):
+        # Claimed in a file outside the worker: counted across subtasks, and never fired again after the restart.
+        if not self.claims.count("fired") and self.claims.increment("outputs") >= self.after_outputs:
+            if self.claims.increment("claims") == 1:
+                self.claims.increment("fired")
+                raise InjectedFailover(f"injected fail-over at output {self.after_outputs}")
+        return output
+
+
+def _encode_output(output) -> str:
+    return json.dumps({"key": output.key, "seq": output.seq, "event_id": output.event_id, "output": output.output},
+                      sort_keys=True)
+
+
+def _decode_output(value: bytes) -> CommittedOutput:
+    row = json.loads(value)
+    return CommittedOutput(key=row["key"], seq=row["seq"], event_id=row["event_id"], output=row["output"])
+
+
+def _worker_cannot_import(module: ModuleType) -> bool:
+    """Whether Flink's worker would fail to import ``module`` by name (a test module, a script run by path)."""
+    from flink_agents_replay.flink_env import python_path
+
+    if module.__name__ == "__main__":
+        return False  # cloudpickle ships __main__'s objects by value anyway
+    top = module.__name__.split(".")[0]
+    if top in sys.stdlib_module_names:
+        return False
+    # The worker's python.pythonpath: site-packages and this package's parent (see flink_env.python_path).
+    return not any(os.path.exists(os.path.join(p, top)) or os.path.exists(os.path.join(p, f"{top}.py"))
+                   for p in python_path())
+
+
+class AgentTestEnvironment:
+    """Runs agents on a Flink MiniCluster against a real Kafka broker, optionally failing the job over once.
+
+    Make one with :meth:`start_local` (a broker of its own, stopped at the end) or :meth:`from_bootstrap`
+    (a broker you run); both are context managers. Runs are independent (fresh topics each time).
+    """
+
+    def __init__(self, *, bootstrap_servers: str, work_dir: str | Path):
+        self.bootstrap_servers = bootstrap_servers
+        self.work_dir = Path(work_dir)
+        self.signing_key = secrets.token_hex(16)
+        self.counter = InvocationCounter(self.work_dir / "calls.sqlite")
+
+    @classmethod
+    @contextlib.contextmanager
+    def start_local(cls) -> Iterator[AgentTestEnvironment]:
+        """An environment with a broker of its own: ``$KAFKA_BOOTSTRAP_SERVERS`` if set, else a throwaway one
+        (testcontainers if Docker answers, else the official Kafka jars on 127.0.0.1); stopped at the end."""
+        from flink_agents_replay.testing.kafka import kafka_bootstrap_servers
+
+        with kafka_bootstrap_servers() as bootstrap, cls.from_bootstrap(bootstrap) as environment:
+            yield environment
+
+    @classmethod
+    @contextlib.contextmanager
+    def from_bootstrap(cls, bootstrap_servers: str) -> Iterator[AgentTestEnvironment]:
+        """An environment on a broker you run (``host:port``); its temporary files are removed at the end."""
+        with tempfile.TemporaryDirectory(prefix="far-testenv-") as work_dir:
+            yield cls(bootstrap_servers=bootstrap_servers, work_dir=work_dir)
+
+    def run(self, agent: Agent, *, inputs: Iterable[Any], key: Callable[[Any], str],
+            fail_over: FailOver | None = None, parallelism: int = 1, checkpoint_interval_ms: int = 500,
+            config: Mapping[str, Any] | None = None, pickle_by_value: Sequence[ModuleType] = (),
+            timeout_s: float = 60.0) -> AgentRunResult:
+        """Run ``agent`` over ``inputs`` (JSON values, keyed by ``key``: a ``str`` per input) until they end.
+
+        Args:
+            agent: the agent; its outputs must be JSON values (they travel through a Kafka topic).
+            inputs: the inputs, in order; each key's inputs reach the agent in this order.
+            key: the key of an input (the job keys by it, ``Types.STRING()``).
+            fail_over: fail the job over once (:class:`FailOver`); ``None``: no injected failure.
+            parallelism: the agent's parallelism.
+            checkpoint_interval_ms: Flink's checkpoint interval (checkpoints commit the outputs).
+            config: :class:`~flink_agents_replay.config.AgentConfig` fields over the environment's (broker,
+                signing key, a fresh journal topic).
+            pickle_by_value: modules the Flink worker cannot import, shipped by value (the agent's own module
+                is added when the worker could not import it, e.g. a test module).
+            timeout_s: how long to read the committed outputs after the job ended.
+        """
+        self._ship_by_value([sys.modules[type(agent).__module__], *pickle_by_value])
+        suffix = uuid.uuid4().hex[:10]
+        topics = {"input": f"testenv-in-{suffix}", "output": f"testenv-out-{suffix}",
+                  "journal": f"testenv-journal-{suffix}"}
+        self._create_topics(inputs=list(inputs), key=key, topics=topics)
+        agent_config = {"kafka": {"bootstrap.servers": self.bootstrap_servers}, "signing_key": self.signing_key,
+                        "journal_topic": topics["journal"], **(config or {})}
+        claims = InvocationCounter(self.work_dir / f"failover-{suffix}.sqlite")
+        before = self.counter.counts()
+        env = self._job(agent, agent_config, key=key, topics=topics, parallelism=parallelism,
+                        checkpoint_interval_ms=checkpoint_interval_ms, fail_over=fail_over, claims=claims)
+        failure = None
+        try:
+            env.execute(f"agent {agent.name} (testing)")
+        except Exception as exc:  # noqa: BLE001 - carried in the result, not raised
+            failure = exc
+        outputs = self._read_outputs(topics["output"], timeout_s)
+        after = self.counter.counts()
+        counts = {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
+        return AgentRunResult(outputs=tuple(outputs), call_counts=counts, failed_over=bool(claims.count("fired")),
+                              failure=failure, input_topic=topics["input"], output_topic=topics["output"],
+                              journal_topic=topics["journal"])
+
+    @staticmethod
+    def _ship_by_value(modules: Iterable[ModuleType]) -> None:
+        import cloudpickle
+
+        # Left registered for the rest of the process: later runs ship the same objects the same way.
+        for module in modules:
+            if _worker_cannot_import(module):
+                cloudpickle.register_pickle_by_value(module)
+
+    def _create_topics(self, *, inputs: list[Any], key: Callable[[Any], str], topics: Mapping[str, str]) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        created = admin.create_topics([NewTopic(topics["input"], 1, 1), NewTopic(topics["output"], 1, 1)],
+                                      request_timeout=30)
+        for future in created.values():
+            future.result(timeout=60)
+        producer = Producer({"bootstrap.servers": self.bootstrap_servers, "enable.idempotence": True})
+        for record in inputs:
+            producer.produce(topics["input"], json.dumps(record).encode(), key=key(record).encode())
+        if producer.flush(60):
+            raise RuntimeError(f"the inputs were not acknowledged by {self.bootstrap_servers}")
+
+    def _job(self, agent: Agent, agent_config: Mapping[str, Any], *, key: Callable[[Any], str],
+             topics: Mapping[str, str], parallelism: int, checkpoint_interval_ms: int, fail_over: FailOver | None,
+             claims: InvocationCounter):
+        """The job: bounded Kafka inputs -> key_by -> agent -> (fail once) -> exactly-once Kafka outputs."""
+        from pyflink.common import Types, WatermarkStrategy
+        from pyflink.common.serialization import SimpleStringSchema
+        from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+
+        from flink_agents_replay.flink_env import create_environment
+        from flink_agents_replay.local.jars import kafka_connector_jar
+        from flink_agents_replay.pipeline import connect_to_agent
+        from flink_agents_replay.testing.jobs import exactly_once_string_sink
+
+        env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
+                                 restart_attempts=3 if fail_over else 0, jars=[kafka_connector_jar()])
+        source = (KafkaSource.builder().set_bootstrap_servers(self.bootstrap_servers).set_topics(topics["input"])
+                  .set_group_id(f"testenv-{uuid.uuid4().hex[:8]}")
+                  .set_starting_offsets(KafkaOffsetsInitializer.earliest())
+                  .set_bounded(KafkaOffsetsInitializer.latest())
+                  .set_value_only_deserializer(SimpleStringSchema()).build())
+        # Source and parsing at parallelism 1: one upstream instance, so each key's order survives a restore.
+        records = env.from_source(source, WatermarkStrategy.no_watermarks(), "inputs").uid("inputs").set_parallelism(1)
+        parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid("parse").set_parallelism(1)
+        outputs = connect_to_agent(parsed.key_by(key, key_type=Types.STRING()), agent, agent_config)
+        if fail_over is not None:
+            outputs = outputs.map(_FailOnce(claims, fail_over.after_outputs),
+                                  output_type=Types.PICKLED_BYTE_ARRAY()).uid("fail-over")
+        sink = exactly_once_string_sink(self.bootstrap_servers, topics["output"], f"testenv-{uuid.uuid4().hex[:8]}")
+        outputs.map(_encode_output, output_type=Types.STRING()).uid("encode").sink_to(sink).uid("outputs")
+        return env
+
+    def _read_outputs(self, topic: str, timeout_s: float) -> list[CommittedOutput]:
+        from flink_agents_replay.testing.committed import CommittedReader
+
+        with CommittedReader(self.bootstrap_servers, topic, _decode_output) as reader:
+            return list(reader.read_to_committed_end(timeout_s))
+

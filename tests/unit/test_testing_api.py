@@ -1,0 +1,55 @@
+"""The public testing API's typed pieces, without Flink: arguments, result helpers, what ships by value."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+import flink_agents_replay.testing as testing
+from flink_agents_replay.examples import support_triage
+from flink_agents_replay.testing import AgentRunResult, CommittedOutput, FailOver
+from flink_agents_replay.testing._environment import _decode_output, _FailOnce, _worker_cannot_import
+
+
+def _result(*outputs: CommittedOutput) -> AgentRunResult:
+    return AgentRunResult(outputs=outputs, call_counts={}, failed_over=False, failure=None, input_topic="i",
+                          output_topic="o", journal_topic="j")
+
+
+def test_the_public_surface_is_small_and_typed():
+    assert set(testing.__all__) == {"AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "CommittedReader",
+                                    "FailOver", "InjectedFailover", "InvocationCounter"}
+    with pytest.raises(TypeError):
+        FailOver(3)  # keyword-only
+    with pytest.raises(ValueError, match="at least 1"):
+        FailOver(after_outputs=0)
+
+
+def test_outputs_by_key_follow_seq_and_duplicates_are_found_by_event_id():
+    late, early = CommittedOutput("a", 2, "e2", "second"), CommittedOutput("a", 1, "e1", "first")
+    again = CommittedOutput("a", 1, "e1", "first")
+    assert _result(late, early, CommittedOutput("b", 1, "e3", "x")).outputs_by_key() == {
+        "a": ["first", "second"], "b": ["x"]}
+    assert _result(late, early).duplicate_outputs() == []
+    assert _result(early, late, again).duplicate_outputs() == [early, again]
+
+
+def test_committed_outputs_decode_from_the_topic_format():
+    value = json.dumps({"key": "k", "seq": 3, "event_id": "e", "output": {"a": 1}}).encode()
+    assert _decode_output(value) == CommittedOutput("k", 3, "e", {"a": 1})
+
+
+def test_the_fail_over_fires_once_at_the_nth_output(tmp_path):
+    fail = _FailOnce(testing.InvocationCounter(tmp_path / "claims.sqlite"), after_outputs=2)
+    assert fail("first") == "first"
+    with pytest.raises(testing.InjectedFailover):
+        fail("second")
+    assert [fail(n) for n in range(3)] == [0, 1, 2]  # the restarted job passes everything
+
+
+def test_modules_the_worker_cannot_import_ship_by_value():
+    assert _worker_cannot_import(types.ModuleType("test_my_agent"))  # a user's test module
+    assert not _worker_cannot_import(support_triage)  # installed with the package
+    assert not _worker_cannot_import(json)
