@@ -360,6 +360,17 @@ def _qualified_name(value: Any) -> bytes:
     return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}".encode()
 
 
+#: Encodings of plain scalar values, by exact type (subclasses count as "any other object").
+_SCALAR_ENCODINGS: dict[type, Callable[[Any], bytes]] = {
+    bool: lambda value: b"T" if value else b"F",
+    int: lambda value: b"i" + _sized(format(value, "x").encode()),  # hex: no limit on int-to-str digits
+    float: lambda value: b"f" + _sized(value.hex().encode()),
+    complex: lambda value: b"j" + _sized(value.real.hex().encode()) + _sized(value.imag.hex().encode()),
+    str: lambda value: b"s" + _sized(value.encode("utf-8", "surrogatepass")),
+    bytes: lambda value: b"b" + _sized(value),
+}
+
+
 class _CodeEncoder:
     """A canonical, unambiguous byte encoding of code and of the values an action's code reaches.
 
@@ -381,18 +392,9 @@ class _CodeEncoder:
             return b"N"
         if value is Ellipsis:
             return b"."
-        if kind is bool:
-            return b"T" if value else b"F"
-        if kind is int:
-            return b"i" + _sized(format(value, "x").encode())  # hex: no limit on int-to-str digits
-        if kind is float:
-            return b"f" + _sized(value.hex().encode())
-        if kind is complex:
-            return b"j" + _sized(value.real.hex().encode()) + _sized(value.imag.hex().encode())
-        if kind is str:
-            return b"s" + _sized(value.encode("utf-8", "surrogatepass"))
-        if kind is bytes:
-            return b"b" + _sized(value)
+        scalar = _SCALAR_ENCODINGS.get(kind)
+        if scalar is not None:
+            return scalar(value)
         if isinstance(value, type):
             return b"c" + _sized(_qualified_name(value))
         if isinstance(value, types.BuiltinFunctionType):

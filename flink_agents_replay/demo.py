@@ -43,6 +43,7 @@ from flink_agents_replay.testing.committed import CommittedReader, poll_until
 __all__ = ["DemoResult", "default_job_script", "format_table", "run_demo"]
 
 AGENT_ID = "support-triage"
+_INPUT_TOPIC, _OUTPUT_TOPIC = "tickets", "replies"
 _METRIC_GROUP = "flink_agents_replay"
 
 
@@ -137,145 +138,181 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         job_script: the job to submit (default ``jobs/agent_job.py`` of this repository).
         say: where progress lines go.
     """
-    from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
-    from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
-    from flink_agents_replay.local.model_server import StubModelServer
-    from flink_agents_replay.operator import LOG_FILE_ENV
-
     job_script = Path(job_script or default_job_script())
     if not job_script.is_file():
         raise FileNotFoundError(f"the demo submits {job_script}, which is not there: run it from the repository "
                                 "(./run demo), or pass --job")
-    progress = _Progress(say)
-    work = Path(tempfile.mkdtemp(prefix="far-demo-"))
-    operator_log = work / "operator.log"
-    # The cluster's processes inherit this: the operator's log lines land in a file kept with the logs when the
-    # demo fails (for diagnosis only: the figures come from counters, see _agent_metrics).
-    previous_log_file = os.environ.get(LOG_FILE_ENV)
-    os.environ[LOG_FILE_ENV] = str(operator_log)
-    broker = LocalKafkaBroker(work / "kafka", port=0)
-    server = StubModelServer(port=0, delay_ms=model_delay_ms)
-    cluster = LocalFlinkCluster(work / "flink", taskmanagers=2)
-    feeder: _Feeder | None = None
-    reader: CommittedReader | None = None
-    failed = True
+    demo = _Demo(_Progress(say), tickets=make_tickets(tickets, customers), model_delay_ms=model_delay_ms)
     try:
-        progress("starting Kafka (KRaft) on 127.0.0.1")
-        bootstrap = broker.start().bootstrap_servers
-        server.start()
-        progress(f"Kafka at {bootstrap}; model and order service at {server.base_url}")
-        progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
-        cluster.start()
-        progress(f"Flink web UI at {cluster.rest_url}")
-        input_topic, output_topic = "tickets", "replies"
-        ensure_topics(bootstrap, [input_topic, output_topic], partitions=2, replication_factor=1)
-
-        progress(f"submitting {job_script.name} with `flink run -d -py` (parallelism {parallelism})")
-        job_id = cluster.submit_python_job(
-            job_script, "--bootstrap-servers", bootstrap, "--input-topic", input_topic,
-            "--output-topic", output_topic, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
-            "--model-base-url", server.base_url, "--signing-key", secrets.token_hex(16),
-            "--checkpoint-interval-ms", "2000",
-        )
-        progress(f"job {job_id} submitted; feeding {tickets} tickets at {feed_per_second:.0f}/s")
-        all_tickets = make_tickets(tickets, customers)
-        feeder = _Feeder(bootstrap, input_topic, all_tickets, feed_per_second)
-        feeder.start()
-        reader = CommittedReader(bootstrap, output_topic, decode=json.loads)
-
-        def checkpoints() -> dict:
-            return cluster.rest_get(f"/jobs/{job_id}/checkpoints")
-
-        def answered() -> int:
-            return server.stats().chat // 2
-
-        def report() -> str:
-            stats = server.stats()
-            return (f"fed {feeder.fed}/{tickets}, model calls {stats.chat}, order lookups {stats.orders}, "
-                    f"replies committed {len({row['ticket_id'] for row in reader.poll(0.1)})}, "
-                    f"checkpoints {checkpoints()['counts']['completed']}")
-
-        target = max(1, int(tickets * kill_after))
-        _wait(lambda: checkpoints()["counts"]["completed"] >= 1 and answered() >= target, 180, progress, report,
-              lambda: cluster.job_diagnostics(job_id))
-        running_on = cluster.job_taskmanagers(job_id)
-        victim = max(running_on, key=running_on.get)
-        in_flight = server.stats().in_flight
-        answered_at_kill = answered()
-        killed_pid = cluster.kill_taskmanager(resource_id=victim)
-        killed_at = time.monotonic()
-        journal_topic = default_journal_topic(default_uid(AGENT_ID))
-        # What the restore has to read: the records the last completed checkpoint's pruning left in the journal.
-        records_at_kill = sum(p.high - p.low for p in summarize_topic({"bootstrap.servers": bootstrap}, journal_topic))
-        progress(f"killed TaskManager {victim} (pid {killed_pid}) with SIGKILL: {answered_at_kill} tickets answered, "
-                 f"{in_flight} calls in flight")
-
-        survivors = set(cluster.taskmanager_processes())
-
-        def running_again() -> bool:
-            return (checkpoints()["latest"]["restored"] is not None and cluster.job_status(job_id) == "RUNNING"
-                    and all(t["status"] == "RUNNING" and t["taskmanager"] in survivors
-                            for t in cluster.job_subtasks(job_id)))
-
-        _wait(running_again, 180, progress, lambda: "waiting for Flink to restore the job on the other TaskManager",
-              lambda: cluster.job_diagnostics(job_id))
-        recovery_s = time.monotonic() - killed_at
-        restored = checkpoints()["latest"]["restored"]
-        progress(f"job running again after {recovery_s:.1f} s, restored from checkpoint {restored['id']}")
-
-        wanted = {ticket["ticket_id"] for ticket in all_tickets}
-
-        def all_committed() -> bool:
-            return {row["ticket_id"] for row in reader.poll(0.2)} >= wanted
-
-        _wait(all_committed, 300, progress, report, lambda: cluster.job_diagnostics(job_id))
-        # One more checkpoint commits whatever is still pending (a duplicate would show up now), then read on.
-        last = checkpoints()["counts"]["completed"]
-        poll_until(lambda: checkpoints()["counts"]["completed"] > last, 60, lambda: cluster.job_diagnostics(job_id))
-        rows = reader.read_to_committed_end()
-        progress(f"all replies committed; {report()}")
-        metrics = _agent_metrics(cluster, job_id)
-        cluster.flink_command("cancel", job_id)
-
-        stats = server.stats()
-        seen = Counter(row["ticket_id"] for row in rows)
-        journal = summarize_topic({"bootstrap.servers": bootstrap}, journal_topic)
-        result = DemoResult(
-            tickets=tickets, chat_calls=stats.chat, order_calls=stats.orders,
-            expected_chat_calls=2 * tickets, expected_order_calls=sum(1 for t in all_tickets if t["order_id"]),
-            repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
-            missing=len(wanted - seen.keys()),
-            duplicates=sum(n - 1 for n in seen.values()), killed=victim, answered_at_kill=answered_at_kill,
-            calls_in_flight_at_kill=in_flight, recovery_s=recovery_s,
-            restore_read_s=metrics["last_restore_duration_ms"]["max"] / 1000,
-            records_read_at_restore=records_at_kill, actions_reused=int(metrics["actions_reused"]["sum"]),
-            journal_written=sum(p.high for p in journal), journal_pruned=sum(p.low for p in journal),
-            seconds=time.monotonic() - progress.begun,
-        )
-        failed = not result.ok
+        demo.start_services()
+        demo.submit(job_script, parallelism, feed_per_second)
+        kill = demo.kill_midstream(max(1, int(tickets * kill_after)))
+        recovery_s = demo.await_recovery(kill.at)
+        result = demo.finish(kill, recovery_s)
+        demo.failed = not result.ok
         return result
     finally:
-        # Kafka clients first: once the broker is gone they would only log connection errors.
-        if feeder is not None:
-            feeder.stop()
-        if reader is not None:
-            reader.close()
-        progress("stopping Flink, the model service and Kafka")
-        for stop in (cluster.stop, server.stop, broker.stop):
+        demo.stop()
+
+
+@dataclass
+class _Kill:
+    """The TaskManager the demo killed, and the moment."""
+
+    victim: str
+    at: float
+    answered: int
+    in_flight: int
+    journal_records: int
+
+
+class _Demo:
+    """The demo's services and phases: start, submit and feed, kill, wait for recovery, measure, stop."""
+
+    def __init__(self, progress: _Progress, *, tickets: list[dict], model_delay_ms: int):
+        from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
+        from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
+        from flink_agents_replay.local.model_server import StubModelServer
+        from flink_agents_replay.operator import LOG_FILE_ENV
+
+        self.progress = progress
+        self.tickets = tickets
+        self.work = Path(tempfile.mkdtemp(prefix="far-demo-"))
+        # The cluster's processes inherit this: the operator's log lines land in a file kept with the logs when the
+        # demo fails (for diagnosis only: the figures come from counters, see _agent_metrics).
+        self._log_env = LOG_FILE_ENV
+        self._previous_log_file = os.environ.get(LOG_FILE_ENV)
+        os.environ[LOG_FILE_ENV] = str(self.work / "operator.log")
+        self.broker = LocalKafkaBroker(self.work / "kafka", port=0)
+        self.server = StubModelServer(port=0, delay_ms=model_delay_ms)
+        self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
+        self.feeder: _Feeder | None = None
+        self.reader: CommittedReader | None = None
+        self.failed = True
+        self.bootstrap = self.job_id = ""
+        self.journal_topic = default_journal_topic(default_uid(AGENT_ID))
+
+    def start_services(self) -> None:
+        """Kafka, the model and order service, a Flink session cluster; the input and output topics."""
+        self.progress("starting Kafka (KRaft) on 127.0.0.1")
+        self.bootstrap = self.broker.start().bootstrap_servers
+        self.server.start()
+        self.progress(f"Kafka at {self.bootstrap}; model and order service at {self.server.base_url}")
+        self.progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
+        self.cluster.start()
+        self.progress(f"Flink web UI at {self.cluster.rest_url}")
+        ensure_topics(self.bootstrap, [_INPUT_TOPIC, _OUTPUT_TOPIC], partitions=2, replication_factor=1)
+
+    def submit(self, job_script: Path, parallelism: int, feed_per_second: float) -> None:
+        """Submit the agent job with ``flink run -d -py`` and start feeding tickets."""
+        self.progress(f"submitting {job_script.name} with `flink run -d -py` (parallelism {parallelism})")
+        self.job_id = self.cluster.submit_python_job(
+            job_script, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
+            "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
+            "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
+            "--checkpoint-interval-ms", "2000",
+        )
+        self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
+        self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)
+        self.feeder.start()
+        self.reader = CommittedReader(self.bootstrap, _OUTPUT_TOPIC, decode=json.loads)
+
+    def kill_midstream(self, answered_target: int) -> _Kill:
+        """After a completed checkpoint and ``answered_target`` answers: SIGKILL the busiest TaskManager."""
+        self._wait(lambda: self._checkpoints()["counts"]["completed"] >= 1 and self._answered() >= answered_target,
+                   180, self._report)
+        running_on = self.cluster.job_taskmanagers(self.job_id)
+        victim = max(running_on, key=running_on.get)
+        in_flight, answered = self.server.stats().in_flight, self._answered()
+        killed_pid = self.cluster.kill_taskmanager(resource_id=victim)
+        kill = _Kill(victim, time.monotonic(), answered, in_flight,
+                     # What the restore has to read: the records the last completed checkpoint's pruning left.
+                     sum(p.high - p.low for p in summarize_topic({"bootstrap.servers": self.bootstrap},
+                                                                 self.journal_topic)))
+        self.progress(f"killed TaskManager {victim} (pid {killed_pid}) with SIGKILL: {answered} tickets answered, "
+                      f"{in_flight} calls in flight")
+        return kill
+
+    def await_recovery(self, killed_at: float) -> float:
+        """Wait until the job runs again on the surviving TaskManager; the seconds since the kill."""
+        survivors = set(self.cluster.taskmanager_processes())
+
+        def running_again() -> bool:
+            return (self._checkpoints()["latest"]["restored"] is not None
+                    and self.cluster.job_status(self.job_id) == "RUNNING"
+                    and all(t["status"] == "RUNNING" and t["taskmanager"] in survivors
+                            for t in self.cluster.job_subtasks(self.job_id)))
+
+        self._wait(running_again, 180, lambda: "waiting for Flink to restore the job on the other TaskManager")
+        recovery_s = time.monotonic() - killed_at
+        restored = self._checkpoints()["latest"]["restored"]
+        self.progress(f"job running again after {recovery_s:.1f} s, restored from checkpoint {restored['id']}")
+        return recovery_s
+
+    def finish(self, kill: _Kill, recovery_s: float) -> DemoResult:
+        """Wait for every reply to be committed, read the counters, cancel the job; what was measured."""
+        wanted = {ticket["ticket_id"] for ticket in self.tickets}
+        self._wait(lambda: {row["ticket_id"] for row in self.reader.poll(0.2)} >= wanted, 300, self._report)
+        # One more checkpoint commits whatever is still pending (a duplicate would show up now), then read on.
+        last = self._checkpoints()["counts"]["completed"]
+        poll_until(lambda: self._checkpoints()["counts"]["completed"] > last, 60,
+                   lambda: self.cluster.job_diagnostics(self.job_id))
+        rows = self.reader.read_to_committed_end()
+        self.progress(f"all replies committed; {self._report()}")
+        metrics = _agent_metrics(self.cluster, self.job_id)
+        self.cluster.flink_command("cancel", self.job_id)
+        stats, seen = self.server.stats(), Counter(row["ticket_id"] for row in rows)
+        journal = summarize_topic({"bootstrap.servers": self.bootstrap}, self.journal_topic)
+        return DemoResult(
+            tickets=len(self.tickets), chat_calls=stats.chat, order_calls=stats.orders,
+            expected_chat_calls=2 * len(self.tickets),
+            expected_order_calls=sum(1 for t in self.tickets if t["order_id"]),
+            repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
+            missing=len(wanted - seen.keys()), duplicates=sum(n - 1 for n in seen.values()), killed=kill.victim,
+            answered_at_kill=kill.answered, calls_in_flight_at_kill=kill.in_flight, recovery_s=recovery_s,
+            restore_read_s=metrics["last_restore_duration_ms"]["max"] / 1000,
+            records_read_at_restore=kill.journal_records, actions_reused=int(metrics["actions_reused"]["sum"]),
+            journal_written=sum(p.high for p in journal), journal_pruned=sum(p.low for p in journal),
+            seconds=time.monotonic() - self.progress.begun,
+        )
+
+    def stop(self) -> None:
+        """Stop everything started (Kafka clients first: without the broker they would only log errors)."""
+        if self.feeder is not None:
+            self.feeder.stop()
+        if self.reader is not None:
+            self.reader.close()
+        self.progress("stopping Flink, the model service and Kafka")
+        for stop in (self.cluster.stop, self.server.stop, self.broker.stop):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop
-                progress(f"while stopping: {exc}")
-        if failed:
+                self.progress(f"while stopping: {exc}")
+        if self.failed:
             kept = Path(tempfile.gettempdir()) / f"far-demo-logs-{int(time.time())}"
-            shutil.copytree(work, kept, ignore=shutil.ignore_patterns("data", "checkpoints", "*.jar"),
+            shutil.copytree(self.work, kept, ignore=shutil.ignore_patterns("data", "checkpoints", "*.jar"),
                             dirs_exist_ok=True, ignore_dangling_symlinks=True, symlinks=True)
-            progress(f"logs kept in {kept}")
-        shutil.rmtree(work, ignore_errors=True)
-        if previous_log_file is None:
-            os.environ.pop(LOG_FILE_ENV, None)
+            self.progress(f"logs kept in {kept}")
+        shutil.rmtree(self.work, ignore_errors=True)
+        if self._previous_log_file is None:
+            os.environ.pop(self._log_env, None)
         else:
-            os.environ[LOG_FILE_ENV] = previous_log_file
+            os.environ[self._log_env] = self._previous_log_file
+
+    def _checkpoints(self) -> dict:
+        return self.cluster.rest_get(f"/jobs/{self.job_id}/checkpoints")
+
+    def _answered(self) -> int:
+        return self.server.stats().chat // 2
+
+    def _report(self) -> str:
+        stats = self.server.stats()
+        return (f"fed {self.feeder.fed}/{len(self.tickets)}, model calls {stats.chat}, order lookups {stats.orders}, "
+                f"replies committed {len({row['ticket_id'] for row in self.reader.poll(0.1)})}, "
+                f"checkpoints {self._checkpoints()['counts']['completed']}")
+
+    def _wait(self, condition: Callable[[], bool], timeout_s: float, report: Callable[[], str]) -> None:
+        _wait(condition, timeout_s, self.progress, report, lambda: self.cluster.job_diagnostics(self.job_id))
 
 
 def _agent_metrics(cluster, job_id: str) -> dict[str, dict[str, float]]:

@@ -18,6 +18,9 @@ from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
 
 #: Agents whose code holds sets in every place a set can hide: a set literal, a frozenset default, a set
 #: inside a dict literal, and a helper function (with a set in its closure) in the action's closure.
+PINNED_PLAIN_ENCODING = "c788373617c349592156299e6e27e5578f3b3f4fdb2e72c61dc4d7c5a2099db3"
+
+
 SEEDED_AGENTS = '''
 from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
 
@@ -206,3 +209,17 @@ def _cyclic_agent(tail: int) -> Agent:
 def test_cyclic_and_deep_closures_are_fingerprinted_without_endless_recursion():
     assert _cyclic_agent(2).actions[0].fingerprint == _cyclic_agent(2).actions[0].fingerprint
     assert _cyclic_agent(2).actions[0].fingerprint != _cyclic_agent(3).actions[0].fingerprint
+
+
+def test_the_encoding_of_plain_values_is_pinned_across_versions():
+    """Fingerprints are persisted in every completion: an encoding change would make an upgrade see every
+    journaled action as changed code. Plain values only (code objects are the running Python's)."""
+    import hashlib
+
+    from flink_agents_replay.agent import _CodeEncoder
+
+    values = [None, ..., True, False, 0, -5, 10**50, 1.5, 2j, "héllo", b"\x00", (1, 2), [3], {1, 2},
+              frozenset({3}), {"a": [1, {"b": None}]}, int, len, object()]
+    encoded = b"".join(_CodeEncoder().encode(value) for value in values)
+    # Written by 0.1.0's encoder (the same bytes since).
+    assert hashlib.sha256(encoded).hexdigest() == PINNED_PLAIN_ENCODING
