@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.errors import ConfigError, FlinkAgentsReplayError
 from flink_agents_replay.local.errors import LocalServiceError
 
 __all__ = ["main"]
@@ -145,7 +145,7 @@ def _tickets(args: argparse.Namespace) -> int:
             tickets = make_tickets(args.count, args.customers, start=args.start)
             produce_tickets(producer, topic, tickets)
             if producer.flush(60):
-                raise ReplayError(f"Kafka at {args.bootstrap_servers} did not acknowledge the tickets")
+                raise FlinkAgentsReplayError(f"Kafka at {args.bootstrap_servers} did not acknowledge the tickets")
             print(f"wrote tickets {tickets[0]['ticket_id']}..{tickets[-1]['ticket_id']} to {topic}")
             return 0
         from flink_agents_replay.testing.committed import CommittedReader
@@ -153,7 +153,7 @@ def _tickets(args: argparse.Namespace) -> int:
         with CommittedReader(args.bootstrap_servers, args.topic or "replies", decode=json.loads) as reader:
             rows = reader.read_to_committed_end()
     except (KafkaException, LookupError) as exc:
-        raise ReplayError(f"Kafka at {args.bootstrap_servers}: {exc}") from None
+        raise FlinkAgentsReplayError(f"Kafka at {args.bootstrap_servers}: {exc}") from None
     seen = Counter(row["ticket_id"] for row in rows)
     for row in rows[-args.show:] if args.show else []:
         print(json.dumps(row, sort_keys=True))
@@ -169,7 +169,7 @@ def _diff(args: argparse.Namespace) -> int:
     from flink_agents_replay.replay.report import diff_captures
 
     if not args.signing_key:
-        raise ReplayError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
+        raise ConfigError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
     uid = args.uid or default_uid(args.agent_id)
     production = args.production or default_capture_topic(uid)
     report = diff_captures({"bootstrap.servers": args.bootstrap_servers}, production, args.replay,
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (LocalServiceError, ReplayError) as exc:
+    except (LocalServiceError, FlinkAgentsReplayError) as exc:
         print(f"flink-agents-replay: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head`: not an error

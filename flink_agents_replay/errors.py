@@ -9,6 +9,7 @@ __all__ = [
     "CallTimeoutError",
     "ChatModelError",
     "ConfigError",
+    "FlinkAgentsReplayError",
     "FingerprintMismatchError",
     "JournalError",
     "JournalGapError",
@@ -18,6 +19,7 @@ __all__ = [
     "ReplayConfigError",
     "ReplayError",
     "ReplayIsolationError",
+    "RunSlotTimeoutError",
     "SignatureError",
     "SubAgentCycleError",
     "SubAgentTimeoutError",
@@ -27,26 +29,31 @@ __all__ = [
 ]
 
 
-class ReplayError(Exception):
+class FlinkAgentsReplayError(Exception):
     """Base class of this package's errors."""
 
 
-class ConfigError(ReplayError, ValueError):
+#: The base class's name before 0.2.0, kept so that ``except ReplayError`` goes on working. ("Replay" now
+#: names only the feature that runs a changed agent against recorded traffic.)
+ReplayError = FlinkAgentsReplayError
+
+
+class ConfigError(FlinkAgentsReplayError, ValueError):
     """The configuration given is invalid; the message names the setting and the fix."""
 
 
-class AgentDefinitionError(ReplayError, TypeError):
+class AgentDefinitionError(FlinkAgentsReplayError, TypeError):
     """An agent class is malformed (an action without event types, a resource of an unknown kind...)."""
 
 
-class UnknownResourceError(ReplayError, KeyError):
+class UnknownResourceError(FlinkAgentsReplayError, KeyError):
     """``ctx.call`` named a resource the agent does not register."""
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0]) if self.args else ""
 
 
-class NotPicklableError(ReplayError, TypeError):
+class NotPicklableError(FlinkAgentsReplayError, TypeError):
     """An event or memory value cannot be serialized with cloudpickle (it could not be journaled)."""
 
 
@@ -55,7 +62,7 @@ class NotPicklableError(ReplayError, TypeError):
 NO_RESTART_MARKER = "[flink-agents-replay: not restarted]"
 
 
-class JournalError(ReplayError, RuntimeError):
+class JournalError(FlinkAgentsReplayError, RuntimeError):
     """The journal (Kafka) could not be reached, written or read."""
 
 
@@ -78,15 +85,15 @@ class JournalGapError(JournalError):
     """Records recovery needs were deleted (e.g. restoring an older savepoint after later pruning)."""
 
 
-class FingerprintMismatchError(ReplayError, RuntimeError):
+class FingerprintMismatchError(FlinkAgentsReplayError, RuntimeError):
     """A journaled action was written by other action code and the policy says ``fail``."""
 
 
-class CallTimeoutError(ReplayError, TimeoutError):
+class CallTimeoutError(FlinkAgentsReplayError, TimeoutError):
     """A resource call did not return within the resource's ``timeout_s``; it may still take effect (in doubt)."""
 
 
-class CallInDoubtError(ReplayError, RuntimeError):
+class CallInDoubtError(FlinkAgentsReplayError, RuntimeError):
     """A call started before a failure and never reported back; its resource's policy says ``fail``."""
 
 
@@ -98,11 +105,11 @@ class SubAgentCycleError(AgentDefinitionError):
     """A sub-agent call would call an agent already on the call path (parent -> child -> parent)."""
 
 
-class NoSubAgentOutputError(ReplayError, RuntimeError):
+class NoSubAgentOutputError(FlinkAgentsReplayError, RuntimeError):
     """A sub-agent call finished without the child sending any OutputEvent."""
 
 
-class SubAgentTimeoutError(ReplayError, TimeoutError):
+class SubAgentTimeoutError(FlinkAgentsReplayError, TimeoutError):
     """A sub-agent call did not finish within its ``timeout``."""
 
 
@@ -114,7 +121,7 @@ class ReplayIsolationError(ReplayConfigError):
     """A replay was configured to write to a production topic (its journal, capture or outputs)."""
 
 
-class CallBlocked(ReplayError, RuntimeError):  # noqa: N818 - the name the design gives it
+class CallBlocked(FlinkAgentsReplayError, RuntimeError):  # noqa: N818 - the name the design gives it
     """A replay's side-effect policy did not make this call (``blocked``, or ``recorded`` without a record).
 
     Raised by ``ctx.call`` in a replay; an action may catch it and go on. The call is listed in the replay's
@@ -144,3 +151,7 @@ class ChatModelError(RuntimeError):
     def transient(self) -> bool:
         """Worth trying again: the endpoint was unreachable, rate-limited (429) or failed itself (5xx)."""
         return self.status is None or self.status == 429 or self.status >= 500
+
+
+class RunSlotTimeoutError(FlinkAgentsReplayError, TimeoutError):
+    """No agent run finished within ``slot_wait_timeout_s`` while every run slot was taken: a call may hang."""

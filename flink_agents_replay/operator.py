@@ -47,7 +47,7 @@ from flink_agents_replay.capture.writer import CaptureWriter
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.digest import digest_value
-from flink_agents_replay.errors import JournalGapError, ReplayError
+from flink_agents_replay.errors import JournalGapError, RunSlotTimeoutError
 from flink_agents_replay.formats.state import (
     InFlightInput,
     WaitingInput,
@@ -483,7 +483,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def _submit(self, key, seq: int, waiting: WaitingInput, ctx) -> None:
         if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
-            raise ReplayError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
+            raise RunSlotTimeoutError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
                               f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
         raw_memory = self.memory_state.value()
         memory = decode_memory(raw_memory) if raw_memory is not None else {}

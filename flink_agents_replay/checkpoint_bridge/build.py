@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.errors import FlinkAgentsReplayError
 from flink_agents_replay.home import home_dir
 
 __all__ = ["JAR_NAME", "JAVA_RELEASE", "BridgeBuildError", "bridge_jar", "compile_classpath", "java_sources",
@@ -34,7 +34,7 @@ _JAVAC_TIMEOUT_S = 300
 _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
-class BridgeBuildError(ReplayError, RuntimeError):
+class BridgeBuildError(FlinkAgentsReplayError, RuntimeError):
     """The checkpoint bridge jar could not be built (no JDK, a PyFlink without its jars, javac failed).
 
     The message says what to install or fix. The bridge's own error, not the local services' one: the product

@@ -27,9 +27,10 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
     name: getattr(errors, name) for name in (
         "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ChatModelError",
         "ConfigError", "FingerprintMismatchError", "JournalError", "JournalGapError", "JournalRecordTooLargeError",
-        "NoSubAgentOutputError", "NotPicklableError", "ReplayConfigError", "ReplayError", "ReplayIsolationError",
-        "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError", "TopicMismatchError",
+        "NoSubAgentOutputError", "NotPicklableError", "ReplayConfigError", "ReplayIsolationError",
+        "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError", "TopicMismatchError",
         "UnknownResourceError", "UnknownSubAgentError",
+        "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }
 _NAMES = {kind: name for name, kind in PACKAGE_EXCEPTIONS.items()}

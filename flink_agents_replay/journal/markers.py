@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.errors import JournalError
 
 __all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "encode_marker", "plan_restore"]
 
@@ -98,7 +98,7 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
             continue
         marker = json.loads(value)
         if marker.get("version") != MARKER_VERSION:
-            raise ReplayError(f"recovery marker version {marker.get('version')} is not supported by this version "
+            raise JournalError(f"recovery marker version {marker.get('version')} is not supported by this version "
                               f"of flink-agents-replay (it reads version {MARKER_VERSION})")
         plan.topic_ids.add(marker["topic_id"])
         for name, offset in marker["offsets"].items():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.errors import JournalError
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
 
 
@@ -41,7 +41,7 @@ def test_no_marker_is_a_fresh_start():
 
 
 def test_unknown_marker_version_is_refused():
-    with pytest.raises(ReplayError, match="marker version 9"):
+    with pytest.raises(JournalError, match="marker version 9"):
         plan_restore([b'{"version": 9}'], range(0, 1))
 
 

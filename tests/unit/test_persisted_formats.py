@@ -229,3 +229,12 @@ def test_keyed_state_written_by_earlier_versions_still_reads(version):
     assert decode_waiting(state["waiting"]) == WaitingInput({"text": "next"}, 1_700_000_000_500)
     assert decode_in_flight(state["in_flight"]) == InFlightInput(4, {"text": "now"}, 1_700_000_000_400)
     assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
+
+
+def test_every_exception_of_the_package_has_a_persisted_name():
+    """A package exception missing from the table would be pickled by its module path."""
+    from flink_agents_replay import errors
+    from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTIONS
+
+    classes = {getattr(errors, name) for name in errors.__all__}
+    assert classes - set(PACKAGE_EXCEPTIONS.values()) == set()
