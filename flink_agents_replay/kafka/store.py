@@ -118,8 +118,8 @@ class KafkaTopicStore:
         with self._producer_lock:
             if self._producer is None:
                 self._producer = Producer(self._producer_config)
-                self._poller = threading.Thread(target=self._poll_loop, name=f"{self.role.label}-delivery".replace(
-                    " ", "-"), daemon=True)
+                thread_name = f"{self.role.label.replace(' ', '-')}-delivery"  # e.g. journal-topic-delivery
+                self._poller = threading.Thread(target=self._poll_loop, name=thread_name, daemon=True)
                 self._poller.start()
             return self._producer
 

@@ -162,3 +162,30 @@ def test_partition_rules_say_why_the_count_matters():
 
     assert topics.JOURNAL.partition_rule(128) == "the job's max parallelism is 128 (one partition per key group)"
     assert topics.MANIFEST.partition_rule(1) == "it must have 1"
+
+
+def test_ensure_topics_accepts_a_topic_created_meanwhile(monkeypatch, admin_clients):
+    from confluent_kafka import KafkaError, KafkaException
+
+    class _AlreadyThere:
+        def result(self, timeout=None):
+            raise KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS))
+
+    monkeypatch.setattr(_RecordingAdminClient, "create_topics",
+                        lambda self, new_topics, request_timeout=-1: {t.topic: _AlreadyThere() for t in new_topics})
+    assert ensure_topics(SECURE, ["raced"], 1) == ["raced"]
+
+
+def test_ensure_topics_names_the_topic_it_could_not_create(monkeypatch, admin_clients):
+    from confluent_kafka import KafkaError, KafkaException
+
+    from flink_agents_replay.errors import JournalError
+
+    class _Refused:
+        def result(self, timeout=None):
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    monkeypatch.setattr(_RecordingAdminClient, "create_topics",
+                        lambda self, new_topics, request_timeout=-1: {t.topic: _Refused() for t in new_topics})
+    with pytest.raises(JournalError, match="could not create topic 'replies'"):
+        ensure_topics(SECURE, ["replies"], 1)
