@@ -23,9 +23,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flink_agents_replay.errors import ReplayError
 from flink_agents_replay.local.errors import LocalServiceError
+
+if TYPE_CHECKING:
+    from flink_agents_replay.kafka.settings import KafkaSettings
 
 __all__ = ["main"]
 
@@ -95,7 +99,7 @@ def _jars(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kafka_settings(args: argparse.Namespace):
+def _kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     """The user's Kafka settings: ``--bootstrap-servers`` and every ``-X NAME=VALUE``."""
     from flink_agents_replay.kafka.settings import KafkaSettings
 

@@ -189,3 +189,16 @@ def test_ensure_topics_names_the_topic_it_could_not_create(monkeypatch, admin_cl
                         lambda self, new_topics, request_timeout=-1: {t.topic: _Refused() for t in new_topics})
     with pytest.raises(JournalError, match="could not create topic 'replies'"):
         ensure_topics(SECURE, ["replies"], 1)
+
+
+def test_the_command_line_takes_kafka_client_settings_with_x():
+    from flink_agents_replay.cli import _kafka_settings, build_parser
+    from flink_agents_replay.errors import ReplayError
+
+    args = build_parser().parse_args(["inspect", "--bootstrap-servers", "kafka.example:9093", "--topic", "t",
+                                      "-X", "security.protocol=SASL_SSL", "-X", "sasl.jaas.config=a=b"])
+    assert _kafka_settings(args).client == {"bootstrap.servers": "kafka.example:9093",
+                                            "security.protocol": "SASL_SSL", "sasl.jaas.config": "a=b"}
+    args = build_parser().parse_args(["diff", "--replay", "r", "-X", "no-value"])
+    with pytest.raises(ReplayError, match="NAME=VALUE"):
+        _kafka_settings(args)
