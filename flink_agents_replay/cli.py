@@ -8,6 +8,7 @@
     flink-agents-replay local model status|stop [--work-dir DIR]
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
+                                [-X NAME=VALUE ...]   (-X: a Kafka client setting, SASL, SSL...; tickets, diff too)
     flink-agents-replay demo [--tickets N] [--parallelism N] [--model-delay-ms N]
     flink-agents-replay tickets feed [--count N] [--start N] [--topic tickets] [--bootstrap-servers HOST:PORT]
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
@@ -22,9 +23,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flink_agents_replay.errors import ConfigError, FlinkAgentsReplayError
 from flink_agents_replay.local.errors import LocalServiceError
+
+if TYPE_CHECKING:
+    from flink_agents_replay.kafka.settings import KafkaSettings
 
 __all__ = ["main"]
 
@@ -94,10 +99,30 @@ def _jars(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    """The user's Kafka settings: ``--bootstrap-servers`` and every ``-X NAME=VALUE``."""
+    from flink_agents_replay.kafka.settings import KafkaSettings
+
+    settings = {"bootstrap.servers": args.bootstrap_servers}
+    for setting in args.kafka_settings:
+        name, equals, value = setting.partition("=")
+        if not equals or not name.strip():
+            raise ConfigError(f"-X {setting!r}: give a Kafka client setting as NAME=VALUE (e.g. -X "
+                             "security.protocol=SASL_SSL)")
+        settings[name.strip()] = value
+    return KafkaSettings.of(settings)
+
+
+def _add_kafka_settings_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-X", "--kafka-setting", dest="kafka_settings", action="append", default=[],
+                        metavar="NAME=VALUE", help="a Kafka client setting passed to every client (SASL, SSL...), "
+                        "repeatable: -X security.protocol=SASL_SSL -X sasl.mechanism=PLAIN ...")
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from flink_agents_replay.inspect_journal import key_records, summarize_topic
 
-    kafka = {"bootstrap.servers": args.bootstrap_servers}
+    kafka = _kafka_settings(args)
     if args.key is None:
         summary = summarize_topic(kafka, args.topic)
         used = [p for p in summary if p.high > 0]
@@ -136,12 +161,12 @@ def _tickets(args: argparse.Namespace) -> int:
     from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
     from flink_agents_replay.kafka_topics import ensure_topics
 
-    kafka = {"bootstrap.servers": args.bootstrap_servers}
+    kafka = _kafka_settings(args)
     try:
         if args.action == "feed":
             topic = args.topic or "tickets"
-            ensure_topics(args.bootstrap_servers, [topic], partitions=2, replication_factor=1)
-            producer = Producer({**kafka, "enable.idempotence": True})
+            ensure_topics(kafka, [topic], partitions=2, replication_factor=1)
+            producer = Producer(kafka.producer_config(durable=True, what="tickets feed"))
             tickets = make_tickets(args.count, args.customers, start=args.start)
             produce_tickets(producer, topic, tickets)
             if producer.flush(60):
@@ -150,6 +175,8 @@ def _tickets(args: argparse.Namespace) -> int:
             return 0
         from flink_agents_replay.testing.committed import CommittedReader
 
+        if args.kafka_settings:  # CommittedReader connects with bootstrap servers only
+            raise ConfigError("tickets replies takes no -X settings yet: it reads with --bootstrap-servers only")
         with CommittedReader(args.bootstrap_servers, args.topic or "replies", decode=json.loads) as reader:
             rows = reader.read_to_committed_end()
     except (KafkaException, LookupError) as exc:
@@ -172,7 +199,7 @@ def _diff(args: argparse.Namespace) -> int:
         raise ConfigError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
     uid = args.uid or default_uid(args.agent_id)
     production = args.production or default_capture_topic(uid)
-    report = diff_captures({"bootstrap.servers": args.bootstrap_servers}, production, args.replay,
+    report = diff_captures(_kafka_settings(args).client, production, args.replay,
                            signing_key=args.signing_key.encode(), uid=uid)
     print(f"production capture {production} vs replay capture {args.replay}")
     print(report.render_text(max_width=args.width))
@@ -232,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--key", default=None, help="show this business key's records")
     inspect.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
     inspect.add_argument("--all-partitions", action="store_true", help="also list partitions never written")
+    _add_kafka_settings_option(inspect)
     inspect.set_defaults(handler=_inspect)
 
     demo = commands.add_parser("demo", help="the support-ticket agent on a local Flink cluster whose TaskManager is "
@@ -254,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     tickets.add_argument("--start", type=int, default=0, help="number of the first ticket (default 0)")
     tickets.add_argument("--customers", type=_at_least_one, default=40, help="distinct customers (default 40)")
     tickets.add_argument("--show", type=int, default=3, help="replies to print (default: the last 3)")
+    _add_kafka_settings_option(tickets)
     tickets.set_defaults(handler=_tickets)
 
     diff = commands.add_parser("diff", help="compare a replay's outputs with production's, per key and seq "
@@ -271,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--width", type=_at_least_one, default=110, help="terminal table width (default 110)")
     diff.add_argument("--fail-on-diff", action="store_true",
                       help="exit 1 when any run is changed, new or missing (for CI)")
+    _add_kafka_settings_option(diff)
     diff.set_defaults(handler=_diff)
     return parser
 

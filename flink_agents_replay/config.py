@@ -15,6 +15,7 @@ from typing import Any
 
 from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
+from flink_agents_replay.kafka.settings import KafkaSettings
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.runner import FingerprintPolicy
 
@@ -174,6 +175,10 @@ class AgentConfig:
                        capture_topic=capture_topic, output_topics=tuple(self.output_topics),
                        capture_topic_config={"retention.ms": str(DEFAULT_CAPTURE_RETENTION_MS),
                                              **self.capture_topic_config})
+
+    def kafka_settings(self) -> KafkaSettings:
+        """The ``kafka`` settings as the one object every Kafka client of the operator is built from."""
+        return KafkaSettings.of(self.kafka)
 
     @property
     def signing_key_bytes(self) -> bytes:

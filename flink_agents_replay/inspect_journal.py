@@ -7,17 +7,16 @@ is needed and no payload is ever unpickled.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from flink_agents_replay.errors import JournalError
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.records import key_digest, parse_journal_key
+from flink_agents_replay.kafka.admin import KafkaAdmin
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
+from flink_agents_replay.kafka.topics import JOURNAL
 from flink_agents_replay.keygroups import key_group
 
 __all__ = ["KeyRecord", "PartitionSummary", "key_records", "summarize_topic"]
@@ -48,23 +47,22 @@ class KeyRecord:
     age_s: float | None
 
 
-def summarize_topic(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> list[PartitionSummary]:
-    """Low/high watermark of every partition of ``topic``."""
-    admin = AdminClient(dict(kafka_config))
-    metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    if metadata is None or metadata.error is not None:
-        raise JournalError(f"journal topic {topic!r} not found on {kafka_config.get('bootstrap.servers')}")
-    partitions = sorted(metadata.partitions)
-    offsets: dict[str, dict[int, int]] = {}
-    for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):
-        futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions}, request_timeout=timeout_s)
-        offsets[name] = {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
-    return [PartitionSummary(p, offsets["low"][p], offsets["high"][p]) for p in partitions]
+def summarize_topic(kafka_config: KafkaSettingsLike, topic: str, timeout_s: float = 30.0) -> list[PartitionSummary]:
+    """Low/high watermark of every partition of ``topic`` (``kafka_config``: the user's Kafka settings)."""
+    admin = KafkaAdmin(kafka_config, timeout_s=timeout_s)
+    count = admin.partition_count(topic)
+    if count is None:
+        raise JournalError(f"journal topic {topic!r} not found on {admin.settings.bootstrap_servers}")
+    partitions = range(count)
+    low = admin.start_offsets(topic, partitions, JOURNAL)
+    high = admin.end_offsets(topic, partitions, JOURNAL)
+    return [PartitionSummary(p, low[p], high[p]) for p in partitions]
 
 
-def key_records(kafka_config: Mapping[str, Any], topic: str, key: Any, key_type: str,
+def key_records(kafka_config: KafkaSettingsLike, topic: str, key: Any, key_type: str,
                 timeout_s: float = 30.0) -> list[KeyRecord]:
     """The records of one business key, read from its key group's partition."""
+    kafka_config = KafkaSettings.of(kafka_config)
     summaries = summarize_topic(kafka_config, topic, timeout_s)
     max_parallelism = len(summaries)
     partition = key_group(key, key_type, max_parallelism)

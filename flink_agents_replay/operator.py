@@ -39,7 +39,7 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.agent import Agent
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestWriter, manifest_topic
+from flink_agents_replay.capture.manifest import CaptureDescription
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import CapturedInput, CapturedOutput, CapturedRun
 from flink_agents_replay.capture.schemas import capture_codec
@@ -155,11 +155,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.replay is not None and self.replay.production_journal_topic and self.config.journal_enabled:
             # Read-only: runs in flight in the savepoint finish with what production journaled.
             self.production_journal = KafkaJournalStore(
-                self.config.kafka, self.replay.production_journal_topic, self.max_parallelism, create_topic=False,
-                timeout_s=self.config.kafka_timeout_s)
+                self.config.kafka_settings(), self.replay.production_journal_topic, self.max_parallelism,
+                create_topic=False, timeout_s=self.config.kafka_timeout_s)
         if self.config.journal_enabled:
             self.store = KafkaJournalStore(
-                self.config.kafka, self.config.journal_topic, self.max_parallelism,
+                self.config.kafka_settings(), self.config.journal_topic, self.max_parallelism,
                 create_topic=self.config.create_topic, replication_factor=self.config.replication_factor,
                 topic_config=self.config.topic_config, timeout_s=self.config.kafka_timeout_s)
             codec = RecordCodec(self.config.signing_key_bytes, self.config.uid, event_types=self.agent.event_types())
@@ -168,19 +168,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def _open_capture(self) -> CaptureWriter:
         config = self.config
-        store = KafkaJournalStore(config.kafka, config.capture_topic, self.max_parallelism,
-                                  create_topic=config.create_topic, replication_factor=config.replication_factor,
-                                  topic_config=config.capture_topic_config, timeout_s=config.kafka_timeout_s)
         description = CaptureDescription(config.uid, config.capture_topic, self.key_type, self.max_parallelism,
                                          FORMAT_VERSION, config.journal_topic if config.journal_enabled else None,
                                          tuple(config.output_topics))
-        manifest = None
-        if self.replay is None:  # a replay's capture feeds the diff, it is never replayed itself
-            manifest = ManifestWriter(config.kafka, manifest_topic(config.capture_topic),
-                                      create_topic=config.create_topic, replication_factor=config.replication_factor,
-                                      timeout_s=config.kafka_timeout_s)
-        return CaptureWriter(store, capture_codec(config.signing_key_bytes, config.uid), description, manifest,
-                             config.ack_timeout_s)
+        # A replay's capture feeds the diff, it is never replayed itself: no manifest.
+        return CaptureWriter.to_kafka(
+            config.kafka_settings(), description=description,
+            codec=capture_codec(config.signing_key_bytes, config.uid), with_manifest=self.replay is None,
+            create_topic=config.create_topic, replication_factor=config.replication_factor,
+            topic_config=config.capture_topic_config, kafka_timeout_s=config.kafka_timeout_s,
+            ack_timeout_s=config.ack_timeout_s)
 
     def _load_recorded_calls(self) -> None:
         """Replay: index the calls production made in the runs after the savepoint (owned partitions only)."""

@@ -105,7 +105,7 @@ def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[
     if check_journal and config.journal_enabled:
         from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 
-        KafkaJournalStore(config.kafka, config.journal_topic, config.max_parallelism,
+        KafkaJournalStore(config.kafka_settings(), config.journal_topic, config.max_parallelism,
                           create_topic=config.create_topic, replication_factor=config.replication_factor,
                           topic_config=config.topic_config, timeout_s=config.kafka_timeout_s).close()
     operator = make_operator(agent, config, key_type)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from flink_agents_replay.errors import ReplayConfigError
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.kafka_topics import partition_count
+from flink_agents_replay.kafka.admin import KafkaAdmin
+from flink_agents_replay.kafka.settings import KafkaSettingsLike
+from flink_agents_replay.kafka.store import KafkaTopicStore
+from flink_agents_replay.kafka.topics import MANIFEST
 
 __all__ = ["CaptureDescription", "ManifestEntry", "ManifestWriter", "manifest_topic", "read_capture_start"]
 
@@ -91,18 +92,17 @@ class ManifestEntry:
 class ManifestWriter:
     """Writes a subtask's manifest entries (creates the compacted manifest topic if missing).
 
-    The journal's Kafka store, on one partition: the same topic checks (except the one refusing compaction:
-    only the latest entry per key matters here), pass-through settings and idempotent producer with
-    ``acks=all``.
+    A :class:`~flink_agents_replay.kafka.store.KafkaTopicStore` of role "capture manifest topic" on one
+    partition: the user's Kafka settings passed through, an idempotent producer with ``acks=all``, and the
+    usual topic checks except the one refusing compaction (only the latest entry per key matters here).
     """
 
-    def __init__(self, kafka_config: Mapping[str, Any], topic: str, *, create_topic: bool = True,
+    def __init__(self, kafka_config: KafkaSettingsLike, topic: str, *, create_topic: bool = True,
                  replication_factor: int | None = None, timeout_s: float = 30.0):
         self.timeout_s = timeout_s
-        self._store = KafkaJournalStore(kafka_config, topic, 1, create_topic=create_topic,
-                                        replication_factor=replication_factor,
-                                        topic_config={"cleanup.policy": "compact"}, timeout_s=timeout_s,
-                                        allow_compaction=True)
+        self._store = KafkaTopicStore(settings=kafka_config, topic=topic, partitions=1, role=MANIFEST,
+                                      create_topic=create_topic, replication_factor=replication_factor,
+                                      topic_config={"cleanup.policy": "compact"}, timeout_s=timeout_s)
 
     def write(self, entry: ManifestEntry) -> None:
         """Write ``entry`` and wait for Kafka's acknowledgement."""
@@ -113,12 +113,13 @@ class ManifestWriter:
         self._store.close()
 
 
-def read_entries(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> list[ManifestEntry]:
+def read_entries(kafka_config: KafkaSettingsLike, topic: str, timeout_s: float = 30.0) -> list[ManifestEntry]:
     """Every entry of the manifest topic, in write order."""
-    if partition_count(kafka_config, topic, timeout_s) is None:
+    if KafkaAdmin(kafka_config, timeout_s=timeout_s).partition_count(topic) is None:
         raise ReplayConfigError(f"capture manifest topic {topic!r} does not exist: was the production job run "
                                 "with capture on (AgentConfig(capture=True)) and this capture topic?")
-    store = KafkaJournalStore(kafka_config, topic, 1, create_topic=False, timeout_s=timeout_s, allow_compaction=True)
+    store = KafkaTopicStore(settings=kafka_config, topic=topic, partitions=1, role=MANIFEST, create_topic=False,
+                            timeout_s=timeout_s)
     try:
         records = store.read(store.start_offsets([0]), store.end_offsets([0]))
         return [ManifestEntry.decode(record.value) for record in records if record.value is not None]
@@ -126,7 +127,7 @@ def read_entries(kafka_config: Mapping[str, Any], topic: str, timeout_s: float =
         store.close()
 
 
-def read_capture_start(kafka_config: Mapping[str, Any], capture_topic: str, checkpoint_id: int,
+def read_capture_start(kafka_config: KafkaSettingsLike, capture_topic: str, checkpoint_id: int,
                        timeout_s: float = 30.0) -> tuple[dict[int, int], CaptureDescription]:
     """The capture offsets (every partition) at ``checkpoint_id`` and the capture's description.
 

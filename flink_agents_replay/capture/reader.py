@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
 from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
 from flink_agents_replay.errors import ReplayConfigError, SignatureError
 from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.kafka_topics import partition_count
+from flink_agents_replay.kafka.admin import KafkaAdmin
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
+from flink_agents_replay.kafka.store import KafkaTopicStore
+from flink_agents_replay.kafka.topics import CAPTURE
 
 __all__ = ["CaptureDecoder", "read_capture"]
 
@@ -38,7 +39,7 @@ class CaptureDecoder:
         return record
 
 
-def read_capture(kafka_config: Mapping[str, Any], topic: str, partitions: int | None, decoder: CaptureDecoder, *,
+def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | None, decoder: CaptureDecoder, *,
                  start: Mapping[int, int] | None = None, partitions_to_read: Iterable[int] | None = None,
                  timeout_s: float = 30.0) -> Iterator[CapturedInput | CapturedRun]:
     """Every input and run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
@@ -47,12 +48,13 @@ def read_capture(kafka_config: Mapping[str, Any], topic: str, partitions: int | 
     ``partitions``: the partition count the topic must have (the max parallelism), or ``None`` for whatever
     it has.
     """
+    settings = KafkaSettings.of(kafka_config)
     if partitions is None:
-        partitions = partition_count(kafka_config, topic, timeout_s)
+        partitions = KafkaAdmin(settings, timeout_s=timeout_s).partition_count(topic)
         if partitions is None:
-            raise ReplayConfigError(f"capture topic {topic!r} does not exist on "
-                                    f"{kafka_config.get('bootstrap.servers')}")
-    store = KafkaJournalStore(kafka_config, topic, partitions, create_topic=False, timeout_s=timeout_s)
+            raise ReplayConfigError(f"capture topic {topic!r} does not exist on {settings.bootstrap_servers}")
+    store = KafkaTopicStore(settings=settings, topic=topic, partitions=partitions, role=CAPTURE, create_topic=False,
+                            timeout_s=timeout_s)
     try:
         everything = sorted(partitions_to_read) if partitions_to_read is not None else range(partitions)
         first = store.start_offsets(everything)

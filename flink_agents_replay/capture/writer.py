@@ -7,14 +7,17 @@ checkpoint's barrier is in the capture before that checkpoint completes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, ManifestWriter
+from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, ManifestWriter, manifest_topic
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun, capture_key
 from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN
 from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.store import JournalStore
+from flink_agents_replay.kafka.settings import KafkaSettingsLike
+from flink_agents_replay.kafka.store import KafkaTopicStore
+from flink_agents_replay.kafka.topics import CAPTURE
 
 __all__ = ["CaptureWriter"]
 
@@ -25,13 +28,29 @@ class CaptureWriter:
     ``manifest`` may be ``None``: a replay captures what it did for the diff but needs no manifest.
     """
 
-    def __init__(self, store: JournalStore, codec: RecordCodec, description: CaptureDescription,
+    def __init__(self, store: JournalStore | KafkaTopicStore, codec: RecordCodec, description: CaptureDescription,
                  manifest: ManifestWriter | None, timeout_s: float):
         self.store = store
         self.codec = codec
         self.description = description
         self.manifest = manifest
         self.timeout_s = timeout_s
+
+    @classmethod
+    def to_kafka(cls, settings: KafkaSettingsLike, *, description: CaptureDescription, codec: RecordCodec,
+                 with_manifest: bool, create_topic: bool, replication_factor: int | None,
+                 topic_config: Mapping[str, str], kafka_timeout_s: float, ack_timeout_s: float) -> CaptureWriter:
+        """A writer to the capture topic ``description.capture_topic`` (one partition per key group) and, with
+        ``with_manifest``, to its manifest; both created if missing, with the user's Kafka ``settings``."""
+        store = KafkaTopicStore(settings=settings, topic=description.capture_topic,
+                                partitions=description.max_parallelism, role=CAPTURE, create_topic=create_topic,
+                                replication_factor=replication_factor, topic_config=topic_config,
+                                timeout_s=kafka_timeout_s)
+        manifest = None
+        if with_manifest:
+            manifest = ManifestWriter(settings, manifest_topic(description.capture_topic), create_topic=create_topic,
+                                      replication_factor=replication_factor, timeout_s=kafka_timeout_s)
+        return cls(store, codec, description, manifest, ack_timeout_s)
 
     def write_input(self, key_group: int, captured: CapturedInput) -> None:
         """Append an accepted input."""

@@ -4,6 +4,11 @@ Started from the official jars that :mod:`flink_agents_replay.local.jars` fetche
 and PID under a work directory. ``start`` returns once the broker answers a metadata request; ``stop``
 ends it by the recorded PID. Used by ``flink-agents-replay local kafka ...``, the test fixtures and the
 demo.
+
+With ``sasl_users`` the broker also listens with ``SASL_PLAINTEXT`` (mechanism ``PLAIN``, the users and
+passwords given) on a port of its own: a broker that requires authentication, so tests can check that a
+client built by this package carries the user's security settings. The plain listener stays (the
+broker's own readiness check and its inter-broker traffic use it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import string
 import subprocess
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +45,8 @@ class BrokerStatus:
     pid: int | None
     bootstrap_servers: str | None
     work_dir: Path
+    #: The listener that requires SASL/PLAIN authentication (only with ``sasl_users``).
+    sasl_bootstrap_servers: str | None = None
 
     def describe(self) -> str:
         """One line for people."""
@@ -54,12 +62,16 @@ class LocalKafkaBroker(RecordedProcess):
         work_dir: directory for data, logs and the state file; created if missing.
         port: client port; ``0`` picks a free one. The controller takes another free port.
         start_timeout_s: how long ``start`` waits for the broker to answer.
+        sasl_users: user name -> password: also listen with SASL_PLAINTEXT (PLAIN) for these users, on
+            another free port (``BrokerStatus.sasl_bootstrap_servers``).
     """
 
-    def __init__(self, work_dir: Path | str | None = None, *, port: int = 0, start_timeout_s: float = 90.0):
+    def __init__(self, work_dir: Path | str | None = None, *, port: int = 0, start_timeout_s: float = 90.0,
+                 sasl_users: Mapping[str, str] | None = None):
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir()
         self.port = port
         self.start_timeout_s = start_timeout_s
+        self.sasl_users = dict(sasl_users or {})
 
     @property
     def _state_file(self) -> Path:
@@ -74,7 +86,8 @@ class LocalKafkaBroker(RecordedProcess):
         """Read the state file and check that its PID still runs."""
         state = self._read_state()
         if state and pid_alive(state["pid"]):
-            return BrokerStatus(True, state["pid"], state["bootstrap_servers"], self.work_dir)
+            return BrokerStatus(True, state["pid"], state["bootstrap_servers"], self.work_dir,
+                                state.get("sasl_bootstrap_servers"))
         return BrokerStatus(False, None, None, self.work_dir)
 
     def start(self) -> BrokerStatus:
@@ -96,8 +109,10 @@ class LocalKafkaBroker(RecordedProcess):
         logs_dir.mkdir(parents=True, exist_ok=True)
         properties = self.work_dir / "server.properties"
         template = string.Template((conf_dir() / "kafka" / "server.properties").read_text())
+        sasl_port = free_port(exclude={port, controller_port}) if self.sasl_users else None
         properties.write_text(
             template.substitute(port=port, controller_port=controller_port, data_dir=data_dir)
+            + _sasl_properties(port, controller_port, sasl_port, self.sasl_users)
         )
         classpath = f"{jars}/*"
         log_options = [
@@ -118,13 +133,15 @@ class LocalKafkaBroker(RecordedProcess):
                 cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
             )
         bootstrap = f"127.0.0.1:{port}"
-        self._state_file.write_text(json.dumps({"pid": process.pid, "bootstrap_servers": bootstrap}))
+        sasl_bootstrap = f"127.0.0.1:{sasl_port}" if sasl_port else None
+        self._state_file.write_text(json.dumps({"pid": process.pid, "bootstrap_servers": bootstrap,
+                                                "sasl_bootstrap_servers": sasl_bootstrap}))
         try:
             self._wait_until_ready(process, bootstrap)
         except BaseException:
             self.stop()
             raise
-        return BrokerStatus(True, process.pid, bootstrap, self.work_dir)
+        return BrokerStatus(True, process.pid, bootstrap, self.work_dir, sasl_bootstrap)
 
     def _wait_until_ready(self, process: subprocess.Popen, bootstrap: str) -> None:
         from confluent_kafka.admin import AdminClient
@@ -146,6 +163,29 @@ class LocalKafkaBroker(RecordedProcess):
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.work_dir)
         if result.returncode != 0:
             raise LocalServiceError(f"could not {what} (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+
+
+def _sasl_properties(port: int, controller_port: int, sasl_port: int | None, users: Mapping[str, str]) -> str:
+    """Lines added to server.properties for a SASL_PLAINTEXT listener (later lines win in a properties file)."""
+    if sasl_port is None:
+        return ""
+    for name, password in users.items():
+        if not name.isidentifier() or '"' in password or "\\" in password:
+            raise LocalServiceError(f"SASL user {name!r}: use a plain identifier as the name and a password "
+                                    "without quotes or backslashes (they go into a JAAS line)")
+    accounts = " ".join(f'user_{name}="{password}"' for name, password in users.items())
+    return "\n".join([
+        "",
+        "# SASL_PLAINTEXT listener (LocalKafkaBroker(sasl_users=...)): clients must authenticate with PLAIN.",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port},"
+        f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+        f"org.apache.kafka.common.security.plain.PlainLoginModule required {accounts};",
+        "",
+    ])
 
 
 def _cluster_id() -> str:

@@ -25,6 +25,7 @@ from pyflink.common.watermark_strategy import TimestampAssigner
 from flink_agents_replay.capture.manifest import read_capture_start
 from flink_agents_replay.errors import ReplayConfigError
 from flink_agents_replay.journal.codec import READABLE_VERSIONS
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
@@ -34,7 +35,7 @@ __all__ = ["captured_inputs", "prepare_replay", "replay_config", "savepoint_of"]
 _FLINK_KEY_TYPES = ("STRING", "LONG", "INT")
 
 
-def prepare_replay(kafka: Mapping[str, Any], capture_topic: str, savepoint: str | Path, *, uid: str, key_type: str,
+def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str | Path, *, uid: str, key_type: str,
                    max_parallelism: int, policies: Mapping[str, str | CallPolicy] | str | None = None,
                    timeout_s: float = 30.0) -> ReplaySettings:
     """Check that ``savepoint`` and ``capture_topic`` fit a replay of operator ``uid``; return its settings.
@@ -99,7 +100,7 @@ class _EventTime(TimestampAssigner):
         return captured.event_time if captured.event_time is not None else record_timestamp
 
 
-def captured_inputs(env, kafka: Mapping[str, Any], settings: ReplaySettings, signing_key: bytes, *, uid: str,
+def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, signing_key: bytes, *, uid: str,
                     key_type: str, name: str = "captured inputs",
                     source_uid: str = "replay-captured-inputs"):
     """The capture's inputs after the savepoint, keyed as in production: a bounded ``KafkaSource`` read from the
@@ -112,16 +113,17 @@ def captured_inputs(env, kafka: Mapping[str, Any], settings: ReplaySettings, sig
     from pyflink.common.serialization import SimpleStringSchema
     from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource, KafkaTopicPartition
 
+    kafka_settings = KafkaSettings.of(kafka)
     topic = settings.production_capture_topic
     start = {KafkaTopicPartition(topic, p): offset for p, offset in settings.start_offsets.items()}
     builder = (
-        KafkaSource.builder().set_bootstrap_servers(kafka["bootstrap.servers"]).set_topics(topic)
+        KafkaSource.builder().set_bootstrap_servers(kafka_settings.bootstrap_servers).set_topics(topic)
         .set_starting_offsets(KafkaOffsetsInitializer.offsets(start))
         .set_bounded(KafkaOffsetsInitializer.latest())
         # Latin-1 maps every byte to one character: the binary record survives Flink's string schema.
         .set_value_only_deserializer(SimpleStringSchema("ISO-8859-1"))
     )
-    for setting, value in kafka.items():
+    for setting, value in kafka_settings.pairs:  # the user's settings (SASL, SSL...) reach the source too
         if setting != "bootstrap.servers":
             builder = builder.set_property(setting, str(value))
     inputs = (

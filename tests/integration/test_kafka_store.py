@@ -85,3 +85,15 @@ def test_settings_that_break_the_journal_are_refused(setting, kafka_bootstrap):
 def test_missing_bootstrap_servers_is_a_config_error():
     with pytest.raises(ConfigError, match="bootstrap.servers"):
         KafkaJournalStore({}, "t", 4)
+
+
+def test_errors_name_the_topic_by_its_role(journal, kafka_bootstrap):
+    from flink_agents_replay.kafka import CAPTURE, MANIFEST, KafkaTopicStore
+
+    existing = journal(partitions=4).topic
+    with pytest.raises(TopicMismatchError, match=rf"^capture topic '{existing}' has 4 partitions but the job's max "
+                                                 r"parallelism is 8.*Fix: use a new capture topic name"):
+        KafkaTopicStore(settings={"bootstrap.servers": kafka_bootstrap}, topic=existing, partitions=8, role=CAPTURE)
+    with pytest.raises(JournalError, match=r"^capture manifest topic 'no-such-manifest' does not exist"):
+        KafkaTopicStore(settings={"bootstrap.servers": kafka_bootstrap}, topic="no-such-manifest", partitions=1,
+                        role=MANIFEST, create_topic=False)

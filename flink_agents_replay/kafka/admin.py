@@ -1,0 +1,223 @@
+"""Topic administration: the one admin client wrapper of this package.
+
+:class:`KafkaAdmin` is built from the user's :class:`~flink_agents_replay.kafka.settings.KafkaSettings`,
+so SASL/SSL and every other setting reach the requests it makes. It does what the package needs of
+Kafka's admin API, with errors that name the topic by its role (journal, capture, manifest, input/output):
+
+* :meth:`~KafkaAdmin.prepare_topic`: create a topic if missing, or check one that exists (partition
+  count, a compacting cleanup policy); return its id and record size limit;
+* :meth:`~KafkaAdmin.create_missing`: create a job's input and output topics if missing;
+* :meth:`~KafkaAdmin.partition_count`, :meth:`~KafkaAdmin.start_offsets`, :meth:`~KafkaAdmin.end_offsets`;
+* :meth:`~KafkaAdmin.delete_records`: pruning, asynchronous.
+
+Requests a new topic's metadata can make fail for a moment (no leader yet) are retried until ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import confluent_kafka.admin
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import ConfigResource, NewTopic, OffsetSpec
+
+from flink_agents_replay.errors import JournalError, TopicMismatchError
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
+from flink_agents_replay.kafka.topics import TOPIC, TopicRole, compacts, created_topic_config
+
+__all__ = ["KafkaAdmin", "TopicInfo"]
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+_NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A topic ready for use: its id (changes when the topic is deleted and created again) and its
+    ``max.message.bytes`` (``None`` when the broker does not let this client read topic settings)."""
+
+    topic_id: str
+    max_message_bytes: int | None
+
+
+class KafkaAdmin:
+    """Admin requests with the user's settings; ``timeout_s`` bounds each one."""
+
+    def __init__(self, settings: KafkaSettingsLike, *, timeout_s: float = 30.0):
+        self.settings = KafkaSettings.of(settings)
+        self.timeout_s = timeout_s
+        # Looked up at call time, not import time: tests can stand in for the client class.
+        self._client = confluent_kafka.admin.AdminClient(self.settings.admin_config())
+
+    # -- topics ------------------------------------------------------------------------------------
+    def prepare_topic(self, topic: str, partitions: int, *, role: TopicRole, create: bool = True,
+                      replication_factor: int | None = None, topic_config: Mapping[str, str] | None = None,
+                      allow_compaction: bool = False) -> TopicInfo:
+        """Create ``topic`` with ``partitions`` if missing (``create``), or check the one that exists.
+
+        Raises :class:`~flink_agents_replay.errors.TopicMismatchError` for another partition count or a
+        compacting cleanup policy (unless ``allow_compaction``), ``JournalError`` when Kafka cannot be
+        reached or the topic is missing with ``create=False``.
+        """
+        created_config = created_topic_config(topic, role, topic_config, allow_compaction)
+        found = self._metadata(topic)
+        missing = found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
+        if missing:
+            if not create:
+                raise JournalError(f"{role.label} {topic!r} does not exist and topic creation is off")
+            self._create(topic, partitions, role, replication_factor, created_config)
+        elif found.error is not None:
+            raise JournalError(f"{role.label} {topic!r} cannot be used: {found.error}")
+        elif len(found.partitions) != partitions:
+            raise _partition_mismatch(topic, role, len(found.partitions), partitions)
+        settings = self.topic_settings(topic, role)
+        if not missing and not allow_compaction and settings is not None:
+            self._refuse_compaction(topic, role, settings.get("cleanup.policy"))
+        limit = settings.get("max.message.bytes") if settings is not None else None
+        return TopicInfo(self.topic_id(topic, role), int(limit) if limit is not None else None)
+
+    def create_missing(self, topics: Iterable[str], partitions: int, *, replication_factor: int = -1) -> list[str]:
+        """Create those of ``topics`` that do not exist (left as they are otherwise); return the names created."""
+        existing = self._list(None).topics
+        missing = [topic for topic in dict.fromkeys(topics) if topic not in existing]
+        if missing:
+            futures = self._client.create_topics([NewTopic(t, partitions, replication_factor) for t in missing],
+                                                 request_timeout=self.timeout_s)
+            for topic, future in futures.items():
+                try:
+                    future.result(timeout=self.timeout_s)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile: fine
+                        raise JournalError(f"could not create {TOPIC.label} {topic!r}: {exc.args[0]}") from None
+        return missing
+
+    def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has, or ``None`` if it does not exist."""
+        found = self._metadata(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return None
+        return len(found.partitions)
+
+    def topic_settings(self, topic: str, role: TopicRole = TOPIC) -> dict[str, str] | None:
+        """The topic's settings; ``None`` when the broker does not let this client read them."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+
+        def describe() -> dict[str, str] | None:
+            future = self._client.describe_configs([resource], request_timeout=self.timeout_s)[resource]
+            try:
+                return {name: entry.value for name, entry in future.result(timeout=self.timeout_s).items()}
+            except KafkaException as exc:
+                if exc.args[0].code() in _NOT_ALLOWED:  # a start-up check must not need more than producing does
+                    log.warning("cannot read the settings of %s %s (%s): grant DescribeConfigs on it to have its "
+                                "cleanup policy and record size limit checked", role.label, topic, exc.args[0])
+                    return None
+                raise
+
+        return self.with_retries(f"describe the configuration of {role.label} {topic!r}", describe)
+
+    def topic_id(self, topic: str, role: TopicRole = TOPIC) -> str:
+        """The topic's id (a new one after the topic is deleted and created again)."""
+        futures = self._client.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
+        try:
+            return str(futures[topic].result(timeout=self.timeout_s).topic_id)
+        except KafkaException as exc:
+            raise JournalError(f"could not describe {role.label} {topic!r}: {exc.args[0]}") from None
+
+    # -- offsets and pruning -----------------------------------------------------------------------
+    def start_offsets(self, topic: str, partitions: Iterable[int], role: TopicRole = TOPIC) -> dict[int, int]:
+        """First offset still stored in each partition (the low watermark)."""
+        return self._list_offsets(topic, partitions, OffsetSpec.earliest(), role)
+
+    def end_offsets(self, topic: str, partitions: Iterable[int], role: TopicRole = TOPIC) -> dict[int, int]:
+        """Next offset to be written in each partition (the high watermark)."""
+        return self._list_offsets(topic, partitions, OffsetSpec.latest(), role)
+
+    def delete_records(self, topic: str, offsets: Mapping[int, int], role: TopicRole = TOPIC) -> None:
+        """Delete records below ``offsets[p]`` in each partition; asynchronous (a failure is logged)."""
+        request = [TopicPartition(topic, p, o) for p, o in offsets.items() if o > 0]
+        if not request:
+            return
+        for tp, future in self._client.delete_records(request, request_timeout=self.timeout_s).items():
+            future.add_done_callback(lambda f, tp=tp: f.exception() and log.warning(
+                "pruning %s %s partition %d below offset %d failed: %s", role.label, topic, tp.partition, tp.offset,
+                f.exception()))
+
+    def with_retries(self, what: str, request: Callable[[], T]) -> T:
+        """``request()``, tried again on retriable errors (a new topic's leaders, a leader moving) for ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.05
+        while True:
+            try:
+                return request()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
+                    raise JournalError(f"could not {what}: {error}") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _list(self, topic: str | None) -> Any:
+        try:
+            return self._client.list_topics(topic=topic, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise JournalError(
+                f"could not reach Kafka at {self.settings.bootstrap_servers} within {self.timeout_s:.0f} s "
+                f"({exc.args[0]}): check bootstrap.servers, that the broker runs, and the security settings"
+            ) from None
+
+    def _metadata(self, topic: str) -> Any:
+        return self._list(topic).topics.get(topic)
+
+    def _list_offsets(self, topic: str, partitions: Iterable[int], spec: OffsetSpec, role: TopicRole) -> dict[int, int]:
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        if not request:
+            return {}
+
+        def list_offsets() -> dict[int, int]:
+            futures = self._client.list_offsets(request, request_timeout=self.timeout_s)
+            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+
+        return self.with_retries(f"list offsets of {role.label} {topic!r}", list_offsets)
+
+    def _create(self, topic: str, partitions: int, role: TopicRole, replication_factor: int | None,
+                topic_config: dict[str, str]) -> None:
+        new_topic = NewTopic(topic, partitions, replication_factor or -1, config=topic_config)
+        future = self._client.create_topics([new_topic], request_timeout=self.timeout_s)[topic]
+        try:
+            future.result(timeout=self.timeout_s)
+            log.info("created %s %s with %d partitions", role.label, topic, partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another subtask won the race
+                raise JournalError(f"could not create {role.label} {topic!r}: {exc.args[0]}") from None
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:  # metadata of a new topic spreads asynchronously
+            found = self._metadata(topic)
+            if found is not None and found.error is None and len(found.partitions) == partitions:
+                return
+            time.sleep(0.1)
+        raise JournalError(f"{role.label} {topic!r} was created but did not become visible")
+
+    def _refuse_compaction(self, topic: str, role: TopicRole, policy: str | None) -> None:
+        if compacts(policy):
+            raise TopicMismatchError(
+                f"{role.label} {topic!r} has cleanup.policy={policy}: compaction keeps only the last record per Kafka "
+                "key, so earlier records of a key would be dropped without an error and a restore or a replay would "
+                "miss them. Fix: use a new topic name (this package creates it with cleanup.policy=delete), or "
+                f"change this topic: kafka-configs.sh --bootstrap-server {self.settings.bootstrap_servers} --alter "
+                f"--entity-type topics --entity-name {topic} --add-config cleanup.policy=delete"
+            )
+
+
+def _partition_mismatch(topic: str, role: TopicRole, found: int, wanted: int) -> TopicMismatchError:
+    fix = f"Fix: use a new {role.label} name"
+    if role.keyed_by_key_group:
+        fix += f", or set max parallelism to {found} if that is what the job's savepoints were taken with"
+    return TopicMismatchError(f"{role.label} {topic!r} has {found} partitions but {role.partition_rule(wanted)}. {fix}")

@@ -1,0 +1,202 @@
+"""A partitioned, append-only topic the package writes durably and reads back between offsets.
+
+The journal, the capture and the capture manifest are all such topics: records appended to a chosen
+partition by an idempotent producer with ``acks=all`` (each append confirmed by a :class:`TopicDelivery`),
+read back per partition from one offset to another, and deleted below an offset (pruning). Only their
+role differs: it names the topic in errors, and decides whether compaction is allowed (the manifest) or
+refused (the others). The journal puts its own interface on top (:mod:`flink_agents_replay.journal.kafka_store`).
+
+The producer is created on the first append, with a thread serving its delivery callbacks, so a writer
+waiting for an acknowledgement never has to poll itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from flink_agents_replay.errors import JournalError
+from flink_agents_replay.kafka.admin import KafkaAdmin
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
+from flink_agents_replay.kafka.topics import TopicRole
+
+__all__ = ["KafkaTopicStore", "TopicDelivery", "TopicRecord"]
+
+_READ_BATCH = 2000
+
+
+class TopicRecord(NamedTuple):
+    """One record as read back (a tuple: a restore creates one per record)."""
+
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+
+
+class TopicDelivery:
+    """The pending acknowledgement of one appended record."""
+
+    __slots__ = ("_done", "offset", "error", "_role")
+
+    def __init__(self, role: TopicRole) -> None:
+        self._done = threading.Event()
+        self._role = role
+        self.offset: int | None = None
+        self.error: Any = None
+
+    def _complete(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.error = error
+        else:
+            self.offset = message.offset()
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> int:
+        """Block until Kafka acknowledged the record; return its offset or raise ``JournalError``."""
+        if not self._done.wait(timeout_s):
+            raise JournalError(f"a record of the {self._role.label} was not acknowledged by Kafka within "
+                               f"{timeout_s:.0f} s")
+        if self.error is not None:
+            raise JournalError(f"Kafka rejected a record of the {self._role.label}: {self.error}")
+        return self.offset  # type: ignore[return-value]
+
+
+class KafkaTopicStore:
+    """Topic ``topic`` of role ``role``, with ``partitions`` partitions, created if missing or checked.
+
+    Args:
+        settings: the user's Kafka settings (a mapping or :class:`KafkaSettings`), passed to every client.
+        topic: the topic.
+        partitions: the partition count it must have.
+        role: what the topic is (errors name it so); see :mod:`flink_agents_replay.kafka.topics`.
+        create_topic: create the topic if missing (else a missing topic is an error).
+        replication_factor: for a created topic (default: the broker's default).
+        topic_config: topic-level settings for a created topic (e.g. ``retention.ms``).
+        timeout_s: bound on start-up requests (an unreachable broker fails within it).
+        allow_compaction: accept a compacted topic (``role.compacted`` topics only, by default).
+    """
+
+    #: What :meth:`read` yields; a subclass may name another tuple type with the same four fields.
+    record_type: Callable[[int, int, bytes, bytes], Any] = TopicRecord
+
+    def __init__(self, *, settings: KafkaSettingsLike, topic: str, partitions: int, role: TopicRole,
+                 create_topic: bool = True, replication_factor: int | None = None,
+                 topic_config: Mapping[str, str] | None = None, timeout_s: float = 30.0,
+                 allow_compaction: bool | None = None):
+        self.settings = KafkaSettings.of(settings)
+        self.role = role
+        # Checked before Kafka is contacted: a contradicting setting is a config error, not a broker one.
+        self._producer_config = self.settings.producer_config(durable=True, what=role.label)
+        self.topic = topic
+        self._partitions = partitions
+        self.timeout_s = timeout_s
+        self.admin = KafkaAdmin(self.settings, timeout_s=timeout_s)
+        if allow_compaction is None:
+            allow_compaction = role.compacted
+        info = self.admin.prepare_topic(topic, partitions, role=role, create=create_topic,
+                                        replication_factor=replication_factor, topic_config=topic_config,
+                                        allow_compaction=allow_compaction)
+        self.topic_id = info.topic_id
+        self.max_message_bytes: int | None = info.max_message_bytes  # the topic's max.message.bytes, if readable
+        self._producer: Producer | None = None
+        self._producer_lock = threading.Lock()
+        self._poller: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    @property
+    def partitions(self) -> int:
+        """The topic's partition count."""
+        return self._partitions
+
+    # -- writing -----------------------------------------------------------------------------------
+    def _get_producer(self) -> Producer:
+        with self._producer_lock:
+            if self._producer is None:
+                self._producer = Producer(self._producer_config)
+                thread_name = f"{self.role.label.replace(' ', '-')}-delivery"  # e.g. journal-topic-delivery
+                self._poller = threading.Thread(target=self._poll_loop, name=thread_name, daemon=True)
+                self._poller.start()
+            return self._producer
+
+    def _poll_loop(self) -> None:
+        while not self._closing.is_set():
+            self._producer.poll(0.05)
+
+    def append(self, partition: int, key: bytes, value: bytes) -> TopicDelivery:
+        """Append asynchronously; the returned delivery confirms it."""
+        producer = self._get_producer()
+        delivery = TopicDelivery(self.role)
+        while True:
+            try:
+                producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivery._complete)
+                return delivery
+            except BufferError:  # local queue full: wait for deliveries to drain it
+                time.sleep(0.01)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every appended record is acknowledged (``JournalError`` otherwise)."""
+        if self._producer is None:
+            return
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise JournalError(f"{remaining} records of the {self.role.label} were not acknowledged by Kafka within "
+                               f"{timeout_s:.0f} s")
+
+    # -- offsets, reading, pruning -----------------------------------------------------------------
+    def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Next offset to be written in each partition (the high watermark)."""
+        return self.admin.end_offsets(self.topic, partitions, self.role)
+
+    def start_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """First offset still stored in each partition (the low watermark)."""
+        return self.admin.start_offsets(self.topic, partitions, self.role)
+
+    def read(self, start: Mapping[int, int], end: Mapping[int, int]) -> Iterator[Any]:
+        """Records of each partition in ``start`` from its start offset up to (excluding) its end offset."""
+        wanted = {p: (start[p], end[p]) for p in start if start[p] < end[p]}
+        if not wanted:
+            return
+        consumer = Consumer(self.settings.reader_config(purpose="recovery"))
+        try:
+            consumer.assign([TopicPartition(self.topic, p, s) for p, (s, _) in wanted.items()])
+            yield from self._read_assigned(consumer, dict(wanted))
+        finally:
+            consumer.close()
+
+    def _read_assigned(self, consumer: Consumer, remaining: dict[int, tuple[int, int]]) -> Iterator[Any]:
+        make_record = self.record_type
+        deadline_idle = time.monotonic() + self.timeout_s
+        while remaining:
+            messages = consumer.consume(_READ_BATCH, timeout=0.5)
+            if not messages and time.monotonic() > deadline_idle:
+                raise JournalError(f"reading {self.role.label} {self.topic!r} stalled for {self.timeout_s:.0f} s "
+                                   f"with partitions {sorted(remaining)} unfinished")
+            if messages:
+                deadline_idle = time.monotonic() + self.timeout_s
+            for message in messages:
+                if message.error():
+                    raise JournalError(f"reading {self.role.label} {self.topic!r} failed: {message.error()}")
+                partition, offset = message.partition(), message.offset()
+                bounds = remaining.get(partition)
+                if bounds is None or offset >= bounds[1]:
+                    continue
+                yield make_record(partition, offset, message.key(), message.value())
+                if offset + 1 >= bounds[1]:
+                    del remaining[partition]  # later messages of a finished partition are skipped above
+
+    def delete_before(self, offsets: Mapping[int, int]) -> None:
+        """Delete every record below ``offsets[p]`` in each partition (asynchronous)."""
+        self.admin.delete_records(self.topic, offsets, self.role)
+
+    def close(self) -> None:
+        """Stop the delivery thread and flush what is still queued (bounded)."""
+        self._closing.set()
+        if self._poller is not None:
+            self._poller.join(5)
+        if self._producer is not None:
+            self._producer.flush(10)
