@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flink_agents_replay.errors import ConfigError, FlinkAgentsReplayError
+from flink_agents_replay.keygroups import SUPPORTED_KEY_TYPES
 from flink_agents_replay.local.errors import LocalServiceError
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--bootstrap-servers", required=True)
     inspect.add_argument("--topic", required=True, help="the journal topic")
     inspect.add_argument("--key", default=None, help="show this business key's records")
-    inspect.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
+    inspect.add_argument("--key-type", default="STRING", choices=list(SUPPORTED_KEY_TYPES))
     inspect.add_argument("--all-partitions", action="store_true", help="also list partitions never written")
     _add_kafka_settings_option(inspect)
     inspect.set_defaults(handler=_inspect)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import mmh3
 
 __all__ = [
+    "JAVA_KEY_TYPES",
     "SUPPORTED_KEY_TYPES",
     "UnsupportedKeyTypeError",
+    "flink_key_type",
     "java_hash_code",
     "key_type_name",
     "key_group",
@@ -34,6 +36,8 @@ __all__ = [
 
 #: Names of the PyFlink key types whose key groups this module reproduces.
 SUPPORTED_KEY_TYPES = ("STRING", "LONG", "INT")
+#: The supported key types by the name of their Java class (what a PyFlink ``KeyedStream`` reports).
+JAVA_KEY_TYPES = {"String": "STRING", "Long": "LONG", "Integer": "INT"}
 
 _ROW_HASH_BASE = 62  # Row.hashCode() of a one-field INSERT row: 31 * (31 * 1 + RowKind.INSERT=0) + h
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
@@ -136,6 +140,13 @@ def key_type_name(key_type: object) -> str:
             "(and journal partition) cannot be computed"
         )
     return name
+
+
+def flink_key_type(name: str):
+    """The PyFlink ``TypeInformation`` of a supported key type name (``Types.STRING()``...)."""
+    from pyflink.common import Types  # only where a job is built: the rest of this module is PyFlink-free
+
+    return getattr(Types, key_type_name(name))()
 
 
 def _check_max_parallelism(max_parallelism: int) -> None:

@@ -19,12 +19,11 @@ from typing import Any
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.errors import ConfigError
-from flink_agents_replay.keygroups import UnsupportedKeyTypeError
+from flink_agents_replay.keygroups import JAVA_KEY_TYPES, UnsupportedKeyTypeError
 from flink_agents_replay.operator import ActionExecutionOperator, AgentOutput
 
 __all__ = ["AgentOutput", "check_embedded_python_path", "connect_to_agent", "key_type_of"]
 
-_JAVA_KEY_TYPES = {"String": "STRING", "Long": "LONG", "Integer": "INT"}
 
 
 def key_type_of(keyed_stream) -> str:
@@ -36,14 +35,14 @@ def key_type_of(keyed_stream) -> str:
     java_key_type = keyed_stream._j_data_stream.getKeyType()
     # PyFlink wraps the user's key in a one-field Row; its field is the declared key type.
     declared = java_key_type.getTypeAt(0).toString() if java_key_type.getArity() == 1 else java_key_type.toString()
-    if declared not in _JAVA_KEY_TYPES:
+    if declared not in JAVA_KEY_TYPES:
         shown = "no key_type (pickled keys)" if "Pickled" in declared else declared
         raise UnsupportedKeyTypeError(
             f"the agent's input is keyed with {shown}; declare the key type: "
             "stream.key_by(selector, key_type=Types.STRING()) (or Types.LONG() / Types.INT()). The journal "
             "partition of a key is its Flink key group, which only these key types let Python compute"
         )
-    return _JAVA_KEY_TYPES[declared]
+    return JAVA_KEY_TYPES[declared]
 
 
 def check_embedded_python_path(keyed_stream) -> None:

@@ -26,13 +26,13 @@ from flink_agents_replay.capture.manifest import read_capture_start
 from flink_agents_replay.errors import ReplayConfigError
 from flink_agents_replay.journal.codec import READABLE_VERSIONS
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
+from flink_agents_replay.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
 from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
 
 __all__ = ["captured_inputs", "prepare_replay", "replay_config", "savepoint_of"]
 
-_FLINK_KEY_TYPES = ("STRING", "LONG", "INT")
 
 
 def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str | Path, *, uid: str, key_type: str,
@@ -43,8 +43,8 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
     Reads the savepoint's checkpoint id from its ``_metadata`` and the capture offsets at that checkpoint
     from the capture manifest. Raises :class:`~flink_agents_replay.errors.ReplayConfigError` otherwise.
     """
-    if key_type not in _FLINK_KEY_TYPES:
-        raise ReplayConfigError(f"key_type must be one of {list(_FLINK_KEY_TYPES)}, got {key_type!r}")
+    if key_type not in SUPPORTED_KEY_TYPES:
+        raise ReplayConfigError(f"key_type must be one of {list(SUPPORTED_KEY_TYPES)}, got {key_type!r}")
     parsed_policies = parse_policies(policies)
     info = read_savepoint(savepoint)
     if not info.holds_operator(uid):
@@ -133,8 +133,7 @@ def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, sig
         .assign_timestamps_and_watermarks(
             WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
     )
-    flink_key_type = {"STRING": Types.STRING(), "LONG": Types.LONG(), "INT": Types.INT()}[key_type]
-    return inputs.key_by(lambda captured: captured.key, key_type=flink_key_type)
+    return inputs.key_by(lambda captured: captured.key, key_type=flink_key_type(key_type))
 
 
 def replay_config(production: Mapping[str, Any], settings: ReplaySettings, *, journal_topic: str, capture_topic: str,
