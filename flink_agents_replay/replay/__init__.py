@@ -44,7 +44,8 @@ Limits of the containment
   part of it.
 """
 
+from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.policy import CallPolicy, default_policy, parse_policies
 from flink_agents_replay.replay.settings import ReplaySettings
 
-__all__ = ["CallPolicy", "ReplaySettings", "default_policy", "parse_policies"]
+__all__ = ["CallPolicy", "ReplayCalls", "ReplaySettings", "default_policy", "parse_policies"]
