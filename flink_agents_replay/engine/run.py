@@ -103,7 +103,7 @@ def execute_run(
     state = Memory(memory)
     _drop_if_another_input(context, stats)
     first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
-    if journal is not None:  # the key's accepted order, before anything the run does (docs/design.md)
+    if journal is not None:  # the key's accepted order, before anything the run does (docs/design.md, section 8)
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
