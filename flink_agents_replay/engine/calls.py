@@ -126,8 +126,9 @@ class ActionCalls:
             return None
         self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         decision = self.context.gate.admit(GatedCall(
-            self.context.run.key, self.context.run.seq, self.site.event.id, self.site.action, position,
-            resource_name, resource, args_digest, args, kwargs))
+            key=self.context.run.key, seq=self.context.run.seq, event_id=self.site.event.id, action=self.site.action,
+            position=position, resource_name=resource_name, resource=resource, args_digest=args_digest, args=args,
+            kwargs=kwargs))
         if isinstance(decision, Recorded):
             self.stats.calls_recorded += 1
             self.write_call(position, resource_name, args_digest, decision.record.outcome, decision.record.result)

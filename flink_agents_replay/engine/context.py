@@ -80,7 +80,7 @@ class RunInput:
 RunEvents = Callable[["RunContext", "Scope", Event, Any, RunStats], list]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunContext:
     """What every action of one run shares."""
 
@@ -131,7 +131,7 @@ class Scope:
                                        f"{self.timeout_s} s (stopped before {before})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActionSite:
     """One execution of an action: its handler, the event it handles, its name in the journal, its step
     (``order``: the top-level action's place in the run, shared by a sub-agent's actions) and its record key."""

@@ -27,7 +27,7 @@ from flink_agents_replay.resources import Resource
 __all__ = ["ALWAYS_LIVE", "AlwaysLive", "Blocked", "CallGate", "GateDecision", "GatedCall", "Live", "Recorded"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GatedCall:
     """A call about to be made for real: where it is (input, event, action, position) and what it asks."""
 
@@ -47,21 +47,21 @@ class GatedCall:
         return self.position, self.resource_name, self.args_digest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Live:
     """Make the call for real; its call id is prefixed with ``call_id_prefix``."""
 
     call_id_prefix: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recorded:
     """Do not make the call: give the action ``record``'s outcome (returned or raised)."""
 
     record: CallRecord
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Blocked:
     """Do not make the call: raise ``error`` into the action; ``report`` goes into ``RunResult.blocked``."""
 

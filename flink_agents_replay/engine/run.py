@@ -97,8 +97,10 @@ def execute_run(
     ``report_failures`` an exception from the agent ends the run with ``RunResult.error`` set, the memory as
     it was and no outputs, instead of propagating (a replay reports failed runs in its diff).
     """
-    context = RunContext(run, history, journal, fingerprint_policy, cancelled or _never, key_digest(run.key),
-                         digest_value(run.input), child_pool, gate or ALWAYS_LIVE, run_events)
+    context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
+                         cancelled=cancelled or _never, digest_of_key=key_digest(run.key),
+                         input_digest=digest_value(run.input), child_pool=child_pool, gate=gate or ALWAYS_LIVE,
+                         run_events=run_events)
     stats = RunStats()
     state = Memory(memory)
     _drop_if_another_input(context, stats)
@@ -146,8 +148,9 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
         event, spec = tasks.popleft()
         action = scope.action_name(spec)
         scope.check(context, f"action {action}")
-        site = ActionSite(spec, action, event, scope.parent_order if scope.is_child else order,
-                          journal_key(run.key_group, run.seq, event.id, action, context.digest_of_key))
+        site = ActionSite(spec=spec, action=action, event=event,
+                          order=scope.parent_order if scope.is_child else order,
+                          record_key=journal_key(run.key_group, run.seq, event.id, action, context.digest_of_key))
         sent = _reused(context, site, state, stats)
         if sent is None:
             sent = _executed(context, scope, site, state, stats)

@@ -36,18 +36,19 @@ class ReplayCalls:
         """Live, production's recorded outcome, or blocked (with the reason in the ``CallBlocked``)."""
         policy = policy_for(call.resource_name, call.resource, self.policies)
         if policy is CallPolicy.LIVE:
-            return Live(self.call_id_prefix)
+            return Live(call_id_prefix=self.call_id_prefix)
         if policy is CallPolicy.RECORDED:
             production = self.recorded.get((call.event_id, call.action, call.position))
             if (production is not None and production.outcome is not CallOutcome.STARTED
                     and production.identity() == call.identity()):
-                return Recorded(production)
+                return Recorded(record=production)
         arguments = describe_arguments(call.args, call.kwargs)
         why = "its policy is 'blocked'" if policy is CallPolicy.BLOCKED else "production made no such call"
         error = CallBlocked(f"replay: call {call.position} to {call.resource_name!r} in action {call.action} (key "
                             f"{call.key!r} seq {call.seq}) was not made: {why}; arguments {arguments}",
                             call.resource_name, arguments)
-        return Blocked(error, BlockedCall(call.event_id, call.action, call.position, call.resource_name, arguments))
+        report = BlockedCall(call.event_id, call.action, call.position, call.resource_name, arguments)
+        return Blocked(error=error, report=report)
 
 
 def describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:

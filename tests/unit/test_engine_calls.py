@@ -77,12 +77,14 @@ def action_calls(agent: Agent, store: MemoryJournalStore | None, *, restored: bo
     """One execution of the agent's action; ``restored``: with what ``store`` holds for it (the next attempt)."""
     digest = key_digest(KEY)
     history = history_of(store) if restored else None
-    context = RunContext(RunInput(KEY, KEY_GROUP, SEQ, INPUT), history, journal_of(store) if store else None,
-                         FingerprintPolicy.REUSE, lambda: False, digest, digest_value(INPUT), None, gate,
-                         _no_event_loop)
+    context = RunContext(run=RunInput(KEY, KEY_GROUP, SEQ, INPUT), history=history,
+                         journal=journal_of(store) if store else None, fingerprint_policy=FingerprintPolicy.REUSE,
+                         cancelled=lambda: False, digest_of_key=digest, input_digest=digest_value(INPUT),
+                         child_pool=None, gate=gate, run_events=_no_event_loop)
     event = with_event_id(InputEvent(INPUT), input_event_id(digest, SEQ))
     [spec] = agent.actions_for(event)
-    site = ActionSite(spec, spec.name, event, 0, journal_key(KEY_GROUP, SEQ, event.id, spec.name, digest))
+    site = ActionSite(spec=spec, action=spec.name, event=event, order=0,
+                      record_key=journal_key(KEY_GROUP, SEQ, event.id, spec.name, digest))
     recorded = history.recorded_calls(SEQ, event.id, spec.name) if history is not None else []
     retried = history.retried_positions(SEQ, event.id, spec.name) if history is not None else {}
     return ActionCalls(context=context, scope=Scope(agent, (agent.name,)), site=site, stats=RunStats(),
@@ -219,7 +221,7 @@ class ScriptedGate:
 
 def test_a_blocked_call_raises_into_the_action_is_reported_and_leaves_no_journal_record():
     service, store = Service(), MemoryJournalStore(4)
-    gate = ScriptedGate(Blocked(CallBlocked("not in a test", "svc", "'a'"), report="svc was blocked"))
+    gate = ScriptedGate(Blocked(error=CallBlocked("not in a test", "svc", "'a'"), report="svc was blocked"))
     calls = action_calls(make_agent(service), store, gate=gate)
     with pytest.raises(CallBlocked, match="not in a test"):
         calls.call("svc", "a", urgent=True)
@@ -237,7 +239,7 @@ def test_a_gate_serves_a_recorded_outcome_journaled_as_the_calls_own():
     event_id = input_event_id(key_digest(KEY), SEQ)
     [record] = history_of(production).recorded_calls(SEQ, event_id, "act")
     store = MemoryJournalStore(4)
-    calls = action_calls(make_agent(service), store, gate=ScriptedGate(Recorded(record)))
+    calls = action_calls(make_agent(service), store, gate=ScriptedGate(Recorded(record=record)))
     assert calls.call("svc", "a") == "done(a)"
     assert service.invocations == ["a"]  # production's only
     assert calls.stats.calls_recorded == 1 and journaled_outcomes(store) == [CallOutcome.RETURNED]
