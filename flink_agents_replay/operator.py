@@ -47,6 +47,7 @@ from flink_agents_replay.capture.writer import CaptureWriter
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.digest import digest_value
+from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.errors import JournalGapError, RunSlotTimeoutError
 from flink_agents_replay.formats.state import (
     InFlightInput,
@@ -67,7 +68,7 @@ from flink_agents_replay.journal.records import CallRecord, RunPosition, key_dig
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal, max_record_bytes
 from flink_agents_replay.keygroups import key_group, key_group_range
-from flink_agents_replay.runner import ReplayCalls, RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.runtime_info import subtask_info
 
 __all__ = ["ActionExecutionOperator", "AgentOutput"]
@@ -498,7 +499,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             try:
                 return execute_run(self.agent, run, memory, history=history, journal=journal,
                                    fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set,
-                                   child_pool=self.child_pool, replay=replay)
+                                   child_pool=self.child_pool, gate=replay, report_failures=replay is not None)
             finally:
                 self.slots.release()
 

@@ -13,7 +13,7 @@ records belong to an abandoned history.
 
 Failed actions: when an exception leaves an action, the operator journals an :class:`ActionFailedRecord`
 before the task fails, naming the failed calls to make again: those of the action's last steps, back to
-the last step in which a call returned (see ``runner._calls_to_retry``). Filing it drops those calls'
+the last step in which a call returned (see ``engine.failures.calls_to_retry``). Filing it drops those calls'
 RAISED records, so the next attempt makes them again (a transient outage is not turned into a permanent
 failure). Calls that returned, and failures the action handled and got past, are still reused: the next
 attempt takes the same path, and no journaled success moves. An action that caught an exception and was

@@ -13,10 +13,11 @@ capture with production's gives the diff.
 
 Side effects
 ------------
-Every ``ctx.call`` goes through a policy per resource (:mod:`.policy`): ``live`` calls for real,
-``recorded`` returns what production's call with the same identity returned (blocked if production
-made no such call), ``blocked`` does not call and raises :class:`~flink_agents_replay.errors.CallBlocked`,
-which the action may handle; blocked calls are listed in the report with their arguments. Defaults
+Every ``ctx.call`` goes through a policy per resource (:mod:`.policy`), applied by the run engine's call
+gate in a replay (:mod:`.gate`): ``live`` calls for real, ``recorded`` returns what production's call with
+the same identity returned (blocked if production made no such call), ``blocked`` does not call and raises
+:class:`~flink_agents_replay.errors.CallBlocked`, which the action may handle; blocked calls are listed in
+the report with their arguments. Defaults
 follow the resource's declared side effects: ``none`` and ``idempotent`` live, ``external`` blocked.
 Actions whose code changed re-execute instead of reusing production's records (``fingerprint_policy``
 defaults to ``re-execute`` in a replay). A run that fails (an unhandled ``CallBlocked``, a bug in the new
@@ -44,7 +45,8 @@ Limits of the containment
   part of it.
 """
 
+from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.policy import CallPolicy, default_policy, parse_policies
 from flink_agents_replay.replay.settings import ReplaySettings
 
-__all__ = ["CallPolicy", "ReplaySettings", "default_policy", "parse_policies"]
+__all__ = ["CallPolicy", "ReplayCalls", "ReplaySettings", "default_policy", "parse_policies"]

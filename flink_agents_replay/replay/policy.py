@@ -9,6 +9,9 @@
 
 Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
 ``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
+
+:class:`~flink_agents_replay.replay.gate.ReplayCalls` applies these policies to a run's calls: it is the call
+gate (:mod:`flink_agents_replay.engine.gate`) the operator gives the run engine in a replay.
 """
 
 from __future__ import annotations

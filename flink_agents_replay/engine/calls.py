@@ -1,0 +1,210 @@
+"""The calls of one action execution: what makes ``ctx.call`` durable.
+
+An action's calls are numbered in the order it makes them (their *position*). :class:`ActionCalls` holds
+what one execution of an action needs for them: the next position, the calls the key's journal holds for
+this action (from an earlier attempt cut short), the positions an "action failed" record asks to make again,
+and the steps taken so far. For each ``ctx.call`` it decides, in this order:
+
+1. **Reuse.** The journaled call at this position, if its identity (position, resource, arguments' digest)
+   matches: its result is returned (or its exception raised) without calling. The first call that does not
+   match ends reuse for the rest of the action (the action took another path).
+2. **In doubt.** A journaled "started" record without an outcome: the call began and never reported back.
+   The resource's ``in_doubt`` policy decides: ``rerun`` (make it again, under the same call id), ``fail``
+   (:class:`~flink_agents_replay.errors.CallInDoubtError`) or ``assume_done`` (``None``).
+3. **The gate.** The run's :class:`~flink_agents_replay.engine.gate.CallGate` may serve a recorded outcome
+   or block the call instead (a replay); production's gate lets every call through.
+4. **Live.** An external resource first journals an acknowledged "started" record; the call runs with a
+   stable call id (:func:`call_id`, ``current_call_id()`` inside the resource) on private copies of its
+   arguments; its outcome, returned or raised, is journaled. A timeout is neither: the call is in doubt.
+
+Sub-agent calls (:mod:`.children`) take positions from the same sequence and are journaled the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from typing import Any
+
+from flink_agents_replay.digest import digest_value
+from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope
+from flink_agents_replay.engine.failures import CallStep, calls_to_retry
+from flink_agents_replay.engine.gate import Blocked, GatedCall, Recorded
+from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError
+from flink_agents_replay.journal.raised import decode_exception, encode_exception
+from flink_agents_replay.journal.records import CallOutcome, CallRecord, RecordKind
+from flink_agents_replay.memory import private_copy
+from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy, Resource
+
+__all__ = ["ActionCalls", "call_id", "recorded_outcome"]
+
+log = logging.getLogger(__name__)
+
+
+class ActionCalls:
+    """The ``ctx.call`` of one action execution: positions, reuse, in-doubt handling, the gate, journaling.
+
+    ``recorded`` are the journaled calls of this action by position (``None`` where none is); ``retried``
+    maps the positions an earlier attempt's "action failed" record asks to make again to how often they were.
+    """
+
+    def __init__(self, *, context: RunContext, scope: Scope, site: ActionSite, stats: RunStats,
+                 recorded: list[CallRecord | None] | None = None, retried: dict[int, int] | None = None) -> None:
+        self.context = context
+        self.scope = scope
+        self.site = site
+        self.stats = stats
+        self._recorded: list[CallRecord | None] = list(recorded or [])
+        self._retried: dict[int, int] = dict(retried or {})
+        self.next_position = 0
+        self.steps: list[CallStep] = []  # each ctx.call / ctx.call_agents of this execution, in order
+
+    def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
+        """``ctx.call``: the journaled outcome of this call if there is one, else the call made and journaled."""
+        position = self.take_position()
+        try:
+            result = self._call_at(position, resource_name, args, kwargs)
+        except Exception:
+            self.steps.append(CallStep(raised=(position,)))
+            raise
+        self.steps.append(CallStep(returned=(position,)))
+        return result
+
+    def take_position(self) -> int:
+        """The next call's position."""
+        position = self.next_position
+        self.next_position += 1
+        return position
+
+    def calls_to_retry(self) -> list[int]:
+        """The positions the next attempt makes again if an exception leaves the action now."""
+        return calls_to_retry(self.steps)
+
+    def take_recorded(self, position: int, resource_name: str, args_digest: str) -> CallRecord | None:
+        """The journaled call at ``position`` if it is this call; a different one ends reuse for the rest."""
+        record = self._recorded[position] if position < len(self._recorded) else None
+        if record is not None and record.identity() != (position, resource_name, args_digest):
+            log.warning("key %r seq %d action %s: call %d differs from the journaled one (%s); "
+                        "its journaled calls from here on are not reused", self.context.run.key,
+                        self.context.run.seq, self.site.action, position, record.resource)
+            self._recorded = self._recorded[:position]
+            record = None
+        return record
+
+    def note_retry(self, position: int, resource_name: str) -> None:
+        """Count (and log) a call made again because it failed its action in an earlier attempt."""
+        if position in self._retried:
+            self.stats.calls_retried_after_failure += 1
+            log.info("key %r seq %d action %s: call %d to %r failed its action in an earlier attempt; made again",
+                     self.context.run.key, self.context.run.seq, self.site.action, position, resource_name)
+
+    def write_call(self, position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
+                   *, must_ack: bool = False) -> None:
+        """Journal the call's state (started, returned, raised); list finished ones in the run's calls."""
+        context, site = self.context, self.site
+        record = CallRecord(context.run.seq, site.order, site.event.id, site.action, position, resource_name,
+                            args_digest, outcome, result, context.input_digest)
+        if outcome is not CallOutcome.STARTED:
+            context.calls.append(record)
+        if context.journal is None:
+            return
+        context.journal.write(
+            site.record_key, RecordKind.CALL, record, fingerprint=site.spec.fingerprint, must_ack=must_ack,
+            what=f"the result of call {position} to {resource_name!r} in action {site.action}",
+        )
+
+    def _call_at(self, position: int, resource_name: str, args: tuple, kwargs: dict) -> Any:
+        resource = self.scope.agent.resource(resource_name)
+        args_digest = digest_value((args, kwargs))
+        record = self.take_recorded(position, resource_name, args_digest)
+        if record is not None and record.outcome is not CallOutcome.STARTED:
+            self.stats.calls_reused += 1
+            self.context.calls.append(record)
+            return recorded_outcome(record)
+        if record is not None and self._assumed_done(position, resource_name, resource, args_digest):
+            return None
+        self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
+        decision = self.context.gate.admit(GatedCall(
+            key=self.context.run.key, seq=self.context.run.seq, event_id=self.site.event.id, action=self.site.action,
+            position=position, resource_name=resource_name, resource=resource, args_digest=args_digest, args=args,
+            kwargs=kwargs))
+        if isinstance(decision, Recorded):
+            self.stats.calls_recorded += 1
+            self.write_call(position, resource_name, args_digest, decision.record.outcome, decision.record.result)
+            return recorded_outcome(decision.record)
+        if isinstance(decision, Blocked):
+            self.stats.calls_blocked += 1
+            self.context.blocked.append(decision.report)
+            raise decision.error
+        return self._make(position, resource_name, resource, args_digest, args, kwargs, decision.call_id_prefix)
+
+    def _assumed_done(self, position: int, resource_name: str, resource: Resource, args_digest: str) -> bool:
+        """A call in doubt (started, never reported back): ``True`` if its policy assumes it done, ``False`` to
+        make it again; raises if its policy is ``fail``."""
+        self.stats.calls_in_doubt += 1
+        run = self.context.run
+        if resource.in_doubt is InDoubtPolicy.FAIL:
+            raise CallInDoubtError(
+                f"key {run.key!r} seq {run.seq} action {self.site.action}: call {position} to {resource_name!r} "
+                "started before a failure and never reported back; its in_doubt policy is 'fail'"
+            )
+        if resource.in_doubt is InDoubtPolicy.ASSUME_DONE:
+            log.warning("call %d to %r in doubt: assumed done (returns None)", position, resource_name)
+            self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, None)
+            return True
+        log.warning("call %d to %r in doubt: made again (in_doubt policy 'rerun')", position, resource_name)
+        return False
+
+    def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
+              kwargs: dict, call_id_prefix: str) -> Any:
+        """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
+        if self.context.journal is not None and resource.tracks_start:
+            self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+        self.note_retry(position, resource_name)
+        token = _CALL_ID.set(call_id_prefix + self._call_id(position, resource_name, args_digest))
+        # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
+        # since a reused call could not do it again.
+        call_args, call_kwargs = private_copy((args, kwargs))
+        try:
+            result = resource.invoke(*call_args, **call_kwargs)
+        except CallTimeoutError:
+            # It may still take effect: not an outcome to reuse. The next attempt finds the call in doubt (an
+            # external resource's 'started' record) and its in_doubt policy decides, or simply makes it again.
+            self.stats.calls_in_doubt += 1
+            raise
+        except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
+            self.stats.calls_executed += 1
+            self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
+            raise
+        finally:
+            _CALL_ID.reset(token)
+        self.stats.calls_executed += 1
+        self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
+        return private_copy(result)  # the journaled result stays as it was, whatever the action does to its copy
+
+    def _call_id(self, position: int, resource_name: str, args_digest: str) -> str:
+        # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.
+        request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest,
+                   self._retried.get(position, 0))
+        return call_id(self.scope.path[0], self.site.action, self.context.run.seq, position, request)
+
+
+def call_id(agent: str, action: str, seq: int, position: int, request: tuple) -> str:
+    """The id of a logical call, for a service's idempotency key (``current_call_id()``).
+
+    A readable head (agent, action, seq, position) and a hash of what identifies the request: the journal
+    key of the action execution (key, seq, event), the input's digest, the resource and the arguments'
+    digest. Attempts of the same request get the same id; a different input at the same seq, or other
+    arguments, get another, so a service never answers one request with another's result.
+    """
+    digest = hashlib.sha256(repr((agent, action, seq, position, request)).encode("utf-8", "surrogatepass"))
+    head = re.sub(r"[^A-Za-z0-9_.:/-]", "_", f"{agent}:{action}:{seq}:{position}")
+    return f"{head}:{digest.hexdigest()[:24]}"
+
+
+def recorded_outcome(record: CallRecord) -> Any:
+    """What a finished recorded call gives the action again: its result, or its exception raised."""
+    if record.outcome is CallOutcome.RAISED:
+        raise decode_exception(record.result)
+    return private_copy(record.result)

@@ -1,0 +1,143 @@
+"""What the parts of one run share: its input, its counters, and where an action or a sub-agent sits in it.
+
+A run is one input of one key (:class:`RunInput`). Every action of the run sees the same
+:class:`RunContext` (the key's recovered history, the journal to write to, the call gate, the operator's
+"closing" flag). An agent's part of the run is a :class:`Scope`: the top-level agent, or a sub-agent
+called by one of its actions, whose records belong to that action's step. Each executed action gets an
+:class:`ActionSite`: which handler, for which event, at which step, under which journal key.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from flink_agents_replay.agent import ActionSpec, Agent, Event
+from flink_agents_replay.child_pool import ChildCallPool
+from flink_agents_replay.engine.gate import CallGate
+from flink_agents_replay.errors import SubAgentTimeoutError
+from flink_agents_replay.journal.index import KeyHistory
+from flink_agents_replay.journal.records import CallRecord
+from flink_agents_replay.journal.writer import RunJournal
+
+__all__ = ["ActionSite", "FingerprintPolicy", "RunCancelled", "RunContext", "RunInput", "RunStats", "Scope"]
+
+
+class RunCancelled(Exception):
+    """The operator is closing: the run stops at the next action or call boundary (and is not applied)."""
+
+
+class FingerprintPolicy(str, enum.Enum):
+    """What to do with a journaled action written by other action code than the code running now."""
+
+    REUSE = "reuse"  # reuse it, with a warning and a count (default: a redeploy must not re-run effects)
+    RE_EXECUTE = "re-execute"
+    FAIL = "fail"
+
+
+@dataclass
+class RunStats:
+    """What one run (or many, summed) did."""
+
+    actions_executed: int = 0
+    actions_reused: int = 0
+    calls_executed: int = 0
+    calls_reused: int = 0
+    calls_in_doubt: int = 0
+    divergences: int = 0
+    fingerprint_mismatches: int = 0
+    child_calls_executed: int = 0
+    child_calls_reused: int = 0
+    calls_retried_after_failure: int = 0  # calls that raised, failed their action, and were made again
+    calls_recorded: int = 0  # served a recorded result by the call gate (a replay's policy 'recorded')
+    calls_blocked: int = 0  # not made: the call gate blocked them (a replay's 'blocked', 'recorded' without a record)
+
+    def add(self, other: RunStats) -> None:
+        """Add ``other``'s counts to these."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class RunInput:
+    """One accepted input: the key, its key group, its seq, the record itself and its event time (ms)."""
+
+    key: Any
+    key_group: int
+    seq: int
+    input: Any
+    event_time: int | None = None
+
+
+#: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.
+RunEvents = Callable[["RunContext", "Scope", Event, Any, RunStats], list]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What every action of one run shares."""
+
+    run: RunInput
+    history: KeyHistory | None
+    journal: RunJournal | None
+    fingerprint_policy: FingerprintPolicy
+    cancelled: Callable[[], bool]
+    digest_of_key: str
+    input_digest: str
+    child_pool: ChildCallPool | None
+    gate: CallGate
+    #: The event loop (:func:`flink_agents_replay.engine.run.run_events`), handed down rather than imported: a
+    #: sub-agent runs the same loop as its caller, and the loop is what calls the action that calls it.
+    run_events: RunEvents
+    calls: list[CallRecord] = field(default_factory=list)  # appended from child threads: list.append is atomic
+    blocked: list[object] = field(default_factory=list)  # the gate's reports of the calls it blocked
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One agent's part of a run: the top-level agent, or a sub-agent called by an action.
+
+    A sub-agent's records carry the order of the parent action that called it (they belong to that
+    action's step in the key's history) and its actions are journaled as ``<path>/<action>``.
+    """
+
+    agent: Agent
+    path: tuple[str, ...]  # agent names from the top-level agent down to this one
+    parent_order: int | None = None
+    deadline: float | None = None
+    timeout_s: float | None = None
+
+    @property
+    def is_child(self) -> bool:
+        return self.parent_order is not None
+
+    def action_name(self, spec: ActionSpec) -> str:
+        return "/".join((*self.path[1:], spec.name)) if self.is_child else spec.name
+
+    def check(self, context: RunContext, before: str) -> None:
+        """Stop at this boundary if the operator is closing or the sub-agent call ran out of time."""
+        if context.cancelled():
+            raise RunCancelled(f"run of key {context.run.key!r} seq {context.run.seq} stopped before {before}: "
+                               "the operator is closing")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise SubAgentTimeoutError(f"sub-agent call {' -> '.join(self.path)} did not finish within "
+                                       f"{self.timeout_s} s (stopped before {before})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionSite:
+    """One execution of an action: its handler, the event it handles, its name in the journal, its step
+    (``order``: the top-level action's place in the run, shared by a sub-agent's actions) and its record key."""
+
+    spec: ActionSpec
+    action: str
+    event: Event
+    order: int
+    record_key: bytes

@@ -1,0 +1,243 @@
+"""Running one input of one key: the FIFO of (event, action) tasks, with journaling and reuse.
+
+For input ``seq`` of a key, :func:`execute_run` journals the input as *accepted* (the key's order, before
+anything the run does), builds the ``InputEvent`` (its id derived from key and seq) and runs every
+triggered action in order until no event is pending (:func:`run_events`). For each action it first asks
+the key's recovered history (if the job was restored):
+
+* a **completion** is reused: the action is skipped, its memory updates re-applied and its sent
+  events re-sent with their recorded ids;
+* **calls without a completion** (the action was cut short) are served in order to the re-executed
+  action (:mod:`.calls`); a call whose identity (position, resource, arguments) differs ends the reuse
+  for the rest;
+* otherwise the action runs (:mod:`.action`), each ``ctx.call`` is journaled as it completes, then the
+  completion.
+
+A history whose records go on past an action that has none diverged (another path was taken): its later
+records are dropped. Another input than the journaled one at this seq drops everything from the seq on.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flink_agents_replay.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, with_event_id
+from flink_agents_replay.child_pool import ChildCallPool
+from flink_agents_replay.digest import digest_value
+from flink_agents_replay.engine.action import execute_action
+from flink_agents_replay.engine.context import (
+    ActionSite,
+    FingerprintPolicy,
+    RunCancelled,
+    RunContext,
+    RunInput,
+    RunStats,
+    Scope,
+)
+from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
+from flink_agents_replay.errors import AgentDefinitionError, FingerprintMismatchError
+from flink_agents_replay.journal.index import KeyHistory
+from flink_agents_replay.journal.records import (
+    ACCEPTED_ACTION,
+    AcceptedRecord,
+    CallOutcome,
+    CallRecord,
+    CompletionRecord,
+    RecordKind,
+    RunPosition,
+    input_event_id,
+    journal_key,
+    key_digest,
+)
+from flink_agents_replay.journal.writer import RunJournal
+from flink_agents_replay.memory import Memory, private_copy
+
+__all__ = ["RunResult", "execute_run", "run_events"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back to the operator."""
+
+    seq: int
+    memory: dict
+    outputs: list[OutputEvent]
+    stats: RunStats = field(default_factory=RunStats)
+    calls: list[CallRecord] = field(default_factory=list)  # every call's outcome, made or reused (for capture)
+    blocked: list[object] = field(default_factory=list)  # the call gate's reports of the calls it blocked
+    input_digest: str = ""
+    error: str | None = None  # with report_failures: the exception that ended the run (memory, outputs untouched)
+
+
+def execute_run(
+    agent: Agent,
+    run: RunInput,
+    memory: dict,
+    *,
+    history: KeyHistory | None = None,
+    journal: RunJournal | None = None,
+    fingerprint_policy: FingerprintPolicy = FingerprintPolicy.REUSE,
+    cancelled: Callable[[], bool] | None = None,
+    child_pool: ChildCallPool | None = None,
+    gate: CallGate | None = None,
+    report_failures: bool = False,
+) -> RunResult:
+    """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
+
+    ``cancelled`` is asked before every action and call: when it says yes the run raises
+    :class:`RunCancelled` (what it already journaled is reused by the next attempt). ``child_pool`` runs
+    the sub-agent calls of ``ctx.call_agents`` concurrently (without it they run one after another).
+    ``gate`` decides whether each call is made for real (:mod:`.gate`; default: always). With
+    ``report_failures`` an exception from the agent ends the run with ``RunResult.error`` set, the memory as
+    it was and no outputs, instead of propagating (a replay reports failed runs in its diff).
+    """
+    context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
+                         cancelled=cancelled or _never, digest_of_key=key_digest(run.key),
+                         input_digest=digest_value(run.input), child_pool=child_pool, gate=gate or ALWAYS_LIVE,
+                         run_events=run_events)
+    stats = RunStats()
+    state = Memory(memory)
+    _drop_if_another_input(context, stats)
+    first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
+    if journal is not None:  # the key's accepted order, before anything the run does (docs/design.md, section 8)
+        journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
+                      RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
+                      what=f"the accepted record of input {run.seq}")
+    before = copy.deepcopy(memory) if report_failures else None
+    error = None
+    try:
+        outputs = run_events(context, Scope(agent, (agent.name,)), first, state, stats)
+    except Exception as exc:
+        if not report_failures or isinstance(exc, RunCancelled):
+            raise
+        # A reported failure (a replay: an unhandled CallBlocked, the new code's bug) ends the input: its
+        # memory as before it, no output.
+        log.warning("key %r seq %d failed (reported): %s: %s", run.key, run.seq, type(exc).__name__, exc)
+        outputs, error = [], f"{type(exc).__name__}: {exc}"
+    if history is not None:
+        history.drop_through_seq(run.seq)
+    if journal is not None:
+        journal.acknowledge()  # outputs leave only after their records are acknowledged
+    return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
+                     list(context.blocked), context.input_digest, error)
+
+
+def _drop_if_another_input(context: RunContext, stats: RunStats) -> None:
+    """Another input than the journaled one holds this seq: nothing from here on in the history is ours."""
+    run, history = context.run, context.history
+    if history is not None and not history.input_matches(run.seq, context.input_digest):
+        if history.drop_after(RunPosition(run.seq, -1)):
+            stats.divergences += 1
+            log.warning("key %r seq %d: a different input than the journaled one; its later records are dropped",
+                        run.key, run.seq)
+
+
+def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, stats: RunStats) -> list[OutputEvent]:
+    """Run every action ``first`` triggers, and the actions of the events they send, until none is pending."""
+    run = context.run
+    tasks: deque[tuple[Event, ActionSpec]] = deque(_deliveries(first, scope.agent.actions_for(first)))
+    outputs: list[OutputEvent] = []
+    order = 0
+    while tasks:
+        event, spec = tasks.popleft()
+        action = scope.action_name(spec)
+        scope.check(context, f"action {action}")
+        site = ActionSite(spec=spec, action=action, event=event,
+                          order=scope.parent_order if scope.is_child else order,
+                          record_key=journal_key(run.key_group, run.seq, event.id, action, context.digest_of_key))
+        sent = _reused(context, site, state, stats)
+        if sent is None:
+            sent = _executed(context, scope, site, state, stats)
+        for emitted in sent:
+            if isinstance(emitted, OutputEvent):
+                outputs.append(emitted)
+            else:
+                tasks.extend(_deliveries(emitted, _handlers(scope, spec, emitted)))
+        order += 1
+    return outputs
+
+
+def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStats) -> list[Event] | None:
+    """The journaled completion of this action applied (memory) and its events, or ``None`` to execute it."""
+    run, history = context.run, context.history
+    if history is None:
+        return None
+    completion = history.completion(run.seq, site.event.id, site.action)
+    if completion is not None and completion.fingerprint != site.spec.fingerprint:
+        completion = _check_fingerprint(completion, site.spec, run, context.fingerprint_policy, stats)
+    if completion is None:
+        return None
+    state.apply(completion.memory_updates)
+    state.take_updates()
+    sent = [private_copy(sent_event) for sent_event in completion.sent_events]  # as executed ones are
+    stats.actions_reused += 1
+    # The run's calls include those of reused actions: a capture of this run must hold every call a replay
+    # may be asked to serve as recorded.
+    context.calls.extend(call for call in history.recorded_calls(run.seq, site.event.id, site.action)
+                         if call is not None and call.outcome is not CallOutcome.STARTED)
+    return sent
+
+
+def _executed(context: RunContext, scope: Scope, site: ActionSite, state: Memory, stats: RunStats) -> list[Event]:
+    """Execute the action, with the calls an earlier attempt journaled for it; return the events it sent."""
+    run, history = context.run, context.history
+    recorded: list[CallRecord | None] = []
+    retried: dict[int, int] = {}
+    if history is not None:
+        position = RunPosition(run.seq, site.order)
+        # A sub-agent's records share its parent action's order: only top-level steps can diverge.
+        if not scope.is_child and history.has_records_after(position) and history.drop_after(position):
+            stats.divergences += 1
+            log.warning("key %r seq %d: action %s has no journaled result but later records exist; "
+                        "the key's history diverged and its later records are dropped", run.key, run.seq, site.action)
+        recorded = history.recorded_calls(run.seq, site.event.id, site.action)
+        retried = history.retried_positions(run.seq, site.event.id, site.action)
+    sent = execute_action(context, scope, site, state, recorded, retried, stats)
+    stats.actions_executed += 1
+    return sent
+
+
+def _handlers(scope: Scope, spec: ActionSpec, emitted: Event) -> list[ActionSpec]:
+    """The actions that handle a sent event; an event no action handles is a definition error."""
+    handlers = scope.agent.actions_for(emitted)
+    if not handlers:
+        name = type(emitted).__name__
+        raise AgentDefinitionError(
+            f"action {spec.name} of agent {scope.agent.name} sent a {name} event, but no action handles {name}: "
+            f"add @action({name}) or send an OutputEvent"
+        )
+    return handlers
+
+
+def _deliveries(event: Event, handlers: list[ActionSpec]) -> list[tuple[Event, ActionSpec]]:
+    """(event, handler) tasks; each handler gets its own copy when several handle one event: what one action
+    changes in its event must not reach another (a reused action's changes would not)."""
+    if len(handlers) == 1:
+        return [(event, handlers[0])]
+    return [(private_copy(event), handler) for handler in handlers]
+
+
+def _check_fingerprint(completion: CompletionRecord, spec: ActionSpec, run: RunInput,
+                       policy: FingerprintPolicy, stats: RunStats) -> CompletionRecord | None:
+    """A completion written by other action code: reuse it (with a warning), re-execute, or fail, by policy."""
+    stats.fingerprint_mismatches += 1
+    message = (f"key {run.key!r} seq {run.seq}: the journaled result of action {completion.action} was written by "
+               f"other action code (fingerprint {completion.fingerprint}, now {spec.fingerprint})")
+    if policy is FingerprintPolicy.FAIL:
+        raise FingerprintMismatchError(message + "; the fingerprint policy is 'fail'")
+    if policy is FingerprintPolicy.RE_EXECUTE:
+        log.warning("%s; re-executing it (fingerprint policy 're-execute')", message)
+        return None
+    log.warning("%s; reusing it (fingerprint policy 'reuse')", message)
+    return completion
+
+
+def _never() -> bool:
+    return False
+

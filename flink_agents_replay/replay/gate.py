@@ -1,0 +1,57 @@
+"""A replay's call gate: the side-effect policy (:mod:`.policy`) applied to every ``ctx.call`` of a run.
+
+The engine asks its :class:`~flink_agents_replay.engine.gate.CallGate` before it makes a call for real.
+:class:`ReplayCalls` answers for one run of a replay: ``live`` makes the call (with a call id of the
+replay's own), ``recorded`` serves production's call with the same identity (input, event, action,
+position, resource, arguments' digest; a call that only started is no result), and ``blocked`` — or
+``recorded`` without such a call — raises :class:`~flink_agents_replay.errors.CallBlocked` into the action
+and reports the call (:class:`~flink_agents_replay.capture.records.BlockedCall`) for the diff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flink_agents_replay.capture.records import BlockedCall
+from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
+from flink_agents_replay.errors import CallBlocked
+from flink_agents_replay.journal.records import CallOutcome, CallRecord
+from flink_agents_replay.replay.policy import CallPolicy, policy_for
+
+__all__ = ["ReplayCalls", "describe_arguments"]
+
+
+@dataclass(frozen=True)
+class ReplayCalls:
+    """How a replay treats one run's calls: the policy per resource name (``*``: any other) and the calls
+    production made in the run of the same input, by (event id, action, position)."""
+
+    policies: dict[str, CallPolicy]
+    recorded: dict[tuple[str, str, int], CallRecord] = field(default_factory=dict)
+    #: Prefix of the replay's call ids: a live call must not be answered from a service's idempotency store
+    #: with what production's call with the same id got.
+    call_id_prefix: str = "replay:"
+
+    def admit(self, call: GatedCall) -> GateDecision:
+        """Live, production's recorded outcome, or blocked (with the reason in the ``CallBlocked``)."""
+        policy = policy_for(call.resource_name, call.resource, self.policies)
+        if policy is CallPolicy.LIVE:
+            return Live(call_id_prefix=self.call_id_prefix)
+        if policy is CallPolicy.RECORDED:
+            production = self.recorded.get((call.event_id, call.action, call.position))
+            if (production is not None and production.outcome is not CallOutcome.STARTED
+                    and production.identity() == call.identity()):
+                return Recorded(record=production)
+        arguments = describe_arguments(call.args, call.kwargs)
+        why = "its policy is 'blocked'" if policy is CallPolicy.BLOCKED else "production made no such call"
+        error = CallBlocked(f"replay: call {call.position} to {call.resource_name!r} in action {call.action} (key "
+                            f"{call.key!r} seq {call.seq}) was not made: {why}; arguments {arguments}",
+                            call.resource_name, arguments)
+        report = BlockedCall(call.event_id, call.action, call.position, call.resource_name, arguments)
+        return Blocked(error=error, report=report)
+
+
+def describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:
+    """The arguments of a call as people read them in a report (shortened)."""
+    shown = ", ".join([*(repr(a) for a in args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
