@@ -38,9 +38,12 @@ import _harness as h
 from confluent_kafka import Consumer, TopicPartition
 
 from flink_agents_replay.agent import OutputEvent, with_event_id
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.records import (
+from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.keygroups import key_group, key_group_range
+from flink_agents_replay.memory import MemoryUpdate
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import (
     CallOutcome,
     CallRecord,
     CompletionRecord,
@@ -50,9 +53,6 @@ from flink_agents_replay.journal.records import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.keygroups import key_group, key_group_range
-from flink_agents_replay.memory import MemoryUpdate
 from flink_agents_replay.testing.agents import Classified
 
 MAX_PARALLELISM = 128

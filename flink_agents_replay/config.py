@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from flink_agents_replay.engine import FingerprintPolicy
 from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
 from flink_agents_replay.kafka.settings import KafkaSettings
 from flink_agents_replay.replay.settings import ReplaySettings
-from flink_agents_replay.runner import FingerprintPolicy
 
 __all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid"]
 

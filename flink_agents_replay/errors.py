@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "FlinkAgentsReplayError",
     "FingerprintMismatchError",
+    "JournalClosedError",
     "JournalError",
     "JournalGapError",
     "JournalRecordTooLargeError",
@@ -79,6 +80,11 @@ class JournalRecordTooLargeError(JournalError):
 
     Deterministic: the same input would produce the same record again, so the job fails without restarts.
     """
+
+
+class JournalClosedError(JournalError):
+    """The subtask closed its journal: a run it abandoned (a hung call) must not write after the next attempt
+    started reading."""
 
 
 class JournalGapError(JournalError):

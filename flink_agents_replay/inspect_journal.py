@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.errors import JournalError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.records import key_digest, parse_journal_key
 from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.topics import JOURNAL
 from flink_agents_replay.keygroups import key_group
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import key_digest, parse_journal_key
 
 __all__ = ["KeyRecord", "PartitionSummary", "key_records", "summarize_topic"]
 

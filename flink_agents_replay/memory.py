@@ -25,38 +25,11 @@ from __future__ import annotations
 import copy
 import pickle
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from flink_agents_replay.records.journal import DELETED, MemoryUpdate
+
 __all__ = ["DELETED", "Memory", "MemoryUpdate", "private_copy"]
-
-
-class _Deleted:
-    """Marks a deleted path in an update (distinct from a stored ``None``)."""
-
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __reduce__(self):
-        return (_Deleted, ())
-
-    def __repr__(self) -> str:
-        return "DELETED"
-
-
-DELETED = _Deleted()
-
-
-@dataclass(frozen=True)
-class MemoryUpdate:
-    """``path`` was set to ``value`` (or deleted, when ``value is DELETED``)."""
-
-    path: str
-    value: Any
 
 
 #: Values that cannot change in place: reading them needs no before/after comparison.

@@ -60,14 +60,14 @@ from flink_agents_replay.formats.state import (
     encode_waiting,
 )
 from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
-from flink_agents_replay.journal.codec import FORMAT_VERSION, RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
-from flink_agents_replay.journal.records import CallRecord, RunPosition, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal, max_record_bytes
 from flink_agents_replay.keygroups import key_group, key_group_range
+from flink_agents_replay.records.codec import FORMAT_VERSION, RecordCodec
+from flink_agents_replay.records.journal import CallRecord, RunPosition, key_digest
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.runtime_info import subtask_info
 

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
 from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
 from flink_agents_replay.errors import ReplayConfigError, SignatureError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.store import KafkaTopicStore
 from flink_agents_replay.kafka.topics import CAPTURE
+from flink_agents_replay.records.codec import RecordCodec
 
 __all__ = ["CaptureDecoder", "read_capture"]
 

@@ -1,6 +1,6 @@
 """What a capture topic holds: the accepted inputs of an agent and what each run produced.
 
-Two record kinds, both in the journal's signed envelope (:mod:`flink_agents_replay.journal.codec`), in the
+Two record kinds, both in the journal's signed envelope (:mod:`flink_agents_replay.records.codec`), in the
 partition of the key's key group:
 
 * :class:`CapturedInput`, written when the operator accepts an input and gives it its seq: the recorded
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from flink_agents_replay.journal.records import CallRecord
+from flink_agents_replay.records.journal import CallRecord
 
 __all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedRun", "capture_key",
            "parse_capture_key"]

@@ -5,7 +5,7 @@ kind       plain payload (``bytes`` fields are user values, pickled)
 =========  ==============================================================================================
 ``input``  ``key`` (bytes), ``seq``, ``event_time``, ``payload`` (bytes), ``input_digest``
 ``run``    ``key`` (bytes), ``seq``, ``input_digest``, ``outputs`` (``[event id, output bytes]``), ``calls``
-           (journal call records, :func:`flink_agents_replay.journal.schemas.call_to_plain`), ``blocked``
+           (journal call records, :func:`flink_agents_replay.records.schemas.call_to_plain`), ``blocked``
            (``[event id, action, position, resource, arguments]``), ``error``
 =========  ==============================================================================================
 """
@@ -18,8 +18,8 @@ from flink_agents_replay.capture.records import BlockedCall, CapturedInput, Capt
 from flink_agents_replay.events import EventTypes
 from flink_agents_replay.formats.plain import dump_user, load_user
 from flink_agents_replay.formats.schema import RecordSchema
-from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.schemas import call_from_plain, call_to_plain
 
 __all__ = ["CAPTURED_INPUT", "CAPTURED_RUN", "CAPTURE_SCHEMAS", "capture_codec"]
 

@@ -12,12 +12,12 @@ from collections.abc import Iterable, Mapping
 from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, ManifestWriter, manifest_topic
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun, capture_key
 from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN
-from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.store import JournalStore
 from flink_agents_replay.kafka.settings import KafkaSettingsLike
 from flink_agents_replay.kafka.store import KafkaTopicStore
 from flink_agents_replay.kafka.topics import CAPTURE
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import key_digest
 
 __all__ = ["CaptureWriter"]
 

@@ -20,10 +20,9 @@ from flink_agents_replay.engine.calls import ActionCalls
 from flink_agents_replay.engine.children import call_agents
 from flink_agents_replay.engine.context import ActionSite, RunCancelled, RunContext, RunStats, Scope
 from flink_agents_replay.engine.failures import journal_action_failed
-from flink_agents_replay.errors import JournalRecordTooLargeError, NotPicklableError
-from flink_agents_replay.journal.records import ActionFailedRecord, CallRecord, CompletionRecord, RecordKind, event_id
-from flink_agents_replay.journal.writer import JournalClosedError
+from flink_agents_replay.errors import JournalClosedError, JournalRecordTooLargeError, NotPicklableError
 from flink_agents_replay.memory import Memory, MemoryUpdate, private_copy
+from flink_agents_replay.records.journal import ActionFailedRecord, CallRecord, CompletionRecord, RecordKind, event_id
 
 __all__ = ["execute_action", "explain_unpicklable"]
 

@@ -32,9 +32,9 @@ from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats,
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, Recorded
 from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError
-from flink_agents_replay.journal.raised import decode_exception, encode_exception
-from flink_agents_replay.journal.records import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.memory import private_copy
+from flink_agents_replay.records.journal import CallOutcome, CallRecord, RecordKind
+from flink_agents_replay.records.raised import decode_exception, encode_exception
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy, Resource
 
 __all__ = ["ActionCalls", "call_id", "recorded_outcome"]

@@ -28,9 +28,9 @@ from flink_agents_replay.engine.calls import ActionCalls
 from flink_agents_replay.engine.context import RunStats, Scope
 from flink_agents_replay.engine.failures import CallStep, is_crash
 from flink_agents_replay.errors import NoSubAgentOutputError, SubAgentCycleError
-from flink_agents_replay.journal.raised import decode_exception, encode_exception
-from flink_agents_replay.journal.records import CallOutcome, CallRecord, child_input_event_id
 from flink_agents_replay.memory import Memory, private_copy
+from flink_agents_replay.records.journal import CallOutcome, CallRecord, child_input_event_id
+from flink_agents_replay.records.raised import decode_exception, encode_exception
 
 __all__ = ["SUB_AGENT_MEMORY", "call_agents"]
 

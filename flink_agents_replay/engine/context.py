@@ -13,17 +13,29 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from flink_agents_replay.agent import ActionSpec, Agent, Event
 from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.engine.gate import CallGate
+from flink_agents_replay.engine.history import KeyHistory
 from flink_agents_replay.errors import SubAgentTimeoutError
-from flink_agents_replay.journal.index import KeyHistory
-from flink_agents_replay.journal.records import CallRecord
-from flink_agents_replay.journal.writer import RunJournal
+from flink_agents_replay.records.journal import CallRecord, RecordKind
 
-__all__ = ["ActionSite", "FingerprintPolicy", "RunCancelled", "RunContext", "RunInput", "RunStats", "Scope"]
+
+class RunJournal(Protocol):
+    """Where a run writes its records: what the engine needs of the journal (the journal's
+    ``journal.writer.RunJournal`` is one; tests use the in-memory store behind the same writer)."""
+
+    def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
+              what: str = "journal record", must_ack: bool = False) -> None:
+        """Append one record; wait for its acknowledgement when ``must_ack`` (or the durability mode) asks."""
+
+    def acknowledge(self) -> None:
+        """Wait until every record written so far is acknowledged."""
+
+__all__ = ["ActionSite", "FingerprintPolicy", "RunCancelled", "RunContext", "RunInput", "RunJournal", "RunStats",
+           "Scope"]
 
 
 class RunCancelled(Exception):

@@ -15,9 +15,8 @@ import logging
 from dataclasses import dataclass
 
 from flink_agents_replay.agent import ActionSpec
-from flink_agents_replay.engine.context import RunCancelled
-from flink_agents_replay.journal.records import ActionFailedRecord, RecordKind
-from flink_agents_replay.journal.writer import RunJournal
+from flink_agents_replay.engine.context import RunCancelled, RunJournal
+from flink_agents_replay.records.journal import ActionFailedRecord, RecordKind
 
 __all__ = ["CallStep", "calls_to_retry", "is_crash", "journal_action_failed"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flink_agents_replay.errors import CallBlocked
-from flink_agents_replay.journal.records import CallRecord
+from flink_agents_replay.records.journal import CallRecord
 from flink_agents_replay.resources import Resource
 
 __all__ = ["ALWAYS_LIVE", "AlwaysLive", "Blocked", "CallGate", "GateDecision", "GatedCall", "Live", "Recorded"]

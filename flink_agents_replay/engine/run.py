@@ -35,13 +35,15 @@ from flink_agents_replay.engine.context import (
     RunCancelled,
     RunContext,
     RunInput,
+    RunJournal,
     RunStats,
     Scope,
 )
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
+from flink_agents_replay.engine.history import KeyHistory
 from flink_agents_replay.errors import AgentDefinitionError, FingerprintMismatchError
-from flink_agents_replay.journal.index import KeyHistory
-from flink_agents_replay.journal.records import (
+from flink_agents_replay.memory import Memory, private_copy
+from flink_agents_replay.records.journal import (
     ACCEPTED_ACTION,
     AcceptedRecord,
     CallOutcome,
@@ -53,8 +55,6 @@ from flink_agents_replay.journal.records import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.journal.writer import RunJournal
-from flink_agents_replay.memory import Memory, private_copy
 
 __all__ = ["RunResult", "execute_run", "run_events"]
 

@@ -7,7 +7,7 @@ A journaled call that raised keeps its exception, so that a reused call raises i
   class keeps its old name in that table.
 * ``{"pickled": ...}`` for any other exception that pickle rebuilds with its type (a user value).
 * ``{"rebuilt": ..., "args": ..., "attributes": ..., "dropped": [...]}`` for what
-  :func:`flink_agents_replay.journal.raised.encode_exception` turned into parts (an exception pickle cannot
+  :func:`flink_agents_replay.records.raised.encode_exception` turned into parts (an exception pickle cannot
   rebuild): its type is a user value (or a package name), args and attributes are user values.
 
 Arguments and attributes are user values (pickled bytes) in every form.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flink_agents_replay import errors
+import flink_agents_replay.errors as errors
 from flink_agents_replay.formats.plain import dump_user, load_user
 
 __all__ = ["PACKAGE_EXCEPTIONS", "exception_from_plain", "exception_to_plain"]
@@ -26,10 +26,10 @@ __all__ = ["PACKAGE_EXCEPTIONS", "exception_from_plain", "exception_to_plain"]
 PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
     name: getattr(errors, name) for name in (
         "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ChatModelError",
-        "ConfigError", "FingerprintMismatchError", "JournalError", "JournalGapError", "JournalRecordTooLargeError",
-        "NoSubAgentOutputError", "NotPicklableError", "ReplayConfigError", "ReplayIsolationError",
-        "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError", "TopicMismatchError",
-        "UnknownResourceError", "UnknownSubAgentError",
+        "ConfigError", "FingerprintMismatchError", "JournalClosedError", "JournalError", "JournalGapError",
+        "JournalRecordTooLargeError", "NoSubAgentOutputError", "NotPicklableError", "ReplayConfigError",
+        "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
+        "TopicMismatchError", "UnknownResourceError", "UnknownSubAgentError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }

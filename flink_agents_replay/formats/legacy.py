@@ -23,24 +23,26 @@ from typing import Any
 
 __all__ = ["V1_NAMES", "load_v1"]
 
-_RECORDS = "flink_agents_replay.journal.records"
+_RECORDS = "flink_agents_replay.journal.records"  # 0.1.0's module of the journal records
+_RECORDS_NOW = "flink_agents_replay.records.journal"
 _CAPTURE = "flink_agents_replay.capture.records"
 _ERRORS = "flink_agents_replay.errors"
 _EVENTS = "flink_agents_replay.events"
 
 #: (module, name) as version 1 pickled it -> (module, name) of the class now.
 V1_NAMES: dict[tuple[str, str], tuple[str, str]] = {
-    **{(_RECORDS, name): (_RECORDS, name) for name in (
+    **{(_RECORDS, name): (_RECORDS_NOW, name) for name in (
         "AcceptedRecord", "ActionFailedRecord", "CallOutcome", "CallRecord", "CompletionRecord", "RecordKind",
         "RunPosition")},
     **{(_CAPTURE, name): (_CAPTURE, name) for name in ("BlockedCall", "CapturedInput", "CapturedOutput",
                                                        "CapturedRun")},
-    ("flink_agents_replay.memory", "MemoryUpdate"): ("flink_agents_replay.memory", "MemoryUpdate"),
-    ("flink_agents_replay.memory", "_Deleted"): ("flink_agents_replay.memory", "_Deleted"),
+    ("flink_agents_replay.memory", "MemoryUpdate"): (_RECORDS_NOW, "MemoryUpdate"),
+    ("flink_agents_replay.memory", "_Deleted"): (_RECORDS_NOW, "_Deleted"),
     ("flink_agents_replay.agent", "Event"): (_EVENTS, "Event"),
     ("flink_agents_replay.agent", "InputEvent"): (_EVENTS, "InputEvent"),
     ("flink_agents_replay.agent", "OutputEvent"): (_EVENTS, "OutputEvent"),
     ("flink_agents_replay.resources", "ChatModelError"): (_ERRORS, "ChatModelError"),
+    ("flink_agents_replay.journal.writer", "JournalClosedError"): (_ERRORS, "JournalClosedError"),
     ("flink_agents_replay.operator", "_Waiting"): ("flink_agents_replay.formats.state", "WaitingInput"),
     **{(_ERRORS, name): (_ERRORS, name) for name in (
         "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ConfigError",

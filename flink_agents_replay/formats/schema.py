@@ -1,7 +1,7 @@
 """What a schema is: how one kind of record becomes plain data and back.
 
-The codec (:mod:`flink_agents_replay.journal.codec`) looks a record's kind up in a mapping of schemas: the
-journal's (:mod:`flink_agents_replay.journal.schemas`) or the capture's
+The codec (:mod:`flink_agents_replay.records.codec`) looks a record's kind up in a mapping of schemas: the
+journal's (:mod:`flink_agents_replay.records.schemas`) or the capture's
 (:mod:`flink_agents_replay.capture.schemas`). Every plain payload carries its schema's version under
 ``"v"``; a reader refuses versions newer than its own.
 """

@@ -38,12 +38,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from flink_agents_replay.errors import SignatureError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import ATTEMPT_ACTION, RecordKind
 from flink_agents_replay.journal.recovery import parse_stored_key
 from flink_agents_replay.journal.store import JournalStore
 from flink_agents_replay.journal.writer import JournalWriter
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import ATTEMPT_ACTION, RecordKind
 
 __all__ = ["ATTEMPT_ACTION", "JobHistory", "attempt_key", "read_job_history", "write_attempt_records"]
 

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from flink_agents_replay.errors import SignatureError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.records import ATTEMPT_ACTION, parse_journal_key
 from flink_agents_replay.journal.store import JournalStore, StoredRecord
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import ATTEMPT_ACTION, parse_journal_key
 
 __all__ = ["parse_stored_key", "read_recovery_index"]
 

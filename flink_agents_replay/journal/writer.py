@@ -17,10 +17,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from flink_agents_replay.errors import NO_RESTART_MARKER, JournalError, JournalRecordTooLargeError
-from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import RecordKind
+from flink_agents_replay.errors import NO_RESTART_MARKER, JournalClosedError, JournalRecordTooLargeError
 from flink_agents_replay.journal.store import Delivery, JournalStore
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import RecordKind
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "Durability", "JournalClosedError", "JournalWriter", "RunJournal",
            "max_record_bytes"]
@@ -36,11 +36,6 @@ def max_record_bytes(kafka_config: Mapping[str, Any], topic_limit: int | None = 
     default), or the topic's ``max.message.bytes`` when that is smaller (the broker would refuse the rest)."""
     producer_limit = int(kafka_config.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
     return producer_limit if topic_limit is None else min(producer_limit, topic_limit)
-
-
-class JournalClosedError(JournalError):
-    """The subtask closed its journal: a run it abandoned (a hung call) must not write after the next attempt
-    started reading."""
 
 
 class Durability(str, enum.Enum):

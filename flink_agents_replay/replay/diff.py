@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_agents_replay.capture.records import BlockedCall, CapturedInput, CapturedRun
-from flink_agents_replay.journal.records import key_digest
+from flink_agents_replay.records.journal import key_digest
 
 __all__ = [
     "BlockedCallEntry",

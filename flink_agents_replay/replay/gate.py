@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from flink_agents_replay.capture.records import BlockedCall
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
 from flink_agents_replay.errors import CallBlocked
-from flink_agents_replay.journal.records import CallOutcome, CallRecord
+from flink_agents_replay.records.journal import CallOutcome, CallRecord
 from flink_agents_replay.replay.policy import CallPolicy, policy_for
 
 __all__ = ["ReplayCalls", "describe_arguments"]

@@ -24,9 +24,9 @@ from pyflink.common.watermark_strategy import TimestampAssigner
 
 from flink_agents_replay.capture.manifest import read_capture_start
 from flink_agents_replay.errors import ReplayConfigError
-from flink_agents_replay.journal.codec import READABLE_VERSIONS
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
+from flink_agents_replay.records.codec import READABLE_VERSIONS
 from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings

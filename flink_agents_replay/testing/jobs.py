@@ -99,8 +99,8 @@ def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[
                          max_parallelism: int = 128) -> list[AgentOutput]:
     """What a job without failures outputs: ``agent`` run in this process, input by input, each key's inputs
     in the given order (its seqs), with no journal. The reference tests compare a failed-over job with."""
+    from flink_agents_replay.engine import RunInput, execute_run
     from flink_agents_replay.keygroups import key_group
-    from flink_agents_replay.runner import RunInput, execute_run
 
     memory: dict[Any, dict] = {}
     seqs: dict[Any, int] = {}

@@ -60,7 +60,7 @@ def test_capture_and_manifest_write_and_read_with_the_users_security_settings(sa
     from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
     from flink_agents_replay.capture.records import CapturedInput
     from flink_agents_replay.capture.writer import CaptureWriter
-    from flink_agents_replay.journal.codec import RecordCodec
+    from flink_agents_replay.records.codec import RecordCodec
 
     capture_topic = f"capture-{uuid.uuid4().hex[:8]}"
     description = CaptureDescription("op", capture_topic, "STRING", 2, 1)

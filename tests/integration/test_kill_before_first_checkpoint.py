@@ -48,10 +48,10 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.records import CallOutcome, RecordKind, key_digest, parse_journal_key
 from flink_agents_replay.local.processes import pid_alive
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import CallOutcome, RecordKind, key_digest, parse_journal_key
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter

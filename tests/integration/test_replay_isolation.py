@@ -25,7 +25,7 @@ from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.config import default_capture_topic, default_journal_topic, default_uid
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.records import key_digest, parse_journal_key
+from flink_agents_replay.records.journal import key_digest, parse_journal_key
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import prepare_replay
 from flink_agents_replay.testing.committed import poll_until

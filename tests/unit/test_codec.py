@@ -3,8 +3,9 @@
 import pytest
 
 from flink_agents_replay.errors import NotPicklableError, SignatureError
-from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.records import (
+from flink_agents_replay.memory import MemoryUpdate
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import (
     CallOutcome,
     CallRecord,
     CompletionRecord,
@@ -13,7 +14,6 @@ from flink_agents_replay.journal.records import (
     key_digest,
     parse_journal_key,
 )
-from flink_agents_replay.memory import MemoryUpdate
 
 KEY = b"k" * 32
 RECORD_KEY = journal_key(7, 3, "ev", "classify", key_digest("customer:1"))

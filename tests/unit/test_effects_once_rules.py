@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError, JournalRecordTooLargeError
 from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.raised import decode_exception, encode_exception
-from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import JournalClosedError, JournalWriter
 from flink_agents_replay.memory import Memory, MemoryUpdate
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay.records.raised import decode_exception, encode_exception
 from flink_agents_replay.resources import Tool, current_call_id
-from flink_agents_replay.runner import RunInput, execute_run
 
 KEY_GROUP = 2
 SIGNING_KEY = b"effects-once-rules-key"

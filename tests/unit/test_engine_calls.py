@@ -18,11 +18,11 @@ from flink_agents_replay.engine.context import ActionSite, FingerprintPolicy, Ru
 from flink_agents_replay.engine.failures import journal_action_failed
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, Blocked, CallGate, GatedCall, GateDecision, Live, Recorded
 from flink_agents_replay.errors import CallBlocked, CallInDoubtError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.records import ActionFailedRecord, CallOutcome, input_event_id, journal_key, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import Durability, JournalWriter
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import ActionFailedRecord, CallOutcome, input_event_id, journal_key, key_digest
 from flink_agents_replay.resources import Tool, current_call_id
 
 KEY_GROUP = 1

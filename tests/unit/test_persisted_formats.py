@@ -26,9 +26,9 @@ from flink_agents_replay.formats.state import (
     encode_memory,
     encode_waiting,
 )
-from flink_agents_replay.journal.codec import RecordCodec
-from flink_agents_replay.journal.raised import decode_exception, encode_exception
-from flink_agents_replay.journal.records import (
+from flink_agents_replay.memory import DELETED, MemoryUpdate
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import (
     AcceptedRecord,
     ActionFailedRecord,
     CallOutcome,
@@ -38,7 +38,7 @@ from flink_agents_replay.journal.records import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.memory import DELETED, MemoryUpdate
+from flink_agents_replay.records.raised import decode_exception, encode_exception
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 KEY = b"k" * 32

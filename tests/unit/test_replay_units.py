@@ -11,24 +11,30 @@ from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, manifest_topic
 from flink_agents_replay.capture.records import BlockedCall
 from flink_agents_replay.config import DEFAULT_CAPTURE_RETENTION_MS, AgentConfig, default_journal_topic, default_uid
+from flink_agents_replay.engine import FingerprintPolicy, RunInput, execute_run
 from flink_agents_replay.errors import CallBlocked, ConfigError, ReplayConfigError, ReplayIsolationError
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.raised import decode_exception
-from flink_agents_replay.journal.records import CallOutcome, key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import Durability, JournalWriter
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import CallOutcome, key_digest
+from flink_agents_replay.records.raised import decode_exception
+from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.policy import CallPolicy, default_policy, parse_policies, policy_for
 from flink_agents_replay.replay.savepoint import operator_id, read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.resources import SideEffects, Tool, current_call_id
-from flink_agents_replay.runner import FingerprintPolicy, ReplayCalls, RunInput, execute_run
 
 KEY_GROUP = 2
 SIGNING_KEY = b"0123456789abcdef0123"
 
 
 # --- side-effect policies ------------------------------------------------------------------------------------------
+
+def replay_run(agent, run, memory, gate, **options):
+    """A run under a replay's call gate, as the operator makes it: a failed run is reported, not raised."""
+    return execute_run(agent, run, memory, gate=gate, report_failures=True, **options)
+
 
 
 def _tool(side_effects):
@@ -344,7 +350,7 @@ def _production_records(calls, arg="bob"):
 def test_live_policy_makes_the_call_and_records_it(name):
     invoked = []
     replay = ReplayCalls({name: CallPolicy.LIVE})
-    result = execute_run(make_agent(invoked), _input([name]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input([name]), {}, replay)
     assert invoked == [name]
     assert _results(result) == [[f"{name}(bob)"]]
     assert result.error is None and result.blocked == []
@@ -356,7 +362,7 @@ def test_live_policy_makes_the_call_and_records_it(name):
 
 def test_default_policies_in_a_replay_follow_side_effects():
     invoked = []
-    result = execute_run(make_agent(invoked), _input(["pure", "upsert", "mail"]), {}, replay=ReplayCalls({}))
+    result = replay_run(make_agent(invoked), _input(["pure", "upsert", "mail"]), {}, ReplayCalls({}))
     assert invoked == ["pure", "upsert"]
     assert _results(result) == [["pure(bob)", "upsert(bob)", "blocked mail: 'bob'"]]
     assert [b.resource for b in result.blocked] == ["mail"]
@@ -366,12 +372,12 @@ def test_default_policies_in_a_replay_follow_side_effects():
 def test_wildcard_policy_applies_to_every_other_resource():
     invoked = []
     replay = ReplayCalls(parse_policies("*=blocked,upsert=live"))
-    result = execute_run(make_agent(invoked), _input(["pure", "upsert", "mail"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["pure", "upsert", "mail"]), {}, replay)
     assert invoked == ["upsert"]
     assert [b.resource for b in result.blocked] == ["pure", "mail"]
     assert [b.position for b in result.blocked] == [0, 2]
     replay = ReplayCalls(parse_policies("*=live"))
-    execute_run(make_agent(invoked), _input(["mail"]), {}, replay=replay)
+    replay_run(make_agent(invoked), _input(["mail"]), {}, replay)
     assert invoked == ["upsert", "mail"]
 
 
@@ -379,7 +385,7 @@ def test_recorded_policy_serves_production_result_without_calling():
     recorded, production = _production_records(["pure", "mail"])
     invoked = []
     replay = ReplayCalls({"*": CallPolicy.RECORDED}, recorded)
-    result = execute_run(make_agent(invoked), _input(["pure", "mail"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["pure", "mail"]), {}, replay)
     assert invoked == []
     assert _results(result) == _results(production) == [["pure(bob)", "mail(bob)"]]
     assert result.stats.calls_recorded == 2
@@ -393,7 +399,7 @@ def test_recorded_policy_for_one_resource_and_live_for_another():
     recorded, _ = _production_records(["mail"])
     invoked = []
     replay = ReplayCalls({"mail": CallPolicy.RECORDED, "pure": CallPolicy.LIVE}, recorded)
-    result = execute_run(make_agent(invoked), _input(["mail"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["mail"]), {}, replay)
     assert invoked == [] and result.stats.calls_recorded == 1
     assert _results(result) == [["mail(bob)"]]
 
@@ -404,7 +410,7 @@ def test_recorded_raised_outcome_is_raised_into_the_action():
     assert record.outcome is CallOutcome.RAISED and isinstance(decode_exception(record.result), KeyError)
     invoked = []
     replay = ReplayCalls({"lookup": CallPolicy.RECORDED}, recorded)
-    result = execute_run(make_agent(invoked), _input(["lookup"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["lookup"]), {}, replay)
     assert invoked == []
     assert _results(result) == _results(production) == [["raised KeyError no order bob"]]
     assert result.stats.calls_recorded == 1 and result.error is None
@@ -414,7 +420,7 @@ def test_recorded_raised_outcome_is_raised_into_the_action():
 def test_recorded_policy_without_a_record_is_blocked():
     invoked = []
     replay = ReplayCalls({"pure": CallPolicy.RECORDED})
-    result = execute_run(make_agent(invoked), _input(["pure"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["pure"]), {}, replay)
     assert invoked == []
     assert result.stats.calls_blocked == 1 and result.stats.calls_recorded == 0
     assert [(b.resource, b.position) for b in result.blocked] == [("pure", 0)]
@@ -425,7 +431,7 @@ def test_recorded_policy_with_other_arguments_is_blocked():
     recorded, _ = _production_records(["pure"], arg="alice")
     invoked = []
     replay = ReplayCalls({"pure": CallPolicy.RECORDED}, recorded)
-    result = execute_run(make_agent(invoked), _input(["pure"], arg="bob"), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["pure"], arg="bob"), {}, replay)
     assert invoked == []
     assert result.stats.calls_blocked == 1 and result.stats.calls_recorded == 0
     assert _results(result) == [["blocked pure: 'bob'"]]
@@ -435,7 +441,7 @@ def test_recorded_policy_with_a_record_of_another_resource_is_blocked():
     recorded, _ = _production_records(["upsert"])
     replay = ReplayCalls({"*": CallPolicy.RECORDED}, recorded)
     invoked = []
-    result = execute_run(make_agent(invoked), _input(["pure"]), {}, replay=replay)  # same position, other resource
+    result = replay_run(make_agent(invoked), _input(["pure"]), {}, replay)  # same position, other resource
     assert invoked == [] and result.stats.calls_blocked == 1
 
 
@@ -444,14 +450,14 @@ def test_recorded_policy_ignores_a_started_only_record():
     started = {slot: dataclasses.replace(r, outcome=CallOutcome.STARTED, result=None) for slot, r in recorded.items()}
     replay = ReplayCalls({"mail": CallPolicy.RECORDED}, started)
     invoked = []
-    result = execute_run(make_agent(invoked), _input(["mail"]), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["mail"]), {}, replay)
     assert invoked == [] and result.stats.calls_blocked == 1 and result.stats.calls_recorded == 0
 
 
 def test_blocked_call_raises_call_blocked_the_action_may_handle():
     invoked = []
     replay = ReplayCalls({"mail": CallPolicy.BLOCKED})
-    result = execute_run(make_agent(invoked), _input(["mail", "pure"], kwargs={"subject": "hi"}), {}, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["mail", "pure"], kwargs={"subject": "hi"}), {}, replay)
     assert invoked == ["pure"]
     assert result.error is None
     assert _results(result) == [["blocked mail: 'bob', subject='hi'", "pure(bob)"]]
@@ -480,7 +486,7 @@ def test_call_blocked_message_says_why():
 
     agent = Catcher(resources={"mail": Tool(lambda x: x), "pure": Tool(lambda x: x, side_effects="none")})
     execute_run(agent, RunInput("k", KEY_GROUP, 1, None), {},
-                replay=ReplayCalls({"mail": CallPolicy.BLOCKED, "pure": CallPolicy.RECORDED}))
+                gate=ReplayCalls({"mail": CallPolicy.BLOCKED, "pure": CallPolicy.RECORDED}), report_failures=True)
     assert "call 0 to 'mail' in action act" in messages[0] and "its policy is 'blocked'" in messages[0]
     assert "call 1 to 'pure'" in messages[1] and "production made no such call" in messages[1]
 
@@ -490,7 +496,7 @@ def test_uncaught_call_blocked_fails_the_run_and_leaves_memory_as_it_was():
     memory = {"runs": 5, "log": {"last": "old"}}
     expected_memory = copy.deepcopy(memory)
     replay = ReplayCalls({"mail": CallPolicy.BLOCKED})
-    result = execute_run(make_agent(invoked), _input(["pure", "mail"], catch=False, seq=6), memory, replay=replay)
+    result = replay_run(make_agent(invoked), _input(["pure", "mail"], catch=False, seq=6), memory, replay)
     assert result.error is not None and result.error.startswith("CallBlocked")
     assert "'mail'" in result.error
     assert result.outputs == []
@@ -510,7 +516,7 @@ def test_other_exception_fails_a_replay_run_but_propagates_in_production():
             raise ZeroDivisionError("new code bug")
 
     run = RunInput("k", KEY_GROUP, 1, "x")
-    result = execute_run(Broken(), run, {"touched": False}, replay=ReplayCalls({}))
+    result = replay_run(Broken(), run, {"touched": False}, ReplayCalls({}))
     assert result.error == "ZeroDivisionError: new code bug"
     assert result.memory == {"touched": False} and result.outputs == []
     with pytest.raises(ZeroDivisionError, match="new code bug"):
@@ -529,15 +535,15 @@ def test_without_replay_an_uncaught_exception_from_a_call_propagates():
     with pytest.raises(KeyError, match="no order o-1"):
         execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {})
     assert invoked == ["lookup"]
-    result = execute_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {}, replay=ReplayCalls({"*": CallPolicy.LIVE}))
+    result = replay_run(agent, RunInput("k", KEY_GROUP, 1, "o-1"), {}, ReplayCalls({"*": CallPolicy.LIVE}))
     assert result.error.startswith("KeyError") and invoked == ["lookup", "lookup"]
 
 
 def test_live_call_ids_carry_the_replay_prefix():
     invoked, ids = [], []
     agent = make_agent(invoked, ids)
-    execute_run(agent, _input(["pure"]), {}, replay=ReplayCalls({"*": CallPolicy.LIVE}))
-    execute_run(agent, _input(["pure"]), {}, replay=ReplayCalls({"*": CallPolicy.LIVE}, call_id_prefix="replay:j1:"))
+    replay_run(agent, _input(["pure"]), {}, ReplayCalls({"*": CallPolicy.LIVE}))
+    replay_run(agent, _input(["pure"]), {}, ReplayCalls({"*": CallPolicy.LIVE}, call_id_prefix="replay:j1:"))
     execute_run(agent, _input(["pure"]), {})
     replay_default, replay_custom, production = ids
     assert replay_default.startswith("replay:Probe:")
@@ -551,7 +557,7 @@ def test_live_call_ids_carry_the_replay_prefix():
 
 @pytest.mark.parametrize("event_time", [1_700_000_000_123, None])
 def test_event_time_reaches_the_action(event_time):
-    result = execute_run(make_agent([]), _input([], event_time=event_time), {}, replay=ReplayCalls({}))
+    result = replay_run(make_agent([]), _input([], event_time=event_time), {}, ReplayCalls({}))
     assert [o.output["event_time"] for o in result.outputs] == [event_time]
     production = execute_run(make_agent([]), _input([], event_time=event_time), {})
     assert [o.output["event_time"] for o in production.outputs] == [event_time]
@@ -563,13 +569,13 @@ def test_recorded_calls_are_journaled_in_the_replays_journal_and_reused_after_a_
     invoked = []
     agent = make_agent(invoked)
     replay = ReplayCalls({"mail": CallPolicy.RECORDED}, recorded)
-    first = execute_run(agent, _input(["mail"]), {}, journal=_writer(store).run_journal(KEY_GROUP), replay=replay)
+    first = replay_run(agent, _input(["mail"]), {}, replay, journal=_writer(store).run_journal(KEY_GROUP))
     assert invoked == [] and first.stats.calls_recorded == 1
     # accepted, the served call, the completion (no 'started' record: nothing was called)
     assert len(store.records(KEY_GROUP)) == 3
     end = store.end_offsets([KEY_GROUP])
     history = read_recovery_index(store, RecordCodec(SIGNING_KEY, "op"), {KEY_GROUP: 0}, end).history(key_digest("k"))
-    again = execute_run(agent, _input(["mail"]), {}, history=history, replay=ReplayCalls({"mail": CallPolicy.BLOCKED}))
+    again = replay_run(agent, _input(["mail"]), {}, ReplayCalls({"mail": CallPolicy.BLOCKED}), history=history)
     assert invoked == [] and again.stats.actions_reused == 1 and again.stats.calls_blocked == 0
     assert [o.output for o in again.outputs] == [o.output for o in first.outputs]
 
@@ -578,7 +584,7 @@ def test_blocked_call_writes_no_started_record_to_the_journal():
     store = MemoryJournalStore(4)
     replay = ReplayCalls({"mail": CallPolicy.BLOCKED})
     result = execute_run(make_agent([]), _input(["mail"], catch=False), {},
-                         journal=_writer(store).run_journal(KEY_GROUP), replay=replay)
+                         journal=_writer(store).run_journal(KEY_GROUP), gate=replay, report_failures=True)
     assert result.error.startswith("CallBlocked")
     kinds = [RecordCodec.peek_header(value)["kind"] for _, value in store.records(KEY_GROUP)]
     assert kinds == ["accepted", "failed"]  # no call record: the CallBlocked left the action

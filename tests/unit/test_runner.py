@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.engine import FingerprintPolicy, RunInput, execute_run
 from flink_agents_replay.errors import (
     AgentDefinitionError,
     CallInDoubtError,
@@ -13,13 +14,12 @@ from flink_agents_replay.errors import (
     NotPicklableError,
     SignatureError,
 )
-from flink_agents_replay.journal.codec import RecordCodec
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.records import key_digest
 from flink_agents_replay.journal.recovery import read_recovery_index
 from flink_agents_replay.journal.writer import Durability, JournalWriter
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import key_digest
 from flink_agents_replay.resources import Tool, current_call_id
-from flink_agents_replay.runner import FingerprintPolicy, RunInput, execute_run
 
 KEY_GROUP = 3
 SIGNING_KEY = b"0123456789abcdef0123"
@@ -351,7 +351,7 @@ def test_foreign_record_keys_are_rejected_at_recovery(bad_key):
 
 
 def test_cancelled_run_stops_at_the_next_call_and_the_next_attempt_reuses_what_it_did():
-    from flink_agents_replay.runner import RunCancelled
+    from flink_agents_replay.engine import RunCancelled
 
     calls, store = Counter(), MemoryJournalStore(8)
     agent = make_agent(calls)

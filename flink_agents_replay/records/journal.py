@@ -26,9 +26,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from flink_agents_replay.memory import MemoryUpdate
-
 __all__ = [
+    "DELETED",
+    "MemoryUpdate",
     "ACCEPTED_ACTION",
     "ATTEMPT_ACTION",
     "AcceptedRecord",
@@ -45,6 +45,34 @@ __all__ = [
     "key_digest",
     "parse_journal_key",
 ]
+
+
+class _Deleted:
+    """Marks a deleted path in an update (distinct from a stored ``None``)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self):
+        return (_Deleted, ())
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETED = _Deleted()
+
+
+@dataclass(frozen=True)
+class MemoryUpdate:
+    """``path`` was set to ``value`` (or deleted, when ``value is DELETED``): what a completion re-applies."""
+
+    path: str
+    value: Any
 
 
 class RecordKind(str, enum.Enum):

@@ -24,15 +24,16 @@ from flink_agents_replay.formats.events import event_from_plain, event_to_plain
 from flink_agents_replay.formats.exceptions import exception_from_plain, exception_to_plain
 from flink_agents_replay.formats.plain import dump_user, load_user
 from flink_agents_replay.formats.schema import RecordSchema
-from flink_agents_replay.journal.records import (
+from flink_agents_replay.records.journal import (
+    DELETED,
     AcceptedRecord,
     ActionFailedRecord,
     CallOutcome,
     CallRecord,
     CompletionRecord,
+    MemoryUpdate,
     RecordKind,
 )
-from flink_agents_replay.memory import DELETED, MemoryUpdate
 
 __all__ = ["JOURNAL_SCHEMAS", "call_from_plain", "call_to_plain"]
 

@@ -31,7 +31,7 @@ from flink_agents_replay.events import EventTypes
 from flink_agents_replay.formats.legacy import load_v1
 from flink_agents_replay.formats.plain import pack, unpack
 from flink_agents_replay.formats.schema import RecordSchema
-from flink_agents_replay.journal.schemas import JOURNAL_SCHEMAS
+from flink_agents_replay.records.schemas import JOURNAL_SCHEMAS
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "DecodedRecord", "RecordCodec"]
 
