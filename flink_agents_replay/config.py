@@ -133,40 +133,13 @@ class AgentConfig:
 
     def resolved(self, agent_name: str) -> AgentConfig:
         """A validated copy with defaults filled in (uid, topic, enum values, signing key)."""
-        try:
-            durability = Durability(self.durability)
-        except ValueError:
-            raise ConfigError(f"durability must be one of {[d.value for d in Durability]}, "
-                              f"got {self.durability!r}") from None
-        try:
-            default_policy = FingerprintPolicy.RE_EXECUTE if self.replay is not None else FingerprintPolicy.REUSE
-            policy = FingerprintPolicy(self.fingerprint_policy or default_policy)
-        except ValueError:
-            raise ConfigError(f"fingerprint_policy must be one of {[p.value for p in FingerprintPolicy]}, "
-                              f"got {self.fingerprint_policy!r}") from None
-        if not 1 <= self.max_parallelism <= 32768:
-            raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
-        for name in ("max_concurrent_runs", "max_concurrent_child_calls"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
-                     "close_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.poll_interval_ms < 1:
-            raise ConfigError(f"poll_interval_ms must be at least 1, got {self.poll_interval_ms}")
+        durability, policy = self._enums()
+        self._check_limits()
         uid = self.uid or default_uid(agent_name)
         topic = self.journal_topic or default_journal_topic(uid)
         signing_key = self.signing_key if self.signing_key is not None else os.environ.get(SIGNING_KEY_ENV)
         if self.journal_enabled:
-            if not self.kafka.get("bootstrap.servers"):
-                raise ConfigError("the journal needs Kafka: AgentConfig(kafka={'bootstrap.servers': 'host:9092'}) "
-                                  "(or journal_enabled=False to run without reuse after failures)")
-            if not signing_key or len(signing_key) < 16:
-                raise ConfigError(
-                    f"the journal needs a signing key of at least 16 characters: set {SIGNING_KEY_ENV} or "
-                    "AgentConfig(signing_key=...); keep it secret and the same across restarts"
-                )
+            self._check_journal_needs(signing_key)
         capture_topic = self.capture_topic or default_capture_topic(uid)
         if self.replay is not None:
             _check_isolation(self.replay, topic, capture_topic if self.capture else None, self.output_topics)
@@ -175,6 +148,40 @@ class AgentConfig:
                        capture_topic=capture_topic, output_topics=tuple(self.output_topics),
                        capture_topic_config={"retention.ms": str(DEFAULT_CAPTURE_RETENTION_MS),
                                              **self.capture_topic_config})
+
+    def _enums(self) -> tuple[Durability, FingerprintPolicy]:
+        try:
+            durability = Durability(self.durability)
+        except ValueError:
+            raise ConfigError(f"durability must be one of {[d.value for d in Durability]}, "
+                              f"got {self.durability!r}") from None
+        try:
+            default_policy = FingerprintPolicy.RE_EXECUTE if self.replay is not None else FingerprintPolicy.REUSE
+            return durability, FingerprintPolicy(self.fingerprint_policy or default_policy)
+        except ValueError:
+            raise ConfigError(f"fingerprint_policy must be one of {[p.value for p in FingerprintPolicy]}, "
+                              f"got {self.fingerprint_policy!r}") from None
+
+    def _check_limits(self) -> None:
+        if not 1 <= self.max_parallelism <= 32768:
+            raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
+        for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
+                     "close_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def _check_journal_needs(self, signing_key: str | bytes | None) -> None:
+        if not self.kafka.get("bootstrap.servers"):
+            raise ConfigError("the journal needs Kafka: AgentConfig(kafka={'bootstrap.servers': 'host:9092'}) "
+                              "(or journal_enabled=False to run without reuse after failures)")
+        if not signing_key or len(signing_key) < 16:
+            raise ConfigError(
+                f"the journal needs a signing key of at least 16 characters: set {SIGNING_KEY_ENV} or "
+                "AgentConfig(signing_key=...); keep it secret and the same across restarts"
+            )
 
     def kafka_settings(self) -> KafkaSettings:
         """The ``kafka`` settings as the one object every Kafka client of the operator is built from."""
