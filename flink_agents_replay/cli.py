@@ -213,11 +213,49 @@ def _diff(args: argparse.Namespace) -> int:
     return 1 if args.fail_on_diff and report.has_differences else 0
 
 
+# -- journal dump / load (moving a journal to another Kafka cluster) -------------------------------------
+def _journal(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from flink_agents_replay.journal.transfer import dump_topic, load_topic
+
+    kafka = _kafka_settings(args).client
+    try:
+        if args.action == "dump":
+            header = dump_topic(kafka, topic=args.topic, path=args.out)
+            kept = sum(header.high[p] - header.low[p] for p in header.high)
+            print(f"dumped topic {header.topic} (id {header.topic_id}, {header.partitions} partitions, offsets "
+                  f"spanning {kept} records) to {args.out}")
+            return 0
+        result = load_topic(kafka, path=args.input, topic=args.topic, config_overrides=dict(args.config or []))
+    except KafkaException as exc:
+        raise FlinkAgentsReplayError(f"Kafka at {args.bootstrap_servers}: {exc.args[0]}") from None
+    print(f"loaded {result.records} records (and {result.fillers} filler records) into topic {result.topic} at "
+          f"their original offsets; old topic id {result.old_topic_id}, new topic id {result.new_topic_id}")
+    print("to restore a savepoint or checkpoint taken against the old topic, add to the job's agent config:")
+    print(f"    accept_moved_journal_from={result.old_topic_id!r}")
+    return 0
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_commands in (_add_local_commands, _add_inspect_command, _add_demo_command, _add_tickets_command,
+                         _add_diff_command, _add_journal_commands):
+        add_commands(commands)
+    return parser
 
+
+def _add_local_commands(commands) -> None:
+    """``local kafka|flink|model|jars``: the development services."""
     local = commands.add_parser("local", help="local services for development, tests and the demo")
     services = local.add_subparsers(dest="service", required=True)
 
@@ -254,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="BUNDLE", help="kafka-broker and/or flink-connectors (default: both)")
     jars.set_defaults(handler=_jars)
 
+
+def _add_inspect_command(commands) -> None:
+    """``inspect``: what a journal topic holds."""
     inspect = commands.add_parser("inspect", help="what a journal topic holds (no signing key needed)")
     inspect.add_argument("--bootstrap-servers", required=True)
     inspect.add_argument("--topic", required=True, help="the journal topic")
@@ -263,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_settings_option(inspect)
     inspect.set_defaults(handler=_inspect)
 
+
+def _add_demo_command(commands) -> None:
+    """``demo``: the TaskManager-kill demo."""
     demo = commands.add_parser("demo", help="the support-ticket agent on a local Flink cluster whose TaskManager is "
                                "killed mid-stream: prints calls made, repeated (0) and replies written once")
     demo.add_argument("--tickets", type=_at_least_one, default=300, help="tickets to feed (default 300)")
@@ -274,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--job", type=Path, default=None, help="job script (default: jobs/agent_job.py here)")
     demo.set_defaults(handler=_demo)
 
+
+def _add_tickets_command(commands) -> None:
+    """``tickets feed|replies``: sample traffic for jobs/agent_job.py."""
     tickets = commands.add_parser("tickets", help="feed sample tickets to jobs/agent_job.py, read its replies")
     tickets.add_argument("action", choices=["feed", "replies"])
     tickets.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
@@ -286,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_settings_option(tickets)
     tickets.set_defaults(handler=_tickets)
 
+
+def _add_diff_command(commands) -> None:
+    """``diff``: a replay against production."""
     diff = commands.add_parser("diff", help="compare a replay's outputs with production's, per key and seq "
                                "(same / changed / new / missing), with the calls the replay blocked")
     diff.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
@@ -303,7 +353,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="exit 1 when any run is changed, new or missing (for CI)")
     _add_kafka_settings_option(diff)
     diff.set_defaults(handler=_diff)
-    return parser
+
+
+def _add_journal_commands(commands) -> None:
+    """``journal dump|load``: move a journal (or capture) topic to another Kafka cluster, offsets kept."""
+    journal = commands.add_parser("journal", help="dump a journal (or capture) topic to a file and load it into "
+                                  "another Kafka cluster, every record at its offset")
+    actions = journal.add_subparsers(dest="action", required=True)
+    dump = actions.add_parser("dump", help="write every record of a topic to a file (gzip JSON lines)")
+    dump.add_argument("--out", required=True, metavar="FILE", help="the dump file to write")
+    load = actions.add_parser("load", help="create the topic on the target cluster and write the dump into it; "
+                              "prints the setting that lets a restore accept the new topic id")
+    load.add_argument("--in", dest="input", required=True, metavar="FILE", help="a dump written by 'journal dump'")
+    load.add_argument("--config", type=_setting, action="append", metavar="NAME=VALUE",
+                      help="a topic setting overriding the dumped one (e.g. retention.ms=-1); repeatable")
+    for command, topic_help in ((dump, "the topic to dump"),
+                                (load, "the topic to create (default: the dumped topic's name)")):
+        command.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+        command.add_argument("--topic", required=command is dump, default=None, help=topic_help)
+        _add_kafka_settings_option(command)
+        command.set_defaults(handler=_journal)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,6 +68,11 @@ class AgentConfig:
             nothing of earlier jobs.
         accept_reexecution_after_gap: restore even when records the checkpoint needs were deleted
             (restoring an older savepoint after later pruning); the affected actions run again.
+        accept_moved_journal_from: the topic id (or ids) of a journal topic this job's checkpoints were taken
+            against, before the journal was moved to the current topic with ``flink-agents-replay journal
+            dump``/``load`` (which keeps offsets and prints the old id): a restore accepts such a checkpoint
+            when every owned partition reaches the checkpoint's end offsets. Default: a different topic id is
+            refused (a deleted and recreated journal).
         slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
         close_timeout_s: how long closing the operator (cancel, failover) waits for calls under way; runs still
             calling then are abandoned, counted (``runs_abandoned``) and their calls are in doubt. Keep it well
@@ -105,6 +110,7 @@ class AgentConfig:
     journal_enabled: bool = True
     fingerprint_policy: FingerprintPolicy | None = None
     accept_reexecution_after_gap: bool = False
+    accept_moved_journal_from: str | Sequence[str] | None = None
     continue_job: str | None = None
     slot_wait_timeout_s: float = 600.0
     close_timeout_s: float = 30.0

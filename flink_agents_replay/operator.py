@@ -64,6 +64,7 @@ from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
 from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.journal.transfer import moved_journal_refusal
 from flink_agents_replay.journal.writer import JournalWriter, RunJournal, max_record_bytes
 from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.records.codec import FORMAT_VERSION, RecordCodec
@@ -251,12 +252,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         offsets = dict(plan.offsets)
         begun = time.monotonic()
-        if plan.topic_ids != {journal.topic_id}:
+        refusal = self._moved_journal_refusal(journal, plan) if plan.topic_ids != {journal.topic_id} else None
+        if refusal is not None:
             message = (f"the journal topic {journal.topic!r} is not the topic this checkpoint was taken with "
                        f"(topic id {journal.topic_id}, checkpoint: {sorted(plan.topic_ids)}): it was deleted and "
                        "recreated, so recorded actions are gone")
             if not accept_gap:
-                raise JournalGapError(message + "; set accept_reexecution_after_gap=True to run them again")
+                raise JournalGapError(
+                    f"{message}; set accept_reexecution_after_gap=True to run them again. If the journal was moved to "
+                    "another Kafka cluster with `flink-agents-replay journal dump` and `journal load` (offsets kept), "
+                    f"set accept_moved_journal_from={sorted(plan.topic_ids)[0]!r} instead (now: {refusal})")
             log.warning("%s; running them again (accept_reexecution_after_gap)", message)
             offsets = {}
         low = journal.start_offsets(offsets)
@@ -280,6 +285,18 @@ class ActionExecutionOperator(KeyedProcessFunction):
         log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
                  "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
                  _ranges(offsets), self.last_restore_ms / 1000, len(plan.in_flight))
+
+    def _moved_journal_refusal(self, journal: KafkaJournalStore, plan) -> str | None:
+        """Why ``accept_moved_journal_from`` does not let this checkpoint of another topic id restore; ``None``
+        when it does (a journal moved with offsets kept, :mod:`flink_agents_replay.journal.transfer`)."""
+        refusal = moved_journal_refusal(
+            marker_topic_ids=plan.topic_ids, current_topic_id=journal.topic_id,
+            accepted_from=self.config.accept_moved_journal_from, marker_ends=plan.barrier_ends,
+            current_ends=journal.end_offsets(self.owned), owned=self.owned)
+        if refusal is None:
+            log.info("subtask %d: accepted the moved journal %s (topic id %s -> %s, accept_moved_journal_from)",
+                     self.subtask, journal.topic, ", ".join(sorted(plan.topic_ids)), journal.topic_id)
+        return refusal
 
     def _start_without_checkpoint(self) -> None:
         """No checkpoint: reuse what earlier attempts of this job wrote, if any; then mark this attempt's start.

@@ -24,7 +24,11 @@ from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.topics import TopicRole
 
-__all__ = ["KafkaTopicStore", "TopicDelivery", "TopicRecord"]
+__all__ = ["FILLER_KEY", "KafkaTopicStore", "TopicDelivery", "TopicRecord"]
+
+#: The key of a placeholder record that holds an offset in a topic moved to another cluster with its offsets kept
+#: (:mod:`flink_agents_replay.journal.transfer`): never a record of ours, so every read passes over it.
+FILLER_KEY = b"_moved:filler"
 
 _READ_BATCH = 2000
 
@@ -185,7 +189,8 @@ class KafkaTopicStore:
                 bounds = remaining.get(partition)
                 if bounds is None or offset >= bounds[1]:
                     continue
-                yield make_record(partition, offset, message.key(), message.value())
+                if message.key() != FILLER_KEY:
+                    yield make_record(partition, offset, message.key(), message.value())
                 if offset + 1 >= bounds[1]:
                     del remaining[partition]  # later messages of a finished partition are skipped above
 

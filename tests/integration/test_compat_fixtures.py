@@ -1,0 +1,131 @@
+"""Every version's compatibility fixtures restore, and their journal is reused (Flink's migration tests' way).
+
+For each ``tests/fixtures/compat/v*/`` (made by ``tests/fixtures/compat/make_fixtures.py`` of that version): load
+its topic dumps into the broker (new topics: new topic ids, the same offsets), restore its savepoint into
+``tests/jobs/compat_job.py`` run by a fresh Python process with another hash seed, feed the inputs after the
+savepoint, and check that the committed outputs are the expected ones and that only calls the fixture's journal
+does not hold were made. Without ``accept_moved_journal_from`` the restore must fail, saying how to accept the
+moved journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flink_agents_replay.journal.transfer import load_topic
+from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.testing.committed import CommittedReader, poll_until
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import produce_inputs
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "jobs" / "compat_job.py"
+FIXTURES = sorted(p.parent for p in (ROOT / "tests" / "fixtures" / "compat").glob("v*/fixture.json"))
+_RESTORED = re.compile(r"subtask (\d+) restored: read (\d+) journal records")
+
+
+def test_there_are_fixtures():
+    assert FIXTURES, "no compatibility fixtures under tests/fixtures/compat/"
+
+
+def _load_fixture_topics(bootstrap: str, fixture: Path, description: dict) -> tuple[dict[str, str], str]:
+    """Load the dumps into new topics; return their names by role, and the journal's old topic id."""
+    suffix = uuid.uuid4().hex[:6]
+    journal, capture = f"compat-journal-{suffix}", f"compat-capture-{suffix}"
+    names = {"journal": journal, "capture": capture, "manifest": f"{capture}.manifest"}
+    old_ids = {}
+    for role, dump in description["dumps"].items():
+        # The records keep the fixture's timestamps: no retention may delete them as too old.
+        loaded = load_topic({"bootstrap.servers": bootstrap}, path=fixture / dump, topic=names[role],
+                            config_overrides={"retention.ms": "-1"})
+        old_ids[role] = loaded.old_topic_id
+    return names, old_ids["journal"]
+
+
+def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path, accept: str | None,
+             input_topic: str, output_topic: str) -> tuple[subprocess.Popen, InvocationCounter, Path]:
+    counter = InvocationCounter(work / "calls.db")
+    log = work / "operator.log"
+    arguments = ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
+                 "--journal-topic", names["journal"], "--capture-topic", names["capture"],
+                 "--counter-path", str(counter.path), "--savepoint", str(savepoint),
+                 "--source-uid", f"compat-inputs-{work.name}", "--checkpoint-interval-ms", "500"]
+    if accept:
+        arguments += ["--accept-moved-journal-from", accept]
+    environment = {**os.environ, "PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)}
+    # Output to files, not pipes: a full pipe would block the job's process. Its stdin stays open while it runs.
+    with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
+        process = subprocess.Popen([sys.executable, str(JOB), *arguments], stdin=subprocess.PIPE, stdout=stdout,
+                                   stderr=stderr, env=environment, cwd=ROOT)
+    return process, counter, log
+
+
+def _stderr(work: Path) -> str:
+    return (work / "stderr").read_text(errors="replace")[-3000:]
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[p.name for p in FIXTURES])
+def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_path):
+    description = json.loads((fixture / "fixture.json").read_text())
+    expected = json.loads((fixture / "expected.json").read_text())
+    inputs = json.loads((fixture / "inputs.json").read_text())
+    names, old_journal_id = _load_fixture_topics(kafka_bootstrap, fixture, description)
+    savepoint = tmp_path / "savepoint"
+    shutil.copytree(fixture / "savepoint", savepoint)
+    input_topic = produce_inputs(kafka_bootstrap, inputs["after_savepoint"])
+
+    # Without the setting: the new topic id is refused, and the error says how to accept a moved journal.
+    (tmp_path / "refused").mkdir()
+    refused, refused_calls, _ = _restore(kafka_bootstrap, tmp_path / "refused", names, savepoint, None, input_topic,
+                                         f"compat-out-refused-{uuid.uuid4().hex[:6]}")
+    try:
+        refused.wait(timeout=300)
+    finally:
+        if refused.poll() is None:  # it did not fail: end it, then fail the test below
+            refused.stdin.close()
+            refused.wait(timeout=120)
+    stderr = (tmp_path / "refused" / "stderr").read_text(errors="replace")
+    assert refused.returncode == 1 and "JOB FAILED" in stderr, stderr[-3000:]
+    assert f"accept_moved_journal_from={old_journal_id!r}" in stderr and "journal dump" in stderr, stderr[-3000:]
+    assert not [n for n in refused_calls.counts() if n.startswith("call:")]
+
+    (tmp_path / "accepted").mkdir()
+    output_topic = f"compat-out-{uuid.uuid4().hex[:6]}"
+    ensure_topics(kafka_bootstrap, [output_topic], partitions=1)
+    process, counter, log = _restore(kafka_bootstrap, tmp_path / "accepted", names, savepoint, old_journal_id,
+                                     input_topic, output_topic)
+    wanted = Counter(tuple(row) for row in expected["outputs"])
+    try:
+        with CommittedReader(kafka_bootstrap, output_topic, decode=lambda value: value.decode()) as reader:
+            poll_until(lambda: process.poll() is not None or len(reader.poll()) >= len(wanted), 300,
+                       lambda: f"{len(reader.rows)} of {len(wanted)} outputs committed")
+            assert process.poll() is None, _stderr(tmp_path / "accepted")
+            rows = reader.read_to_committed_end()
+    finally:
+        if process.poll() is None:
+            process.stdin.close()  # the job script cancels its job and exits
+        process.wait(timeout=120)
+    assert process.returncode == 0, _stderr(tmp_path / "accepted")
+
+    assert Counter(tuple(json.loads(row)) for row in rows) == wanted
+    calls = {name: n for name, n in counter.counts().items() if name.startswith("call:")}
+    assert not set(calls) & set(expected["calls_journaled"]), "a journaled call was made again"
+    assert calls == dict.fromkeys(expected["calls_executed"], 1)
+    lines = log.read_text().splitlines()
+    assert any("accepted the moved journal" in line and old_journal_id in line for line in lines), lines[-20:]
+    read = [int(match.group(2)) for line in lines if (match := _RESTORED.search(line))]
+    assert read and sum(read) > 0, f"no journal records read at the restore: {lines[-20:]}"
+    print(f"\n{fixture.name}: restored; journal records read per subtask {read}; {len(rows)} outputs; "
+          f"{len(calls)} calls made, {len(expected['calls_journaled'])} journaled calls reused")
