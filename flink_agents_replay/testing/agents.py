@@ -37,6 +37,22 @@ def logical_call_counts(counter: InvocationCounter) -> dict[str, int]:
     return {name: n for name, n in counter.counts().items() if name.startswith("call:")}
 
 
+def _counted_tool(counter: InvocationCounter, tool_name: str, call_delay_s: float, traced: bool) -> Callable:
+    """A tool that counts its real invocations (``call:<tool>:<argument>``), optionally slow and traced."""
+
+    def invoke(argument: str) -> str:
+        counter.increment(f"call:{tool_name}:{argument}")
+        counter.increment("calls")
+        if call_delay_s:
+            time.sleep(call_delay_s * (0.5 + zlib.crc32(argument.encode()) % 1000 / 1000 if traced else 1))
+        if traced:
+            counter.increment(f"done:{tool_name}:{argument}")
+        return f"{tool_name}({argument})"
+
+    invoke.__qualname__ = tool_name
+    return invoke
+
+
 def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s: float = 0.0,
                 fail_after_calls: int | None = None, before_failure: Callable[[], None] | None = None,
                 memory_value: Callable[[], Any] | None = None, traced: bool = False) -> Agent:
@@ -49,18 +65,6 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
     a SIGKILL then tells the calls under way: begun more often than done), and varies each call's delay from
     0.5x to 1.5x ``call_delay_s``, fixed per call, so that keys drift apart and a kill finds varied calls.
     """
-
-    def tool(tool_name: str):
-        def invoke(argument: str) -> str:
-            counter.increment(f"call:{tool_name}:{argument}")
-            counter.increment("calls")
-            if call_delay_s:
-                time.sleep(call_delay_s * (0.5 + zlib.crc32(argument.encode()) % 1000 / 1000 if traced else 1))
-            if traced:
-                counter.increment(f"done:{tool_name}:{argument}")
-            return f"{tool_name}({argument})"
-        invoke.__qualname__ = tool_name
-        return invoke
 
     def maybe_fail() -> None:
         if fail_after_calls is None or counter.count("fault_fired") or counter.count("calls") < fail_after_calls:
@@ -99,4 +103,5 @@ def chain_agent(counter: InvocationCounter, *, name: str = "chain", call_delay_s
     tools = ("classifier", "lookup", "writer", "checker", "sender", "archiver")
     # "sender" acts on the world: its calls journal an acknowledged "started" record first.
     return ChainAgent(name=name, resources={
-        t: Tool(tool(t), side_effects="external" if t == "sender" else "none") for t in tools})
+        t: Tool(_counted_tool(counter, t, call_delay_s, traced), side_effects="external" if t == "sender" else "none")
+        for t in tools})
