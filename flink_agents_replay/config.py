@@ -85,11 +85,11 @@ class AgentConfig:
         poll_interval_ms: how often a key with a run in flight checks whether it finished.
         restore_input_order: after a restore, run each key's inputs in the order the journal recorded
             them, holding back inputs that arrive before their recorded predecessors (several upstream
-            instances per key, DESIGN §13); ``False`` runs them in arrival order.
+            instances per key, docs/design.md §8); ``False`` runs them in arrival order.
         order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
             its recorded history from there is invalidated and its waiting inputs run in arrival order.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
-            a manifest entry per checkpoint (the traffic a replay runs again; DESIGN §11, §14).
+            a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §4, §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
             manifest is ``<capture_topic>.manifest``.
         capture_topic_config: topic settings of a created capture topic (default retention 7 days; the

@@ -1,6 +1,6 @@
 """Build a PyFlink ``StreamExecutionEnvironment`` set up the way this package needs it.
 
-The operator must run in PyFlink's *thread* execution mode (DESIGN §7): its checkpoint bridge lives in
+The operator must run in PyFlink's *thread* execution mode (docs/design.md §12): its checkpoint bridge lives in
 the embedded interpreter, and switching modes across a savepoint silently loses keyed state. This
 helper therefore always sets ``python.execution-mode: thread``; everything else is an argument.
 ``env.execute()`` on the result runs a local MiniCluster; under ``flink run`` it runs on the cluster.

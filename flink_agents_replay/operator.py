@@ -11,12 +11,12 @@ every call and action it had journaled, so it repeats no effect.
 Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.checkpoint_bridge`):
 
 * ``initialize_state``: take, per owned journal partition, the offset recorded at the checkpoint and
-  read the partition from there into a recovery index (DESIGN §8).
+  read the partition from there into a recovery index (docs/design.md §5.1).
 * ``snapshot_state``: flush the producer; the marker is, per owned partition, the next offset, lowered
   to the first record of any run still in flight and of any recovered history not yet replayed.
-* ``notify_checkpoint_complete``: delete journal records below that checkpoint's marker (DESIGN §10).
+* ``notify_checkpoint_complete``: delete journal records below that checkpoint's marker (docs/design.md §7).
 
-With capture on (DESIGN §11, §14), every accepted input and every applied run also go to the capture
+With capture on (docs/design.md §4, §9), every accepted input and every applied run also go to the capture
 topic, and ``snapshot_state`` writes the checkpoint's capture offsets to the manifest. In replay mode
 (``config.replay``) the operator reads production's journal (never writing it) to finish the runs in
 flight in the savepoint, applies the side-effect policy to every call, serves ``recorded`` calls from
@@ -127,7 +127,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.in_flight_state = runtime_context.get_state(
             ValueStateDescriptor("in_flight", Types.PICKLED_BYTE_ARRAY()))
         self.pending_state = runtime_context.get_list_state(ListStateDescriptor("pending", Types.PICKLED_BYTE_ARRAY()))
-        # When a restored key waits for a recorded predecessor (DESIGN §13): the deadline of that wait.
+        # When a restored key waits for a recorded predecessor (docs/design.md §8): the deadline of that wait.
         self.order_wait_state = runtime_context.get_state(ValueStateDescriptor("order_wait_deadline", Types.LONG()))
         metrics = runtime_context.get_metrics_group().add_group("flink_agents_replay")
         self.counters = {name: metrics.counter(name) for name in _COUNTERS}
@@ -276,7 +276,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
             offsets.update({p: low[p] for p in gaps})
         end = journal.end_offsets(offsets)
-        # A replay takes only what the savepoint's runs in flight need, never production's later runs (§14).
+        # A replay takes only what the savepoint's runs in flight need, not production's later runs (design §9).
         keep = plan.needed_by_replay if self.replay is not None else plan.needs
         self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep)
         self.restored = True
@@ -418,7 +418,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
         self._start_next(key, ctx)
 
-    # -- order restoration (DESIGN §13) ------------------------------------------------------------
+    # -- order restoration (docs/design.md §8) ------------------------------------------------------------
     def _recorded_next_input(self, key) -> str | None:
         """While a restore replays: the digest of the input the journal recorded as ``key``'s next one, or
         ``None`` when any input may run next (nothing recorded there, or order restoration is off)."""

@@ -77,7 +77,7 @@ class RestorePlan:
                 or seq >= self.replaying.get(digest_of_key, _NEVER))
 
     def needed_by_replay(self, partition: int, offset: int, digest_of_key: str, seq: int) -> bool:
-        """Whether a replay may use a production journal record (DESIGN §14): one of a run in flight at the
+        """Whether a replay may use a production journal record (docs/design.md §9): one of a run in flight at the
         barrier (also written after it: production finished that run), or of a history production was still
         replaying at the barrier. Records of runs started after the barrier are not: those runs belong to
         the replay and run under its side-effect policy, whatever production had journaled for them.

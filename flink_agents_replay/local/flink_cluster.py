@@ -1,7 +1,7 @@
 """A local standalone Flink *session* cluster, run from the installed pyflink package's ``bin/`` scripts.
 
 PyFlink ships Flink's ``bin/`` (``jobmanager.sh``, ``taskmanager.sh``, ``stop-cluster.sh``, ``flink``) and
-``lib/`` inside the package (DESIGN §12). :class:`LocalFlinkCluster` runs them with ``FLINK_CONF_DIR``
+``lib/`` inside the package (docs/design.md §12). :class:`LocalFlinkCluster` runs them with ``FLINK_CONF_DIR``
 pointing at a configuration generated from ``conf/flink/`` into a work directory outside the package
 (default ``$FLINK_AGENTS_REPLAY_HOME/flink``), which also holds the logs, the PID files, the temporary
 files and the checkpoint and savepoint directories::
@@ -11,7 +11,7 @@ files and the checkpoint and savepoint directories::
     <work dir>/log/ pid/ tmp/ checkpoints/ savepoints/
     <work dir>/cluster.json   ports and PIDs of the processes this object started
 
-The thread-mode fixes of DESIGN §7 are built in: ``flink-python`` is in the cluster's own lib dir and
+The thread-mode fixes of docs/design.md §12 are built in: ``flink-python`` is in the cluster's own lib dir and
 ``pemja.`` is loaded parent-first, so several thread-mode jobs can run one after another on a
 TaskManager. Every TaskManager gets a resource id of its own (``tm-1``, ``tm-2`` ...) that the REST API
 shows, so a test can find the PID of the TaskManager running a job's tasks and kill it. Flink does not

@@ -8,7 +8,7 @@ serialized business key: a raw key may contain ':' or collide in ``str()``.
   (``outcome == "started"``) so that a call cut short by a failure is known to be in doubt.
 * An :class:`AcceptedRecord` is written when the operator accepts an input for a key and gives it its
   seq, before the run starts: the key's accepted order, which a restore uses to put inputs arriving in
-  another interleaving back into that order (DESIGN §11, §13).
+  another interleaving back into that order (docs/design.md §4, §8).
 * A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
   events it sent. Reusing an action means applying exactly these.
 * An :class:`ActionFailedRecord` is written (and acknowledged) when an exception leaves an action. The

@@ -145,7 +145,7 @@ def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool 
     """The inputs of ``topic`` (JSON records ``{"key": ...}``), from its earliest offset, keyed by ``key``.
 
     The source and the parsing run at parallelism 1, so the agent has one upstream instance and a key's
-    inputs keep their order after a restore (a rebalance before keyBy would reorder them, DESIGN §13). Both
+    inputs keep their order after a restore (a rebalance before keyBy would reorder them, docs/design.md §8). Both
     have uids: generated ids depend on chaining, which changes with parallelism.
     """
     from pyflink.common import Types, WatermarkStrategy
