@@ -238,3 +238,14 @@ def test_every_exception_of_the_package_has_a_persisted_name():
 
     classes = {getattr(errors, name) for name in errors.__all__}
     assert classes - set(PACKAGE_EXCEPTIONS.values()) == set()
+
+
+def test_version_1_data_naming_a_class_that_cannot_be_imported_says_so():
+    import pickle
+
+    from flink_agents_replay.formats.legacy import load_v1
+
+    with pytest.raises(pickle.UnpicklingError, match="flink_agents_replay.nowhere.Gone, which cannot be imported"):
+        load_v1(b"cflink_agents_replay.nowhere\nGone\n.")
+    # a class of the package outside the table (the testing API's agents' events) is found where it is
+    assert load_v1(b"cflink_agents_replay.testing.agents\nClassified\n.").__name__ == "Classified"
