@@ -219,7 +219,7 @@ def _journal(args: argparse.Namespace) -> int:
 
     from flink_agents_replay.journal.transfer import dump_topic, load_topic
 
-    kafka = _kafka_settings(args).client
+    kafka = _kafka_settings(args)
     try:
         if args.action == "dump":
             header = dump_topic(kafka, topic=args.topic, path=args.out)

@@ -33,6 +33,12 @@ gives a dump of no consistent moment (a pruned prefix fails the dump). Records k
 target topic whose ``retention.ms`` is shorter than their age deletes them (override it with
 ``config_overrides``). Producing fillers costs one small record per pruned offset.
 
+Kafka access goes through :mod:`flink_agents_replay.kafka`: the user's settings (SASL/SSL...) reach the admin
+client, the consumer and the producer alike, because every configuration is derived from one
+:class:`~flink_agents_replay.kafka.KafkaSettings`, and topic administration (describing, creating, offsets,
+deleting records, retries) is :class:`~flink_agents_replay.kafka.KafkaAdmin`'s. This module only decides what
+to read and where each record must land.
+
 The CLI: ``flink-agents-replay journal dump|load`` (:mod:`flink_agents_replay.cli`).
 """
 
@@ -42,30 +48,27 @@ import base64
 import gzip
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from flink_agents_replay.errors import JournalError
+from flink_agents_replay.kafka.admin import KafkaAdmin
+from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.store import FILLER_KEY
+from flink_agents_replay.kafka.topics import TOPIC
 
 __all__ = ["DUMP_FORMAT", "DUMP_VERSION", "FILLER_KEY", "DumpHeader", "DumpedRecord", "LoadResult", "dump_topic",
            "load_topic", "moved_journal_refusal", "read_dump"]
 
 DUMP_FORMAT = "flink-agents-replay-topic-dump"
 DUMP_VERSION = 1
-#: Kafka key of a filler record: an offset the source topic held no record at. Readers skip it.
 #: Topic settings a dump carries (when set on the topic, not broker defaults).
 KEPT_CONFIGS = ("cleanup.policy", "retention.ms", "max.message.bytes")
 _BATCH = 2000
-_TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-              KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -137,94 +140,47 @@ def _unb64(text: str | None) -> bytes | None:
 
 
 # -- dump ------------------------------------------------------------------------------------------------
-def dump_topic(kafka_config: Mapping[str, Any], *, topic: str, path: str | Path,
-               timeout_s: float = 30.0) -> DumpHeader:
+def dump_topic(settings: KafkaSettingsLike, *, topic: str, path: str | Path, timeout_s: float = 30.0) -> DumpHeader:
     """Write every record of ``topic`` (all partitions, low watermark to end) to ``path``; return the header.
 
-    ``kafka_config``: confluent-kafka settings (``bootstrap.servers``, SASL/SSL...), passed through.
+    ``settings``: the user's Kafka settings (a confluent-kafka mapping with ``bootstrap.servers``, SASL/SSL...,
+    a :class:`~flink_agents_replay.kafka.KafkaSettings`, or a bare bootstrap string); the admin client and the
+    consumer both get them. ``timeout_s`` bounds each request, and how long a read may make no progress.
     """
-    admin = _reachable_admin(kafka_config, timeout_s)
-    header = _describe_for_dump(admin, kafka_config, topic, timeout_s)
+    settings = KafkaSettings.of(settings)
+    admin = KafkaAdmin(settings, timeout_s=timeout_s)
+    admin.check_reachable()
+    header = _describe_for_dump(admin, topic=topic)
     with gzip.open(path, "wt", encoding="utf-8") as out:
         out.write(json.dumps(header.to_json(), sort_keys=True) + "\n")
-        for record in _read_all(kafka_config, header, timeout_s):
+        for record in _read_all(settings, header=header, timeout_s=timeout_s):
             out.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
     return header
 
 
-def _reachable_admin(kafka_config: Mapping[str, Any], timeout_s: float) -> AdminClient:
-    """An admin client of the cluster, which answered a metadata request (else a clear :class:`JournalError`)."""
-    admin = AdminClient(dict(kafka_config))
-    try:
-        admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise JournalError(f"could not reach Kafka at {kafka_config.get('bootstrap.servers')} within {timeout_s:.0f} s "
-                           f"({exc.args[0]}): check the address, that the broker runs, and the security settings"
-                           ) from None
-    return admin
+def _describe_for_dump(admin: KafkaAdmin, *, topic: str) -> DumpHeader:
+    """The header of a dump of ``topic``: id, partitions, watermarks now, and the :data:`KEPT_CONFIGS` set on it."""
+    described = admin.describe_topic(topic, role=TOPIC)
+    partitions = range(described.partitions)
+    return DumpHeader(topic, described.topic_id, described.partitions, admin.start_offsets(topic, partitions, TOPIC),
+                      admin.end_offsets(topic, partitions, TOPIC),
+                      admin.topic_overrides(topic, KEPT_CONFIGS, role=TOPIC))
 
 
-def _describe_for_dump(admin: AdminClient, kafka_config: Mapping[str, Any], topic: str,
-                       timeout_s: float) -> DumpHeader:
-    try:
-        described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
-        description = described.result(timeout=timeout_s)
-    except KafkaException as exc:
-        raise JournalError(f"cannot dump topic {topic!r} from {kafka_config.get('bootstrap.servers')}: "
-                           f"{exc.args[0]}") from None
-    partitions = len(description.partitions)
-    low = _offsets(admin, topic, range(partitions), OffsetSpec.earliest(), timeout_s)
-    high = _offsets(admin, topic, range(partitions), OffsetSpec.latest(), timeout_s)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
-    configs = {name: entries[name].value for name in KEPT_CONFIGS
-               if name in entries and not entries[name].is_default and entries[name].value is not None}
-    return DumpHeader(topic, str(description.topic_id), partitions, low, high, configs)
-
-
-def _offsets(admin: AdminClient, topic: str, partitions: range, spec: OffsetSpec, timeout_s: float) -> dict[int, int]:
-    def request() -> dict[int, int]:
-        futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions}, request_timeout=timeout_s)
-        return {tp.partition: future.result(timeout=timeout_s).offset for tp, future in futures.items()}
-
-    return _retrying(f"list the offsets of topic {topic!r}", request, timeout_s)
-
-
-def _retrying(what: str, request: Callable[[], T], timeout_s: float) -> T:
-    """``request()``, tried again for ``timeout_s`` on retriable errors (a new topic's leaders being elected)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return request()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() > deadline:
-                raise JournalError(f"could not {what}: {error}") from None
-            time.sleep(0.1)
-
-
-def _read_all(kafka_config: Mapping[str, Any], header: DumpHeader, timeout_s: float) -> Iterator[DumpedRecord]:
+def _read_all(settings: KafkaSettings, *, header: DumpHeader, timeout_s: float) -> Iterator[DumpedRecord]:
     """Each partition's records in ``[low, high)``, as committed readers see them (aborted ones become gaps)."""
     remaining = {p: header.high[p] for p in range(header.partitions) if header.low[p] < header.high[p]}
     if not remaining:
         return
-    consumer = Consumer({**kafka_config, "group.id": f"flink-agents-replay-dump-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "auto.offset.reset": "error",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    # An end-of-partition event makes consume() return as soon as a partition is read to its end.
+    consumer = Consumer({**settings.reader_config(purpose="dump", committed_only=True), "enable.partition.eof": True})
     try:
         consumer.assign([TopicPartition(header.topic, p, header.low[p]) for p in remaining])
         idle_deadline = time.monotonic() + timeout_s
         while remaining:
             messages = consumer.consume(_BATCH, timeout=0.5)
-            for message in messages:
-                error = message.error()
-                if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                    raise JournalError(f"reading topic {header.topic!r} failed: {error}; stop the job writing or "
-                                       "pruning it before dumping it")
-                if error is None and message.offset() < remaining.get(message.partition(), -1):
-                    yield DumpedRecord(message.partition(), message.offset(), message.timestamp()[1],
-                                       message.key(), message.value(), tuple(message.headers() or ()))
-            _drop_finished(consumer, header.topic, remaining)
+            yield from _dumped(messages, topic=header.topic, remaining=remaining)
+            _drop_finished(consumer, topic=header.topic, remaining=remaining)
             if messages:
                 idle_deadline = time.monotonic() + timeout_s
             elif remaining and time.monotonic() > idle_deadline:
@@ -234,7 +190,19 @@ def _read_all(kafka_config: Mapping[str, Any], header: DumpHeader, timeout_s: fl
         consumer.close()
 
 
-def _drop_finished(consumer: Consumer, topic: str, remaining: dict[int, int]) -> None:
+def _dumped(messages: list[Any], *, topic: str, remaining: Mapping[int, int]) -> Iterator[DumpedRecord]:
+    """The records among ``messages`` below their partition's dumped end (end-of-partition events skipped)."""
+    for message in messages:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            raise JournalError(f"reading topic {topic!r} failed: {error}; stop the job writing or "
+                               "pruning it before dumping it")
+        if error is None and message.offset() < remaining.get(message.partition(), -1):
+            yield DumpedRecord(message.partition(), message.offset(), message.timestamp()[1],
+                               message.key(), message.value(), tuple(message.headers() or ()))
+
+
+def _drop_finished(consumer: Consumer, *, topic: str, remaining: dict[int, int]) -> None:
     """Forget partitions whose read position reached their end (past trailing transaction markers too)."""
     positions = consumer.position([TopicPartition(topic, p) for p in remaining])
     for position in positions:
@@ -263,107 +231,99 @@ def read_dump(path: str | Path) -> tuple[DumpHeader, Iterator[DumpedRecord]]:
 
 
 # -- load ------------------------------------------------------------------------------------------------
-def load_topic(kafka_config: Mapping[str, Any], *, path: str | Path, topic: str | None = None,
+def load_topic(settings: KafkaSettingsLike, *, path: str | Path, topic: str | None = None,
                replication_factor: int | None = None, config_overrides: Mapping[str, str] | None = None,
                timeout_s: float = 30.0) -> LoadResult:
-    """Create ``topic`` (default: the dumped topic's name) on the cluster of ``kafka_config`` and write the dump
+    """Create ``topic`` (default: the dumped topic's name) on the cluster of ``settings`` and write the dump
     at ``path`` into it, every record at its original offset; return the old and new topic ids.
 
-    The topic must not exist, or exist empty with the dump's partition count. After writing, each partition's
-    low and high watermarks are checked against the dump's; a difference is a :class:`JournalError`.
+    ``settings`` as for :func:`dump_topic`: the admin client and the producer both get them. The topic is
+    created with the dumped settings, ``config_overrides`` on top. It must not exist, or exist empty with the
+    dump's partition count. After writing, the filler records below each partition's dumped low watermark
+    are deleted, and each partition's low and high watermarks are checked against the dump's; a difference
+    is a :class:`JournalError`.
     """
+    settings = KafkaSettings.of(settings)
     header, records = read_dump(path)
     topic = topic or header.topic
-    admin = _reachable_admin(kafka_config, timeout_s)
-    _create_empty_topic(admin, topic, header, replication_factor, {**header.configs, **(config_overrides or {})},
-                        timeout_s)
-    written, fillers = _produce_in_place(kafka_config, topic, header, records, timeout_s)
-    prefixes = [TopicPartition(topic, p, low) for p, low in header.low.items() if low > 0]
-    if prefixes:
-        def delete() -> None:
-            for future in admin.delete_records(prefixes, request_timeout=timeout_s).values():
-                future.result(timeout=timeout_s)
-
-        _retrying(f"delete the filler prefix of topic {topic!r}", delete, timeout_s)
-    _check_watermarks(admin, topic, header, timeout_s)
-    new_id = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(
-        timeout=timeout_s).topic_id
-    return LoadResult(topic, header.topic_id, str(new_id), written, fillers)
-
-
-def _create_empty_topic(admin: AdminClient, topic: str, header: DumpHeader, replication_factor: int | None,
-                        configs: Mapping[str, str], timeout_s: float) -> None:
-    new = NewTopic(topic, header.partitions, replication_factor or -1, config=dict(configs))
-    try:
-        admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout=timeout_s)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise JournalError(f"could not create topic {topic!r}: {exc.args[0]}") from None
-    deadline = time.monotonic() + timeout_s
-    while True:  # a new topic's metadata reaches the brokers asynchronously
-        found = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-        if found is not None and found.error is None and found.partitions:
-            break
-        if time.monotonic() > deadline:
-            raise JournalError(f"topic {topic!r} was created but did not become visible")
-        time.sleep(0.1)
-    if len(found.partitions) != header.partitions:
-        raise JournalError(f"topic {topic!r} exists with {len(found.partitions)} partitions, the dump has "
-                           f"{header.partitions}: load into a new topic")
-    ends = _offsets(admin, topic, range(header.partitions), OffsetSpec.latest(), timeout_s)
-    if any(ends.values()):
-        raise JournalError(f"topic {topic!r} already exists and is not empty: records would not keep their "
-                           "offsets; delete it or load into a new topic")
+    admin = KafkaAdmin(settings, timeout_s=timeout_s)
+    admin.check_reachable()
+    admin.create_empty_topic(topic, header.partitions, role=TOPIC, replication_factor=replication_factor,
+                             topic_config={**header.configs, **(config_overrides or {})})
+    producer = Producer({"linger.ms": 20, **settings.producer_config(durable=True, ordered=True,
+                                                                     what="loading of a topic dump")})
+    writer = _InPlaceWriter(producer, topic=topic, partitions=header.partitions)
+    for record in records:
+        writer.write(record)
+    for partition, high in header.high.items():
+        writer.fill_to(partition, high)
+    writer.finish(timeout_s=max(timeout_s, 60.0))
+    admin.delete_records(topic, header.low, TOPIC, wait=True)  # the fillers below the low watermarks
+    _check_watermarks(admin, topic=topic, header=header)
+    return LoadResult(topic, header.topic_id, admin.topic_id(topic, TOPIC), writer.records, writer.fillers)
 
 
-def _produce_in_place(kafka_config: Mapping[str, Any], topic: str, header: DumpHeader,
-                      records: Iterator[DumpedRecord], timeout_s: float) -> tuple[int, int]:
-    """Produce every record at its offset, fillers before it; return (records, fillers) written."""
-    producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all",
-                         "max.in.flight.requests.per.connection": 1, "linger.ms": 20})
-    misplaced: list[str] = []
-    next_offset = {p: 0 for p in range(header.partitions)}
-    counts = {"records": 0, "fillers": 0}
+class _InPlaceWriter:
+    """Produces to ``topic`` so that every record lands at the offset it is given, fillers before it.
 
-    def send(partition: int, key: bytes | None, value: bytes | None, timestamp: int | None = None,
-             headers: tuple = (), filler: bool = False) -> None:
-        expected = next_offset[partition]
+    The producer must be idempotent with one request in flight (``producer_config(durable=True,
+    ordered=True)``): then the n-th record produced to an empty partition lands at offset n, which each
+    delivery report checks.
+    """
+
+    def __init__(self, producer: Producer, *, topic: str, partitions: int) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._next_offset = {p: 0 for p in range(partitions)}
+        self._misplaced: list[str] = []
+        self.records = 0
+        self.fillers = 0
+
+    def write(self, record: DumpedRecord) -> None:
+        """Produce ``record`` at its offset, fillers first where the offsets before it hold none."""
+        self.fill_to(record.partition, record.offset)
+        self._send(record.partition, record.key, record.value, record.timestamp, record.headers)
+        self.records += 1
+
+    def fill_to(self, partition: int, offset: int) -> None:
+        """Produce fillers until the partition's next record would land at ``offset``."""
+        while self._next_offset[partition] < offset:
+            self._send(partition, FILLER_KEY, b"", None, ())
+            self.fillers += 1
+
+    def finish(self, *, timeout_s: float) -> None:
+        """Wait for every delivery; raise :class:`JournalError` if any is missing or landed elsewhere."""
+        if self._producer.flush(timeout_s):
+            raise JournalError(f"loading topic {self._topic!r}: records were not acknowledged in time")
+        if self._misplaced:
+            raise JournalError(f"loading topic {self._topic!r}: {len(self._misplaced)} records did not land at "
+                               f"their offsets (was something else writing to it?): {'; '.join(self._misplaced[:3])}")
+
+    def _send(self, partition: int, key: bytes | None, value: bytes | None, timestamp: int | None,
+              headers: tuple[tuple[str, bytes | None], ...]) -> None:
+        expected = self._next_offset[partition]
 
         def delivered(error: Any, message: Any) -> None:
             if error is not None or message.offset() != expected:
-                misplaced.append(f"partition {partition} offset {expected}: "
-                                 f"{error if error is not None else f'landed at {message.offset()}'}")
+                self._misplaced.append(f"partition {partition} offset {expected}: "
+                                       f"{error if error is not None else f'landed at {message.offset()}'}")
 
         while True:
             try:
-                producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered,
-                                 timestamp=timestamp if timestamp and timestamp > 0 else 0,
-                                 headers=list(headers) or None)
+                self._producer.produce(self._topic, value=value, key=key, partition=partition, on_delivery=delivered,
+                                       timestamp=timestamp if timestamp and timestamp > 0 else 0,
+                                       headers=list(headers) or None)
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
-        next_offset[partition] = expected + 1
-        counts["fillers" if filler else "records"] += 1
-
-    for record in records:
-        while next_offset[record.partition] < record.offset:
-            send(record.partition, FILLER_KEY, b"", filler=True)
-        send(record.partition, record.key, record.value, record.timestamp, record.headers)
-    for partition, high in header.high.items():
-        while next_offset[partition] < high:
-            send(partition, FILLER_KEY, b"", filler=True)
-    if producer.flush(max(timeout_s, 60.0)):
-        raise JournalError(f"loading topic {topic!r}: records were not acknowledged in time")
-    if misplaced:
-        raise JournalError(f"loading topic {topic!r}: {len(misplaced)} records did not land at their offsets "
-                           f"(was something else writing to it?): {'; '.join(misplaced[:3])}")
-    return counts["records"], counts["fillers"]
+                self._producer.poll(0.1)
+        self._next_offset[partition] = expected + 1
 
 
-def _check_watermarks(admin: AdminClient, topic: str, header: DumpHeader, timeout_s: float) -> None:
+def _check_watermarks(admin: KafkaAdmin, *, topic: str, header: DumpHeader) -> None:
+    """Raise :class:`JournalError` unless every partition of ``topic`` spans the dump's ``[low, high)``."""
     partitions = range(header.partitions)
-    high = _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s)
-    low = _offsets(admin, topic, partitions, OffsetSpec.earliest(), timeout_s)
+    high = admin.end_offsets(topic, partitions, TOPIC)
+    low = admin.start_offsets(topic, partitions, TOPIC)
     wrong = [f"partition {p}: [{low[p]}, {high[p]}) instead of [{header.low[p]}, {header.high[p]})"
              for p in partitions if (low[p], high[p]) != (header.low[p], header.high[p])]
     if wrong:

@@ -7,8 +7,13 @@ Kafka's admin API, with errors that name the topic by its role (journal, capture
 * :meth:`~KafkaAdmin.prepare_topic`: create a topic if missing, or check one that exists (partition
   count, a compacting cleanup policy); return its id and record size limit;
 * :meth:`~KafkaAdmin.create_missing`: create a job's input and output topics if missing;
-* :meth:`~KafkaAdmin.partition_count`, :meth:`~KafkaAdmin.start_offsets`, :meth:`~KafkaAdmin.end_offsets`;
-* :meth:`~KafkaAdmin.delete_records`: pruning, asynchronous.
+* :meth:`~KafkaAdmin.create_empty_topic`: create a topic that must start empty, with given settings (a topic
+  loaded from a dump, whose records must land at the offsets they had);
+* :meth:`~KafkaAdmin.check_reachable`, :meth:`~KafkaAdmin.describe_topic` (id and partition count),
+  :meth:`~KafkaAdmin.partition_count`, :meth:`~KafkaAdmin.topic_settings`, :meth:`~KafkaAdmin.topic_overrides`
+  (the settings set on the topic itself, what a copy of it needs), :meth:`~KafkaAdmin.start_offsets`,
+  :meth:`~KafkaAdmin.end_offsets`;
+* :meth:`~KafkaAdmin.delete_records`: pruning, asynchronous, or waited for.
 
 Requests a new topic's metadata can make fail for a moment (no leader yet) are retried until ``timeout_s``.
 """
@@ -29,11 +34,12 @@ from flink_agents_replay.errors import JournalError, TopicMismatchError
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.topics import TOPIC, TopicRole, compacts, created_topic_config
 
-__all__ = ["KafkaAdmin", "TopicInfo"]
+__all__ = ["KafkaAdmin", "TopicDescription", "TopicInfo"]
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+_TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+              KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH)
 _NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 T = TypeVar("T")
 
@@ -45,6 +51,14 @@ class TopicInfo:
 
     topic_id: str
     max_message_bytes: int | None
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    """What the cluster says a topic is: its id and its partition count."""
+
+    topic_id: str
+    partitions: int
 
 
 class KafkaAdmin:
@@ -72,7 +86,9 @@ class KafkaAdmin:
         if missing:
             if not create:
                 raise JournalError(f"{role.label} {topic!r} does not exist and topic creation is off")
-            self._create(topic, partitions, role, replication_factor, created_config)
+            created = self._create(topic, partitions, role, replication_factor, created_config)
+            if created != partitions:  # another client created it meanwhile, with another count
+                raise _partition_mismatch(topic, role, created, partitions)
         elif found.error is not None:
             raise JournalError(f"{role.label} {topic!r} cannot be used: {found.error}")
         elif len(found.partitions) != partitions:
@@ -98,6 +114,38 @@ class KafkaAdmin:
                         raise JournalError(f"could not create {TOPIC.label} {topic!r}: {exc.args[0]}") from None
         return missing
 
+    def create_empty_topic(self, topic: str, partitions: int, *, role: TopicRole = TOPIC,
+                           replication_factor: int | None = None,
+                           topic_config: Mapping[str, str] | None = None) -> None:
+        """Create ``topic`` with ``partitions`` and exactly the settings ``topic_config`` (none checked or added:
+        the caller copies them from a topic that had them), for records that must land at known offsets.
+
+        A topic that exists already is accepted only when empty (every partition's end offset is 0) and with
+        ``partitions``: otherwise :class:`~flink_agents_replay.errors.TopicMismatchError`, since the first
+        record written would not land at offset 0.
+        """
+        found = self._create(topic, partitions, role, replication_factor, dict(topic_config or {}))
+        if found != partitions:
+            raise TopicMismatchError(f"{role.label} {topic!r} already exists with {found} partitions, not "
+                                     f"{partitions}: delete it or use a new topic name")
+        if any(self.end_offsets(topic, range(partitions), role).values()):
+            raise TopicMismatchError(f"{role.label} {topic!r} already exists and is not empty: records written to "
+                                     "it would not land at the offsets wanted; delete it or use a new topic name")
+
+    def check_reachable(self) -> None:
+        """Raise a :class:`JournalError` saying what to check unless the cluster answers a metadata request."""
+        self._list(None)
+
+    def describe_topic(self, topic: str, *, role: TopicRole = TOPIC) -> TopicDescription:
+        """The topic's id and partition count (a :class:`JournalError` naming the topic when it is missing)."""
+        futures = self._client.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
+        try:
+            description = futures[topic].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise JournalError(f"could not describe {role.label} {topic!r} on {self.settings.bootstrap_servers}: "
+                               f"{exc.args[0]}") from None
+        return TopicDescription(str(description.topic_id), len(description.partitions))
+
     def partition_count(self, topic: str) -> int | None:
         """How many partitions ``topic`` has, or ``None`` if it does not exist."""
         found = self._metadata(topic)
@@ -107,28 +155,20 @@ class KafkaAdmin:
 
     def topic_settings(self, topic: str, role: TopicRole = TOPIC) -> dict[str, str] | None:
         """The topic's settings; ``None`` when the broker does not let this client read them."""
-        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = self._config_entries(topic, role, denied_ok=True)
+        return None if entries is None else {name: entry.value for name, entry in entries.items()}
 
-        def describe() -> dict[str, str] | None:
-            future = self._client.describe_configs([resource], request_timeout=self.timeout_s)[resource]
-            try:
-                return {name: entry.value for name, entry in future.result(timeout=self.timeout_s).items()}
-            except KafkaException as exc:
-                if exc.args[0].code() in _NOT_ALLOWED:  # a start-up check must not need more than producing does
-                    log.warning("cannot read the settings of %s %s (%s): grant DescribeConfigs on it to have its "
-                                "cleanup policy and record size limit checked", role.label, topic, exc.args[0])
-                    return None
-                raise
-
-        return self.with_retries(f"describe the configuration of {role.label} {topic!r}", describe)
+    def topic_overrides(self, topic: str, names: Iterable[str], *, role: TopicRole = TOPIC) -> dict[str, str]:
+        """Those of the settings ``names`` set on the topic itself, not inherited from the broker's defaults:
+        what a copy of the topic on another cluster must be created with. Raises :class:`JournalError` when the
+        broker does not let this client read them (a copy would silently lose them)."""
+        entries = self._config_entries(topic, role, denied_ok=False) or {}
+        return {name: entries[name].value for name in names
+                if name in entries and not entries[name].is_default and entries[name].value is not None}
 
     def topic_id(self, topic: str, role: TopicRole = TOPIC) -> str:
         """The topic's id (a new one after the topic is deleted and created again)."""
-        futures = self._client.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
-        try:
-            return str(futures[topic].result(timeout=self.timeout_s).topic_id)
-        except KafkaException as exc:
-            raise JournalError(f"could not describe {role.label} {topic!r}: {exc.args[0]}") from None
+        return self.describe_topic(topic, role=role).topic_id
 
     # -- offsets and pruning -----------------------------------------------------------------------
     def start_offsets(self, topic: str, partitions: Iterable[int], role: TopicRole = TOPIC) -> dict[int, int]:
@@ -139,10 +179,22 @@ class KafkaAdmin:
         """Next offset to be written in each partition (the high watermark)."""
         return self._list_offsets(topic, partitions, OffsetSpec.latest(), role)
 
-    def delete_records(self, topic: str, offsets: Mapping[int, int], role: TopicRole = TOPIC) -> None:
-        """Delete records below ``offsets[p]`` in each partition; asynchronous (a failure is logged)."""
+    def delete_records(self, topic: str, offsets: Mapping[int, int], role: TopicRole = TOPIC, *,
+                       wait: bool = False) -> None:
+        """Delete records below ``offsets[p]`` in each partition.
+
+        Asynchronous by default (pruning: a failure is logged, the next prune tries again). With ``wait`` the
+        deletion is done on return, retried on retriable errors, and a failure is a :class:`JournalError`.
+        """
         request = [TopicPartition(topic, p, o) for p, o in offsets.items() if o > 0]
         if not request:
+            return
+        if wait:
+            def delete() -> None:
+                for future in self._client.delete_records(request, request_timeout=self.timeout_s).values():
+                    future.result(timeout=self.timeout_s)
+
+            self.with_retries(f"delete the records of {role.label} {topic!r} below offsets {dict(offsets)}", delete)
             return
         for tp, future in self._client.delete_records(request, request_timeout=self.timeout_s).items():
             future.add_done_callback(lambda f, tp=tp: f.exception() and log.warning(
@@ -187,8 +239,28 @@ class KafkaAdmin:
 
         return self.with_retries(f"list offsets of {role.label} {topic!r}", list_offsets)
 
+    def _config_entries(self, topic: str, role: TopicRole, *, denied_ok: bool) -> dict[str, Any] | None:
+        """The topic's config entries (value, ``is_default``...); ``None`` if denied and ``denied_ok``."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+
+        def describe() -> dict[str, Any] | None:
+            future = self._client.describe_configs([resource], request_timeout=self.timeout_s)[resource]
+            try:
+                return dict(future.result(timeout=self.timeout_s))
+            except KafkaException as exc:
+                # A start-up check must not need more rights than producing does: it warns and goes on.
+                if denied_ok and exc.args[0].code() in _NOT_ALLOWED:
+                    log.warning("cannot read the settings of %s %s (%s): grant DescribeConfigs on it to have its "
+                                "cleanup policy and record size limit checked", role.label, topic, exc.args[0])
+                    return None
+                raise
+
+        return self.with_retries(f"describe the configuration of {role.label} {topic!r}", describe)
+
     def _create(self, topic: str, partitions: int, role: TopicRole, replication_factor: int | None,
-                topic_config: dict[str, str]) -> None:
+                topic_config: dict[str, str]) -> int:
+        """Create ``topic`` (one that exists already is fine: another subtask won the race); return its
+        partition count once its metadata is visible."""
         new_topic = NewTopic(topic, partitions, replication_factor or -1, config=topic_config)
         future = self._client.create_topics([new_topic], request_timeout=self.timeout_s)[topic]
         try:
@@ -200,8 +272,8 @@ class KafkaAdmin:
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:  # metadata of a new topic spreads asynchronously
             found = self._metadata(topic)
-            if found is not None and found.error is None and len(found.partitions) == partitions:
-                return
+            if found is not None and found.error is None and found.partitions:
+                return len(found.partitions)
             time.sleep(0.1)
         raise JournalError(f"{role.label} {topic!r} was created but did not become visible")
 

@@ -8,9 +8,12 @@ it, so a setting the user gives reaches every connection the package opens, incl
 topics.
 
 Only what correctness needs is added: a *durable* producer (journal, capture, manifest) is idempotent with
-``acks=all``, because a record that may be lost or duplicated would break reuse. A user setting that
-contradicts those two is refused, never silently overridden. A reading consumer gets a throwaway group id
-and never commits.
+``acks=all``, because a record that may be lost or duplicated would break reuse. An *ordered* producer
+(one that checks the offset each record lands at, as loading a dumped topic does) also keeps one request in
+flight per connection, so a retried batch can never land after a later one. A reading consumer gets a
+throwaway group id and never commits; a *committed-only* reader (``isolation.level=read_committed``) sees
+no record of an aborted or open transaction. A user setting that contradicts any of these is refused,
+never silently overridden.
 """
 
 from __future__ import annotations
@@ -22,10 +25,15 @@ from typing import Any
 
 from flink_agents_replay.errors import ConfigError
 
-__all__ = ["DURABLE_PRODUCER_SETTINGS", "KafkaSettings", "KafkaSettingsLike"]
+__all__ = ["COMMITTED_READER_SETTINGS", "DURABLE_PRODUCER_SETTINGS", "ORDERED_PRODUCER_SETTINGS", "KafkaSettings",
+           "KafkaSettingsLike"]
 
 #: What a producer whose records must arrive exactly once needs.
 DURABLE_PRODUCER_SETTINGS: Mapping[str, Any] = {"enable.idempotence": True, "acks": "all"}
+#: What a producer whose records must land in the order produced, even across retries, needs on top.
+ORDERED_PRODUCER_SETTINGS: Mapping[str, Any] = {"max.in.flight.requests.per.connection": 1}
+#: What a consumer that must see only committed records (none of an aborted or open transaction) needs.
+COMMITTED_READER_SETTINGS: Mapping[str, Any] = {"isolation.level": "read_committed"}
 
 # Names whose values are secrets: never shown by repr (settings end up in logs and tracebacks).
 _SECRET_MARKERS = ("password", "secret", "sasl.jaas.config", "ssl.key.pem", "oauthbearer.config")
@@ -72,33 +80,48 @@ class KafkaSettings:
         """Configuration of an admin client: the user's settings as given."""
         return self.client
 
-    def producer_config(self, *, durable: bool, what: str = "this producer") -> dict[str, Any]:
-        """Configuration of a producer; ``durable`` adds :data:`DURABLE_PRODUCER_SETTINGS`.
+    def producer_config(self, *, durable: bool, ordered: bool = False, what: str = "this producer") -> dict[str, Any]:
+        """Configuration of a producer; ``durable`` adds :data:`DURABLE_PRODUCER_SETTINGS`, ``ordered``
+        :data:`ORDERED_PRODUCER_SETTINGS` (one request in flight: slower, but a record's offset can be predicted).
 
-        Raises :class:`ConfigError` (naming ``what`` needs it) when a user setting contradicts a durable one.
+        Raises :class:`ConfigError` (naming ``what`` needs it) when a user setting contradicts an added one.
         """
         config = self.client
         if durable:
             self.check_durable(what)
             config.update(DURABLE_PRODUCER_SETTINGS)
+        if ordered:
+            self._check_required(ORDERED_PRODUCER_SETTINGS, what)
+            config.update(ORDERED_PRODUCER_SETTINGS)
         return config
 
     def check_durable(self, what: str) -> None:
         """Refuse settings that contradict an idempotent producer with ``acks=all`` (``what`` needs it)."""
-        config = self.client
-        for name, required in DURABLE_PRODUCER_SETTINGS.items():
-            if name in config and str(config[name]).lower() != str(required).lower():
-                raise ConfigError(f"the {what} needs Kafka setting {name}={required}; remove {name} from the config")
+        self._check_required(DURABLE_PRODUCER_SETTINGS, what)
 
-    def reader_config(self, *, purpose: str) -> dict[str, Any]:
+    def reader_config(self, *, purpose: str, committed_only: bool = False) -> dict[str, Any]:
         """Configuration of a consumer that reads assigned partitions between offsets: a throwaway group id
-        (``assign()`` only, never committed), and no silent skip past a gap (``auto.offset.reset=error``)."""
+        (``assign()`` only, never committed), and no silent skip past a gap (``auto.offset.reset=error``).
+
+        ``committed_only`` adds :data:`COMMITTED_READER_SETTINGS` (refusing a user's ``read_uncommitted``): the
+        reader then stops before an open transaction and sees an aborted one as a gap in the offsets.
+        """
+        if committed_only:
+            self._check_required(COMMITTED_READER_SETTINGS, f"{purpose} reader")
+        required = COMMITTED_READER_SETTINGS if committed_only else {}
         return {**self.client, "group.id": f"flink-agents-replay-{purpose}-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False, "auto.offset.reset": "error"}
+                "enable.auto.commit": False, "auto.offset.reset": "error", **required}
 
     def get(self, name: str, default: Any = None) -> Any:
         """One setting's value (``default`` when the user gave none)."""
         return dict(self.pairs).get(name, default)
+
+    def _check_required(self, required: Mapping[str, Any], what: str) -> None:
+        """Refuse a user setting that contradicts one of ``required`` (``what`` needs them)."""
+        config = self.client
+        for name, value in required.items():
+            if name in config and str(config[name]).lower() != str(value).lower():
+                raise ConfigError(f"the {what} needs Kafka setting {name}={value}; remove {name} from the config")
 
     def __repr__(self) -> str:
         shown = {name: "***" if any(marker in name.lower() for marker in _SECRET_MARKERS) else value

@@ -41,6 +41,7 @@ JOURNAL = TopicRole("journal topic", keyed_by_key_group=True)
 CAPTURE = TopicRole("capture topic", keyed_by_key_group=True)
 MANIFEST = TopicRole("capture manifest topic", compacted=True)
 #: A job's input or output topic.
+#: Also a topic dumped or loaded by :mod:`flink_agents_replay.journal.transfer`, which may hold any of the roles above.
 TOPIC = TopicRole("topic")
 
 

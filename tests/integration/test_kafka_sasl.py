@@ -59,12 +59,12 @@ def test_capture_and_manifest_write_and_read_with_the_users_security_settings(sa
     from flink_agents_replay.capture.manifest import CaptureDescription, read_capture_start
     from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
     from flink_agents_replay.capture.records import CapturedInput
+    from flink_agents_replay.capture.schemas import capture_codec
     from flink_agents_replay.capture.writer import CaptureWriter
-    from flink_agents_replay.records.codec import RecordCodec
 
     capture_topic = f"capture-{uuid.uuid4().hex[:8]}"
     description = CaptureDescription("op", capture_topic, "STRING", 2, 1)
-    writer = CaptureWriter.to_kafka(sasl_settings, description=description, codec=RecordCodec(b"k" * 32, "op"),
+    writer = CaptureWriter.to_kafka(sasl_settings, description=description, codec=capture_codec(b"k" * 32, "op"),
                                     with_manifest=True, create_topic=True, replication_factor=1, topic_config={},
                                     kafka_timeout_s=30, ack_timeout_s=30)
     try:
@@ -94,6 +94,36 @@ def test_inspect_and_its_command_line_read_with_the_users_security_settings(sasl
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert f"journal topic {topic}: 3 partitions, 0 records stored" in shown.stdout
+
+
+def test_journal_dump_and_load_keep_offsets_with_the_users_security_settings(sasl_settings, tmp_path):
+    """Dump and load build an admin client, a consumer and a producer: each must carry the login, or the
+    listener refuses it (see the first test)."""
+    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.journal.transfer import dump_topic, load_topic
+    from flink_agents_replay.kafka import KafkaSettings
+
+    source, target = f"journal-{uuid.uuid4().hex[:8]}", f"moved-{uuid.uuid4().hex[:8]}"
+    store = KafkaJournalStore(sasl_settings, source, 2)
+    try:
+        assert [store.append(1, f"k{i}".encode(), f"v{i}".encode()).wait(30) for i in range(4)] == [0, 1, 2, 3]
+        store.delete_before({1: 1})
+        assert _eventually(lambda: store.start_offsets([0, 1]) == {0: 0, 1: 1})
+    finally:
+        store.close()
+
+    header = dump_topic(sasl_settings, topic=source, path=tmp_path / "journal.jsonl.gz")
+    assert (header.partitions, header.low, header.high) == (2, {0: 0, 1: 1}, {0: 0, 1: 4})
+    result = load_topic(KafkaSettings.of(sasl_settings), path=tmp_path / "journal.jsonl.gz", topic=target)
+    assert (result.records, result.fillers, result.old_topic_id) == (3, 1, header.topic_id)
+
+    moved = KafkaJournalStore(sasl_settings, target, 2, create_topic=False)
+    try:
+        assert moved.start_offsets([0, 1]) == {0: 0, 1: 1} and moved.end_offsets([0, 1]) == {0: 0, 1: 4}
+        assert [(r.offset, r.key, r.value) for r in moved.read({1: 1}, {1: 4})] == \
+            [(1, b"k1", b"v1"), (2, b"k2", b"v2"), (3, b"k3", b"v3")]
+    finally:
+        moved.close()
 
 
 def _eventually(condition, timeout_s: float = 30.0) -> bool:

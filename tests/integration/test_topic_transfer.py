@@ -108,6 +108,21 @@ def test_load_puts_every_record_at_its_offset_across_gaps(kafka_bootstrap, tmp_p
         load_topic(kafka, path=tmp_path / "dump.jsonl.gz", topic=target)
 
 
+def test_load_accepts_an_existing_empty_topic_only_with_the_dumps_partition_count(kafka_bootstrap, new_topic,
+                                                                                   tmp_path):
+    from flink_agents_replay.errors import TopicMismatchError
+
+    source = _topic_with_gaps(kafka_bootstrap)
+    dump = tmp_path / "dump.jsonl.gz"
+    header = dump_topic(kafka_bootstrap, topic=source, path=dump)  # a bare bootstrap string is settings too
+    three = new_topic(partitions=3, prefix="transfer-three")
+    with pytest.raises(TopicMismatchError, match=f"topic '{three}' already exists with 3 partitions, not 2"):
+        load_topic(kafka_bootstrap, path=dump, topic=three)
+    empty = new_topic(partitions=2, prefix="transfer-empty")
+    result = load_topic(kafka_bootstrap, path=dump, topic=empty)
+    assert result.topic == empty and result.records + result.fillers == sum(header.high.values())
+
+
 def test_cli_dump_and_load_print_the_setting_to_accept_the_moved_journal(kafka_bootstrap, tmp_path, capsys):
     source = _topic_with_gaps(kafka_bootstrap)
     dump = str(tmp_path / "cli.jsonl.gz")

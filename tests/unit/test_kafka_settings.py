@@ -122,6 +122,31 @@ def test_agreeing_durable_settings_are_accepted():
     assert settings.producer_config(durable=True)["acks"] == "all"
 
 
+def test_an_ordered_producer_keeps_one_request_in_flight_and_refuses_more():
+    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.kafka import KafkaSettings
+
+    ordered = KafkaSettings.of(SECURE).producer_config(durable=True, ordered=True)
+    assert ordered == {**SECURE, "enable.idempotence": True, "acks": "all", "max.in.flight.requests.per.connection": 1}
+    settings = KafkaSettings.of({**SECURE, "max.in.flight.requests.per.connection": 5})
+    assert settings.producer_config(durable=True)["max.in.flight.requests.per.connection"] == 5
+    with pytest.raises(ConfigError, match="the topic load needs Kafka setting max.in.flight.requests.per.connection=1"):
+        settings.producer_config(durable=True, ordered=True, what="topic load")
+
+
+def test_a_committed_only_reader_reads_committed_and_refuses_read_uncommitted():
+    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.kafka import KafkaSettings
+
+    reader = KafkaSettings.of(SECURE).reader_config(purpose="dump", committed_only=True)
+    assert reader["isolation.level"] == "read_committed" and reader["group.id"].startswith("flink-agents-replay-dump-")
+    assert {k: reader[k] for k in SECURE} == SECURE
+    assert "isolation.level" not in KafkaSettings.of(SECURE).reader_config(purpose="dump")
+    uncommitted = KafkaSettings.of({**SECURE, "isolation.level": "read_uncommitted"})
+    with pytest.raises(ConfigError, match="the dump reader needs Kafka setting isolation.level=read_committed"):
+        uncommitted.reader_config(purpose="dump", committed_only=True)
+
+
 def test_repr_hides_secrets_and_pickling_keeps_everything():
     import pickle
 
