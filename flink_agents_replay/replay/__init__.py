@@ -2,14 +2,14 @@
 
 The concept
 -----------
-A replay job is the production job's agent operator (same uid, same max parallelism, same key type)
-started from a production savepoint, so every key has the memory and seq production had at that
-moment. Its input is the capture (:mod:`flink_agents_replay.capture`) from the savepoint's position on:
-the inputs production accepted after it, in the same per-key order, with their event times. Inputs the
-savepoint already holds (in flight, or waiting behind a key's run) are run from the savepoint's state,
-and their captured copies dropped; runs in flight in the savepoint finish with what production's journal
-holds (read, never written). The replay writes its own journal and its own capture; comparing its
-capture with production's gives the diff.
+A replay job is the production job's agent operator (same uid, same max parallelism, same key type) with a
+replay's job mode plugged in (:class:`.mode.ReplayMode`), started from a production savepoint, so every key
+has the memory and seq production had at that moment. Its input is the capture
+(:mod:`flink_agents_replay.capture`) from the savepoint's position on: the inputs production accepted after
+it, in the same per-key order, with their event times. Inputs the savepoint already holds (in flight, or
+waiting behind a key's run) are run from the savepoint's state, and their captured copies dropped; runs in
+flight in the savepoint finish with what production's journal holds (read, never written). The replay writes
+its own journal and its own capture; comparing its capture with production's gives the diff.
 
 Side effects
 ------------

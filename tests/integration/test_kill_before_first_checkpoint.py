@@ -120,7 +120,7 @@ def read_journal(bootstrap: str, topic: str, keys: list[str]) -> JournalView:
         for stored in store.read(store.start_offsets(partitions), store.end_offsets(partitions)):
             record = codec.decode(stored.key, stored.value)
             view.records += 1
-            view.kinds[record.kind.value] += 1
+            view.kinds[record.kind] += 1
             if record.kind == RecordKind.ATTEMPT:
                 view.attempts.append(dict(record.payload, partition=stored.partition))
             if record.kind != RecordKind.CALL:

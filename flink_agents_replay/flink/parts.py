@@ -1,0 +1,69 @@
+"""Building the operator's parts from its :class:`~flink_agents_replay.config.AgentConfig`.
+
+The parts take plain values, not the config: this module is where the config is read. Each part builds
+the Kafka clients it owns through :mod:`flink_agents_replay.kafka` (the journal store here, the capture
+writer for the capture observer, production's journal inside the replay mode).
+"""
+
+from __future__ import annotations
+
+from flink_agents_replay.agent import Agent
+from flink_agents_replay.capture.manifest import CaptureDescription
+from flink_agents_replay.capture.observer import CaptureObserver
+from flink_agents_replay.capture.schemas import capture_codec
+from flink_agents_replay.capture.writer import CaptureWriter
+from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.flink.mode import PRODUCTION, JobMode
+from flink_agents_replay.flink.observer import OperatorObserver
+from flink_agents_replay.journal.checkpoints import JournalCheckpoints
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.writer import JournalWriter, max_record_bytes
+from flink_agents_replay.records.codec import FORMAT_VERSION, RecordCodec
+from flink_agents_replay.replay.mode import ReplayMode
+
+__all__ = ["job_mode", "journal_checkpoints", "observers"]
+
+
+def job_mode(config: AgentConfig, *, max_parallelism: int) -> JobMode:
+    """The replay's mode when ``config.replay`` is set, else production's."""
+    if config.replay is None:
+        return PRODUCTION
+    return ReplayMode(settings=config.replay, kafka=config.kafka_settings(), signing_key=config.signing_key_bytes,
+                      uid=config.uid, journal_topic=config.journal_topic, max_parallelism=max_parallelism,
+                      read_production_journal=config.journal_enabled, kafka_timeout_s=config.kafka_timeout_s)
+
+
+def observers(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: JobMode) -> list[OperatorObserver]:
+    """The operator's observers: the capture's when ``config.capture`` is on, else none."""
+    if not config.capture:
+        return []
+    description = CaptureDescription(config.uid, config.capture_topic, key_type, max_parallelism, FORMAT_VERSION,
+                                     config.journal_topic if config.journal_enabled else None,
+                                     tuple(config.output_topics))
+    # A capture that is never replayed itself (a replay's, which feeds the diff) needs no manifest.
+    writer = CaptureWriter.to_kafka(
+        config.kafka_settings(), description=description, codec=capture_codec(config.signing_key_bytes, config.uid),
+        with_manifest=mode.resumable, create_topic=config.create_topic,
+        replication_factor=config.replication_factor, topic_config=config.capture_topic_config,
+        kafka_timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
+    return [CaptureObserver(writer=writer)]
+
+
+def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subtask: int, max_parallelism: int,
+                        mode: JobMode) -> JournalCheckpoints:
+    """The subtask's journal (store and writer, when the journal is enabled) across checkpoints."""
+    store = writer = None
+    if config.journal_enabled:
+        store = KafkaJournalStore(
+            config.kafka_settings(), config.journal_topic, max_parallelism, create_topic=config.create_topic,
+            replication_factor=config.replication_factor, topic_config=config.topic_config,
+            timeout_s=config.kafka_timeout_s)
+        codec = RecordCodec(config.signing_key_bytes, config.uid, event_types=agent.event_types())
+        writer = JournalWriter(store, codec, config.durability, config.ack_timeout_s,
+                               max_record_bytes(config.kafka, store.max_message_bytes))
+    # A job that is not resumed (a replay) reads what is left of another journal: a gap is expected there.
+    return JournalCheckpoints(store=store, writer=writer, restore_from=mode.journal_to_restore(store), owned=owned,
+                              subtask=subtask, resumable=mode.resumable,
+                              accept_gap=config.accept_reexecution_after_gap or not mode.resumable,
+                              accept_moved_from=config.accept_moved_journal_from, continue_job=config.continue_job,
+                              ack_timeout_s=config.ack_timeout_s)

@@ -1,0 +1,256 @@
+"""The journal's side of Flink checkpoints, without Flink: restore, markers, pruning (docs/design.md §5.1, §7).
+
+A subtask's :class:`JournalCheckpoints` owns its journal store and writer, the recovery index a restore
+reads, and the prune tracker. The operator calls it at each checkpoint hook and passes plain values:
+
+* :meth:`~JournalCheckpoints.restore` (``initialize_state``): combine the restored markers
+  (:func:`~.markers.plan_restore`), check they were taken on this journal topic, apply the gap policy
+  (records the checkpoint needs already deleted), and read the owned partitions into a
+  :class:`~.index.RecoveryIndex`. Without a marker: :meth:`~JournalCheckpoints.start_without_checkpoint`
+  (attempt records, :mod:`.attempts`).
+* :meth:`~JournalCheckpoints.snapshot` (``snapshot_state``): flush, then the marker: per owned partition
+  the next offset, lowered to the first record of every run in flight and of every recovered history not
+  yet replayed.
+* :meth:`~JournalCheckpoints.completed` / :meth:`~JournalCheckpoints.aborted`: prune below the completed
+  checkpoint's marker; an aborted one prunes nothing.
+
+A job that is never resumed from its own checkpoints (``resumable=False``: a replay, run again from the
+production savepoint each time) restores from another journal, read only (``restore_from``), takes only
+the records the savepoint's runs need, accepts what was pruned since, and writes no marker, prunes
+nothing and writes no attempt records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from flink_agents_replay.errors import JournalGapError
+from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
+from flink_agents_replay.journal.index import KeyHistory, RecoveryIndex
+from flink_agents_replay.journal.markers import PruneTracker, RestorePlan, build_marker, encode_marker, plan_restore
+from flink_agents_replay.journal.recovery import read_recovery_index
+from flink_agents_replay.journal.store import JournalStore
+from flink_agents_replay.journal.transfer import moved_journal_refusal
+from flink_agents_replay.journal.writer import JournalWriter, RunJournal
+
+__all__ = ["JournalCheckpoints", "RunInFlight", "describe_partitions"]
+
+log = logging.getLogger("flink_agents_replay.operator")  # the operator's log lines, as tests and the demo read them
+
+
+@dataclass(frozen=True)
+class RunInFlight:
+    """A run under way at a checkpoint: where its records go and which input it is."""
+
+    group: int  # its key group = journal partition
+    key_digest: str
+    seq: int
+    journal: RunJournal | None
+
+
+class JournalCheckpoints:
+    """One subtask's journal across checkpoints: its store and writer, the recovery index and pruning.
+
+    Args:
+        store: the journal this job writes (``None``: journal disabled; every hook is then a no-op).
+        writer: the writer over ``store``.
+        restore_from: the journal a restore reads; default ``store``. A replay reads production's, read only.
+        owned: the journal partitions (key groups) this subtask owns.
+        subtask: this subtask's index (for log lines).
+        resumable: whether this job is resumed from its own checkpoints (markers, pruning, attempt records).
+        accept_gap: restore even when records the checkpoint needs are gone (their actions run again).
+        accept_moved_from: the topic id(s) of a journal moved here with its offsets kept (:mod:`.transfer`):
+            markers of that id restore when every owned partition reaches their end offsets.
+        continue_job: an earlier job whose records a start without checkpoint reuses (see :mod:`.attempts`).
+        ack_timeout_s: bound on the flush at a snapshot and on a run's first acknowledged offset.
+    """
+
+    def __init__(self, *, store: JournalStore | None, writer: JournalWriter | None, owned: range, subtask: int,
+                 restore_from: JournalStore | None = None, resumable: bool = True, accept_gap: bool = False,
+                 accept_moved_from: str | Sequence[str] | None = None, continue_job: str | None = None,
+                 ack_timeout_s: float = 60.0):
+        self.store = store
+        self.writer = writer
+        self.restore_from = restore_from if restore_from is not None or not resumable else store
+        self.owned = owned
+        self.subtask = subtask
+        self.resumable = resumable
+        self.accept_gap = accept_gap
+        self.accept_moved_from = accept_moved_from
+        self.continue_job = continue_job
+        self.ack_timeout_s = ack_timeout_s
+        self.index = RecoveryIndex()
+        self.prunes = PruneTracker()
+        self.restored = False  # True while recovered history is left to replay
+        self.last_restore_ms: float | None = None
+
+    # -- restore -----------------------------------------------------------------------------------
+    def restore(self, marker_values: Iterable[bytes], *, job_id: str | None) -> None:
+        """Find this subtask's offsets in the restored markers and read the journal from them; without a
+        marker, :meth:`start_without_checkpoint` (a resumable job only)."""
+        journal = self.restore_from
+        if journal is None:
+            return
+        plan = plan_restore(marker_values, self.owned)
+        if plan.fresh:
+            if self.resumable:
+                self.start_without_checkpoint(job_id)
+            return
+        begun = time.monotonic()
+        offsets = self.check_topic_id(journal, plan, dict(plan.offsets))
+        offsets = self._apply_gap_policy(journal, offsets)
+        end = journal.end_offsets(offsets)
+        # A replay takes only what the savepoint's runs in flight need, never production's later runs (design §9).
+        keep = plan.needs if self.resumable else plan.needed_by_replay
+        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep)
+        self.restored = True
+        self.last_restore_ms = (time.monotonic() - begun) * 1000
+        log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
+                 "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
+                 describe_partitions(offsets), self.last_restore_ms / 1000, len(plan.in_flight))
+
+    def check_topic_id(self, journal: JournalStore, plan: RestorePlan, offsets: dict[int, int]) -> dict[int, int]:
+        """The offsets to read: ``offsets`` when the markers were taken on ``journal``'s topic; else refused
+        (:class:`JournalGapError`), or, accepting a gap, nothing (read from the earliest records)."""
+        if plan.topic_ids == {journal.topic_id}:
+            return offsets
+        refusal = self._moved_journal_refusal(journal, plan)
+        if refusal is None:
+            return offsets
+        message = (f"the journal topic {journal.topic!r} is not the topic this checkpoint was taken with "
+                   f"(topic id {journal.topic_id}, checkpoint: {sorted(plan.topic_ids)}): it was deleted and "
+                   "recreated, so recorded actions are gone")
+        if not self.accept_gap:
+            raise JournalGapError(
+                f"{message}; set accept_reexecution_after_gap=True to run them again. If the journal was moved to "
+                "another Kafka cluster with `flink-agents-replay journal dump` and `journal load` (offsets kept), "
+                f"set accept_moved_journal_from={sorted(plan.topic_ids)[0]!r} instead (now: {refusal})")
+        log.warning("%s; running them again (accept_reexecution_after_gap)", message)
+        return {}
+
+    def _moved_journal_refusal(self, journal: JournalStore, plan: RestorePlan) -> str | None:
+        """Why ``accept_moved_from`` does not let markers of another topic id restore; ``None`` when it does."""
+        refusal = moved_journal_refusal(
+            marker_topic_ids=plan.topic_ids, current_topic_id=journal.topic_id, accepted_from=self.accept_moved_from,
+            marker_ends=plan.barrier_ends, current_ends=journal.end_offsets(self.owned), owned=self.owned)
+        if refusal is None:
+            log.info("subtask %d: accepted the moved journal %s (topic id %s -> %s, accept_moved_journal_from)",
+                     self.subtask, journal.topic, ", ".join(sorted(plan.topic_ids)), journal.topic_id)
+        return refusal
+
+    def _apply_gap_policy(self, journal: JournalStore, offsets: dict[int, int]) -> dict[int, int]:
+        """Refuse (or, accepting a gap, read from the earliest records) when needed records were deleted."""
+        low = journal.start_offsets(offsets)
+        gaps = {p: (offsets[p], low[p]) for p in offsets if offsets[p] < low[p]}
+        if not gaps:
+            return offsets
+        shown = ", ".join(f"partition {p}: needs {o}, earliest {lw}" for p, (o, lw) in sorted(gaps.items())[:5])
+        message = (f"journal records this checkpoint needs were already deleted ({shown}); this happens when "
+                   "restoring an older savepoint after later checkpoints pruned the journal")
+        if not self.accept_gap:
+            raise JournalGapError(message + ". Actions in that gap would run again: set "
+                                  "accept_reexecution_after_gap=True to accept that")
+        log.warning("%s; reading from the earliest records (accept_reexecution_after_gap)", message)
+        return {**offsets, **{p: low[p] for p in gaps}}
+
+    def start_without_checkpoint(self, job_id: str | None) -> None:
+        """No checkpoint: reuse what earlier attempts of this job wrote, if any; then mark this attempt's start.
+
+        See :mod:`flink_agents_replay.journal.attempts` for how records are tied to a job.
+        """
+        if job_id is None:
+            log.warning("subtask %d: the job id is unknown here, so a restart before the first checkpoint will run "
+                        "its inputs' calls again", self.subtask)
+            return
+        begun = time.monotonic()
+        found = read_job_history(self.store, self.writer.codec, self.owned,
+                                 {job_id} | ({self.continue_job} if self.continue_job else set()))
+        attempt = found.last_attempt + 1
+        if found.found:
+            self.index = found.index
+            self.restored = True
+            self.last_restore_ms = (time.monotonic() - begun) * 1000
+            log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; job %s "
+                     "restarted before its first completed checkpoint (attempt %d): the records of its earlier "
+                     "attempts are reused", self.subtask, found.index.records_read - found.other_records,
+                     len(found.index), describe_partitions(found.starts), self.last_restore_ms / 1000, job_id,
+                     attempt)
+        else:
+            log.info("subtask %d: fresh start of job %s, no checkpoint and no earlier attempt in the journal "
+                     "(partitions %s); %d records of earlier jobs are not reused", self.subtask, job_id,
+                     describe_partitions(self.owned), found.other_records)
+        write_attempt_records(self.writer, self.owned, job_id, attempt, self.subtask)
+
+    # -- runs --------------------------------------------------------------------------------------
+    def run_journal(self, group: int) -> RunJournal | None:
+        """Where a new run of key group ``group`` journals (``None`` without a journal)."""
+        return self.writer.run_journal(group) if self.writer is not None else None
+
+    def history(self, key_digest: str) -> KeyHistory | None:
+        """The key's recovered history while a restore replays, else ``None``."""
+        return self.index.history(key_digest) if self.restored else None
+
+    def run_applied(self, key_digest: str) -> bool:
+        """A run of the key was applied: forget its replayed history; ``True`` when that was the last of
+        the recovered journal (the restore is over)."""
+        if not self.restored:
+            return False
+        self.index.forget_if_empty(key_digest)
+        if len(self.index):
+            return False
+        self.restored = False
+        return True
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def snapshot(self, checkpoint_id: int, runs_in_flight: Iterable[RunInFlight]) -> bytes | None:
+        """The recovery marker: per owned partition, the first offset a restore from here must read."""
+        if self.store is None or not self.resumable:  # a replay is run again from the savepoint, not resumed
+            return None
+        self.store.flush(self.ack_timeout_s)
+        ends = self.store.end_offsets(self.owned)
+        in_flight: dict[int, list[tuple[str, int]]] = {}
+        firsts = []
+        for run in runs_in_flight:
+            in_flight.setdefault(run.group, []).append((run.key_digest, run.seq))
+            first = run.journal.first_offset(self.ack_timeout_s) if run.journal is not None else None
+            if first is not None:
+                firsts.append((run.group, first))
+        marker = build_marker(ends, firsts, self.index.floor_offsets())
+        self.prunes.remember(checkpoint_id, marker)
+        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, self.index.unreplayed())
+
+    def completed(self, checkpoint_id: int) -> int:
+        """Delete the journal records this checkpoint made unnecessary; return how many."""
+        if self.store is None or not self.resumable:
+            return 0
+        low = None if self.prunes.seeded else self.store.start_offsets(self.owned)
+        deletions = self.prunes.complete(checkpoint_id, low)
+        if not deletions:
+            return 0
+        self.store.delete_before(deletions)
+        return self.prunes.pruned(deletions)
+
+    def aborted(self, checkpoint_id: int) -> None:
+        """An aborted checkpoint prunes nothing."""
+        self.prunes.abort(checkpoint_id)
+
+    def close(self) -> None:
+        """Refuse further writes (runs abandoned on close may still run), release the store's clients."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.store is not None:
+            self.store.close()
+
+
+def describe_partitions(partitions: Iterable[int]) -> str:
+    """Partitions for a log line: ``[0, 1, 2, 5]`` as ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for p in sorted(partitions):
+        if spans and p == spans[-1][1] + 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans) or "none"

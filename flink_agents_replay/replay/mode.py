@@ -1,0 +1,152 @@
+"""Replay as a plug-in of the agent operator: everything that makes the production operator a replay.
+
+The operator asks its job mode at a few named points (see :mod:`flink_agents_replay.flink.mode`, whose
+interface :class:`ReplayMode` implements structurally). A replay:
+
+* is never resumed from its own checkpoints (``resumable`` is false): it writes no journal markers, prunes
+  nothing, writes no attempt records and no capture manifest; it is run again from the savepoint;
+* reads production's journal, read only, to finish the runs in flight in the savepoint
+  (:meth:`~ReplayMode.journal_to_restore`);
+* takes its inputs from production's capture: a :class:`~flink_agents_replay.capture.records.CapturedInput`
+  becomes a waiting input with production's seq and event time, and inputs the savepoint already holds
+  (production had accepted them before the savepoint) are dropped (:meth:`~ReplayMode.admit`,
+  :meth:`~ReplayMode.drop_held`); a key's order is the capture's (``restores_input_order`` is false);
+* runs each input as the seq production gave it, warning when the capture lacks inputs in between;
+* gates every call of a run by the side-effect policy, serving ``recorded`` calls from what production's
+  run of the same input made (:meth:`~ReplayMode.gate_for`, :class:`~.gate.ReplayCalls`), those calls
+  loaded from the capture when the subtask opens;
+* reports a failed run in its capture (for the diff) instead of failing the job (``report_failures``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.formats.state import WaitingInput, decode_waiting
+from flink_agents_replay.journal.checkpoints import describe_partitions
+from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.journal.store import JournalStore
+from flink_agents_replay.kafka.settings import KafkaSettingsLike
+from flink_agents_replay.records.journal import CallRecord, key_digest
+from flink_agents_replay.replay.gate import ReplayCalls
+from flink_agents_replay.replay.settings import ReplaySettings
+
+__all__ = ["ReplayMode"]
+
+log = logging.getLogger("flink_agents_replay.operator")
+
+RecordedCalls = dict[tuple[str, str, int], CallRecord]  # (event id, action, position) -> production's call
+
+
+class ReplayMode:
+    """The job mode of a replay (see the module docstring).
+
+    Args:
+        settings: the replay's settings (production's capture and journal, start offsets, policies).
+        kafka: the user's Kafka settings, passed to every client.
+        signing_key, uid: what production's capture records are verified with.
+        journal_topic: the replay's own journal topic (its live calls' ids are prefixed with it).
+        max_parallelism: the job's max parallelism (partitions of the capture and the journal).
+        read_production_journal: whether the replay has a journal (then it reads production's).
+        kafka_timeout_s: bound on start-up requests and reads.
+    """
+
+    resumable = False
+    restores_input_order = False
+    report_failures = True
+
+    def __init__(self, *, settings: ReplaySettings, kafka: KafkaSettingsLike, signing_key: bytes, uid: str,
+                 journal_topic: str | None, max_parallelism: int, read_production_journal: bool,
+                 kafka_timeout_s: float):
+        self.settings = settings
+        self.kafka = kafka
+        self.signing_key = signing_key
+        self.uid = uid
+        self.call_id_prefix = f"replay:{journal_topic}:"
+        self.max_parallelism = max_parallelism
+        self.read_production_journal = read_production_journal
+        self.kafka_timeout_s = kafka_timeout_s
+        self.production_journal: KafkaJournalStore | None = None
+        self.recorded_calls: dict[tuple[str, int], RecordedCalls] = {}
+        self.counters: Mapping[str, Any] = {}
+        self.subtask = 0
+
+    def open(self, *, owned: range, subtask: int, counters: Mapping[str, Any]) -> None:
+        """Open production's journal (read only) and load production's calls of the owned partitions."""
+        self.subtask = subtask
+        self.counters = counters
+        if self.settings.production_journal_topic and self.read_production_journal:
+            # Read-only: runs in flight in the savepoint finish with what production journaled.
+            self.production_journal = KafkaJournalStore(
+                self.kafka, self.settings.production_journal_topic, self.max_parallelism, create_topic=False,
+                timeout_s=self.kafka_timeout_s)
+        self._load_recorded_calls(owned)
+
+    def _load_recorded_calls(self, owned: range) -> None:
+        """Index the calls production made in the runs after the savepoint (owned partitions only)."""
+        begun = time.monotonic()
+        partitions = set(owned)
+        start = {p: o for p, o in self.settings.start_offsets.items() if p in partitions}
+        decoder = CaptureDecoder(self.signing_key, self.uid)
+        runs = 0
+        for record in read_capture(self.kafka, self.settings.production_capture_topic, self.max_parallelism,
+                                   decoder, start=start, partitions_to_read=partitions,
+                                   timeout_s=self.kafka_timeout_s):
+            if isinstance(record, CapturedRun):
+                runs += 1
+                self.recorded_calls[(key_digest(record.key), record.seq)] = {
+                    (call.event_id, call.action, call.position): call for call in record.calls}
+        log.info("subtask %d replay from checkpoint %s: read %d production runs (%d inputs with recorded calls) "
+                 "from capture %s partitions %s in %.2f s", self.subtask, self.settings.checkpoint_id, runs,
+                 len(self.recorded_calls), self.settings.production_capture_topic, describe_partitions(partitions),
+                 time.monotonic() - begun)
+
+    def journal_to_restore(self, own: JournalStore | None) -> JournalStore | None:
+        """Production's journal: what is left of it finishes the savepoint's runs in flight; what production
+        pruned since is re-executed under the side-effect policy."""
+        return self.production_journal
+
+    def admit(self, value: Any, event_time: int | None, accepted_seq: Callable[[], int]) -> WaitingInput | None:
+        """A captured input as a waiting input with production's seq and event time; ``None`` when the
+        savepoint already holds it (the key had accepted that seq, ``accepted_seq()``)."""
+        if not isinstance(value, CapturedInput):
+            return WaitingInput(value, event_time)
+        waiting = WaitingInput(value.payload, value.event_time, value.seq)
+        return None if self._held_by_savepoint(waiting, accepted_seq()) else waiting
+
+    def drop_held(self, waiting: list[bytes], accepted_seq: Callable[[], int]) -> list[bytes]:
+        """The waiting inputs (encoded) the savepoint does not already hold."""
+        accepted = accepted_seq()
+        return [raw for raw in waiting if not self._held_by_savepoint(decode_waiting(raw), accepted)]
+
+    def _held_by_savepoint(self, waiting: WaitingInput, accepted_seq: int) -> bool:
+        """Whether production had accepted this captured input before the savepoint (or the restored key has
+        started it since): the savepoint's state already accounts for it."""
+        if waiting.captured_seq is None or waiting.captured_seq > accepted_seq:
+            return False
+        self.counters["replay_inputs_skipped"].inc()
+        return True
+
+    def seq_for(self, key: Any, waiting: WaitingInput, next_seq: int) -> int:
+        """Production's seq of a captured input (the key's next seq otherwise)."""
+        if waiting.captured_seq is None or waiting.captured_seq == next_seq:
+            return next_seq
+        # The capture lacks inputs in between (lost before a failure): keep production's numbering.
+        log.warning("subtask %d key %r: captured input has seq %d, expected %d; running it as seq %d",
+                    self.subtask, key, waiting.captured_seq, next_seq, waiting.captured_seq)
+        return waiting.captured_seq
+
+    def gate_for(self, key_digest: str, seq: int) -> ReplayCalls:
+        """The side-effect policy for one run, with the calls production's run of the same input made."""
+        return ReplayCalls(dict(self.settings.policies), self.recorded_calls.pop((key_digest, seq), {}),
+                           self.call_id_prefix)
+
+    def close(self) -> None:
+        """Release production's journal."""
+        if self.production_journal is not None:
+            self.production_journal.close()

@@ -1,0 +1,91 @@
+"""The job mode plug-ins without Flink: production's mode and a replay's (input adapter, seq, call gate),
+and the layering that keeps capture, replay and the journal free of the operator."""
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import flink_agents_replay
+from flink_agents_replay.capture.records import CapturedInput
+from flink_agents_replay.flink.mode import PRODUCTION
+from flink_agents_replay.formats.state import WaitingInput, encode_waiting
+from flink_agents_replay.records.journal import CallOutcome, CallRecord
+from flink_agents_replay.replay.gate import ReplayCalls
+from flink_agents_replay.replay.mode import ReplayMode
+from flink_agents_replay.replay.policy import CallPolicy
+from flink_agents_replay.replay.settings import ReplaySettings
+
+
+class Counted:
+    def __init__(self, counts: Counter, name: str):
+        self.counts, self.name = counts, name
+
+    def inc(self, n: int = 1) -> None:
+        self.counts[self.name] += n
+
+
+def replay_mode(counts: Counter) -> ReplayMode:
+    settings = ReplaySettings("prod.capture", {0: 5}, "prod.journal", policies={"*": CallPolicy.RECORDED})
+    mode = ReplayMode(settings=settings, kafka={"bootstrap.servers": "unused:9092"}, signing_key=b"k" * 16,
+                      uid="agent", journal_topic="replay.journal", max_parallelism=4, read_production_journal=True,
+                      kafka_timeout_s=1.0)
+    mode.counters = {"replay_inputs_skipped": Counted(counts, "replay_inputs_skipped")}  # as open() sets them
+    return mode
+
+
+def test_production_takes_every_input_as_it_comes_with_live_calls():
+    assert PRODUCTION.admit("text", 7, accepted_seq=lambda: 3) == WaitingInput("text", 7)
+    assert PRODUCTION.drop_held([b"x"], accepted_seq=lambda: 3) == [b"x"]
+    assert PRODUCTION.seq_for("k", WaitingInput("text", 7), 4) == 4 and PRODUCTION.gate_for("d", 4) is None
+    assert PRODUCTION.resumable and PRODUCTION.restores_input_order and not PRODUCTION.report_failures
+
+
+def test_replay_takes_captured_inputs_with_production_seq_and_drops_those_the_savepoint_holds():
+    counts = Counter()
+    mode = replay_mode(counts)
+    assert mode.admit(CapturedInput("k", 4, 70, "text", "digest"), 99, lambda: 3) == WaitingInput("text", 70, 4)
+    assert mode.admit(CapturedInput("k", 3, 60, "old", "digest"), 99, lambda: 3) is None
+    kept = mode.drop_held([encode_waiting(WaitingInput("a", 1, 2)), encode_waiting(WaitingInput("b", 1, 5))], lambda: 3)
+    assert kept == [encode_waiting(WaitingInput("b", 1, 5))]
+    assert counts["replay_inputs_skipped"] == 2
+
+
+def test_replay_runs_an_input_as_production_numbered_it():
+    mode = replay_mode(Counter())
+    assert mode.seq_for("k", WaitingInput("text", 1, 4), 4) == 4
+    assert mode.seq_for("k", WaitingInput("text", 1, 9), 4) == 9, "the capture lacks inputs in between"
+    assert mode.seq_for("k", WaitingInput("text", 1), 4) == 4
+
+
+def test_replay_gate_serves_the_calls_of_production_run_of_the_same_input_once():
+    mode = replay_mode(Counter())
+    call = CallRecord(seq=4, order=0, event_id="e", action="act", position=0, resource="tool", args_digest="a",
+                      outcome=CallOutcome.RETURNED, result="r")
+    mode.recorded_calls[("digest", 4)] = {("e", "act", 0): call}
+    gate = mode.gate_for("digest", 4)
+    assert isinstance(gate, ReplayCalls) and gate.recorded == {("e", "act", 0): call}
+    assert gate.call_id_prefix == "replay:replay.journal:" and gate.policies == {"*": CallPolicy.RECORDED}
+    assert mode.gate_for("digest", 4).recorded == {}, "a run's recorded calls are handed out once"
+    assert not mode.resumable and not mode.restores_input_order and mode.report_failures
+
+
+LOWER_LAYERS = {
+    "journal": ("capture", "replay", "operator", "pipeline", "config", "flink"),
+    "capture": ("replay", "operator", "pipeline", "config", "flink"),
+    "replay": ("operator", "pipeline", "config", "flink"),
+}
+
+
+def test_journal_capture_and_replay_do_not_import_the_flink_layer():
+    package = Path(flink_agents_replay.__file__).resolve().parent
+    offenders = {}
+    for layer, forbidden in LOWER_LAYERS.items():
+        for path in sorted((package / layer).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                bad = [n for n in names for f in forbidden
+                       if n == f"flink_agents_replay.{f}" or n.startswith(f"flink_agents_replay.{f}.")]
+                if bad:
+                    offenders[f"{layer}/{path.name}"] = bad
+    assert offenders == {}

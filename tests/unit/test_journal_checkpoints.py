@@ -1,0 +1,174 @@
+"""JournalCheckpoints on the in-memory journal: restore, the topic-id check, the gap policy, markers, pruning.
+
+The operator's checkpoint hooks are these calls with plain values; no Flink here.
+"""
+
+import json
+
+import pytest
+
+from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.errors import JournalGapError
+from flink_agents_replay.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
+from flink_agents_replay.journal.markers import encode_marker
+from flink_agents_replay.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.journal.writer import Durability, JournalWriter
+from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay.resources import Tool
+
+SIGNING_KEY = b"0123456789abcdef0123"
+PARTITIONS = 4
+OWNED = range(0, 2)
+
+
+class TopicStore(MemoryJournalStore):
+    """The in-memory journal with what a Kafka topic also has: a name and a topic id."""
+
+    def __init__(self, topic_id: str = "topic-1"):
+        super().__init__(PARTITIONS)
+        self.topic = "agent.journal"
+        self.topic_id = topic_id
+
+
+class Echo(Agent):
+    @action(InputEvent)
+    def answer(event, ctx):
+        ctx.send_event(OutputEvent(output=ctx.call("echo", event.input)))
+
+
+def make_checkpoints(store=None, **options) -> JournalCheckpoints:
+    store = store if store is not None else TopicStore()
+    writer = JournalWriter(store, RecordCodec(SIGNING_KEY, "agent"), Durability.PER_ACTION)
+    return JournalCheckpoints(store=store, writer=writer, owned=OWNED, subtask=0, **options)
+
+
+def run_once(checkpoints: JournalCheckpoints, key: str, seq: int, group: int) -> RunInFlight:
+    """Run ``key``'s input ``seq`` through the engine, journaling into ``checkpoints``' writer."""
+    journal = checkpoints.run_journal(group)
+    agent = Echo(resources={"echo": Tool(lambda text: text.upper())})
+    execute_run(agent, RunInput(key, group, seq, f"input {seq}", None), {}, journal=journal)
+    return RunInFlight(group, key_digest(key), seq, journal)
+
+
+def marker_of(checkpoints: JournalCheckpoints, checkpoint_id: int, runs=()) -> bytes:
+    marker = checkpoints.snapshot(checkpoint_id, runs)
+    assert marker is not None
+    return marker
+
+
+def test_snapshot_marks_the_end_of_each_owned_partition_lowered_to_runs_in_flight():
+    checkpoints = make_checkpoints()
+    run_once(checkpoints, "a", 1, group=0)
+    in_flight = run_once(checkpoints, "b", 1, group=1)
+    run_once(checkpoints, "c", 1, group=1)
+    ends = checkpoints.store.end_offsets(OWNED)
+    marker = json.loads(marker_of(checkpoints, 1, [in_flight]))
+    assert marker["topic_id"] == "topic-1" and marker["ends"] == {str(p): o for p, o in ends.items()}
+    assert marker["offsets"] == {"0": ends[0], "1": 0}, "partition 1 is read again from the run in flight"
+    assert marker["in_flight"] == {"1": [[key_digest("b"), 1]]}
+
+
+def test_completion_prunes_below_the_marker_and_an_aborted_checkpoint_prunes_nothing():
+    checkpoints = make_checkpoints()
+    run_once(checkpoints, "a", 1, group=0)
+    written = checkpoints.store.end_offsets([0])[0]
+    marker_of(checkpoints, 1)
+    checkpoints.aborted(1)
+    assert checkpoints.completed(1) == 0 and len(checkpoints.store.records(0)) == written
+    marker_of(checkpoints, 2)
+    assert checkpoints.completed(2) == written
+    assert checkpoints.store.records(0) == []
+
+
+def test_restore_reads_the_records_of_runs_in_flight_at_the_checkpoint():
+    production = make_checkpoints()
+    run_once(production, "a", 1, group=1)  # done before the barrier: its effects are in the checkpoint
+    in_flight = run_once(production, "b", 1, group=1)
+    marker = marker_of(production, 1, [in_flight])
+    restored = make_checkpoints(production.store)
+    restored.restore([marker], job_id="job")
+    assert restored.restored and restored.last_restore_ms is not None
+    assert restored.history(key_digest("b")) is not None and restored.history(key_digest("a")) is None
+    assert len(restored.index) == 1
+
+
+def test_restore_refuses_markers_of_another_journal_topic():
+    production = make_checkpoints()
+    marker = marker_of(production, 1, [run_once(production, "a", 1, group=0)])
+    recreated = make_checkpoints(TopicStore(topic_id="topic-2"))
+    with pytest.raises(JournalGapError, match="not the topic this checkpoint was taken with"):
+        recreated.restore([marker], job_id="job")
+
+
+def test_markers_of_another_topic_accepted_with_a_gap_read_from_the_earliest_records():
+    production = make_checkpoints()
+    marker = marker_of(production, 1, [run_once(production, "a", 1, group=0)])
+    recreated = make_checkpoints(TopicStore(topic_id="topic-2"), accept_gap=True)
+    recreated.restore([marker], job_id="job")
+    assert recreated.restored and len(recreated.index) == 0
+
+
+def test_a_moved_journal_restores_from_markers_of_its_old_topic_id_when_its_offsets_reach_them():
+    production = make_checkpoints()
+    in_flight = run_once(production, "a", 1, group=0)
+    marker = marker_of(production, 1, [in_flight])
+    moved = TopicStore(topic_id="topic-2")  # a copy with every record at its offset, as journal load makes it
+    for partition in OWNED:
+        for key, value in production.store.records(partition):
+            moved.append(partition, key, value)
+    restored = make_checkpoints(moved, accept_moved_from="topic-1")
+    restored.restore([marker], job_id="job")
+    assert restored.history(key_digest("a")) is not None
+    empty = make_checkpoints(TopicStore(topic_id="topic-2"), accept_moved_from="topic-1")
+    with pytest.raises(JournalGapError, match="accept_moved_journal_from='topic-1'"):
+        empty.restore([marker], job_id="job")  # the moved topic does not reach the marker's ends
+
+
+def test_restore_refuses_a_gap_unless_accepted():
+    production = make_checkpoints()
+    in_flight = run_once(production, "a", 1, group=0)
+    marker = marker_of(production, 1, [in_flight])
+    production.store.delete_before({0: 1})  # a later checkpoint pruned what this one needs
+    with pytest.raises(JournalGapError, match="already deleted"):
+        make_checkpoints(production.store).restore([marker], job_id="job")
+    accepting = make_checkpoints(production.store, accept_gap=True)
+    accepting.restore([marker], job_id="job")
+    assert accepting.restored
+
+
+def test_start_without_checkpoint_writes_attempt_records_and_a_restart_reuses_them():
+    first = make_checkpoints()
+    first.restore([], job_id="job-1")
+    assert not first.restored
+    assert [len(first.store.records(p)) for p in range(PARTITIONS)] == [1, 1, 0, 0]
+    run_once(first, "a", 1, group=0)
+    restarted = make_checkpoints(first.store)
+    restarted.restore([], job_id="job-1")
+    assert restarted.restored and restarted.history(key_digest("a")) is not None
+
+
+def test_a_job_not_resumed_reads_another_journal_and_writes_no_marker_nor_attempt_records():
+    production = make_checkpoints()
+    in_flight = run_once(production, "a", 1, group=0)
+    marker = marker_of(production, 1, [in_flight])
+    replay_store = TopicStore(topic_id="replay-topic")
+    replay = make_checkpoints(replay_store, restore_from=production.store, resumable=False)
+    replay.restore([marker], job_id="replay-job")
+    assert replay.history(key_digest("a")) is not None, "the savepoint's run in flight finishes from production's"
+    assert replay.snapshot(2, []) is None and replay.completed(2) == 0
+    fresh = make_checkpoints(TopicStore(), restore_from=production.store, resumable=False)
+    fresh.restore([], job_id="replay-job")
+    assert fresh.store.end_offsets(range(PARTITIONS)) == dict.fromkeys(range(PARTITIONS), 0)
+
+
+def test_without_a_journal_every_hook_is_a_no_op():
+    checkpoints = JournalCheckpoints(store=None, writer=None, owned=OWNED, subtask=0)
+    checkpoints.restore([encode_marker("t", 0, {0: 1}, {0: 1}, {})], job_id="job")
+    assert checkpoints.snapshot(1, []) is None and checkpoints.completed(1) == 0
+    assert checkpoints.run_journal(0) is None and checkpoints.history("k") is None
+
+
+def test_partitions_described_as_ranges():
+    assert describe_partitions([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and describe_partitions([]) == "none"
