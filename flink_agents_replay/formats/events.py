@@ -3,7 +3,7 @@ user's fields, pickled>}``.
 
 The name is :func:`flink_agents_replay.events.event_name` of the class, resolved back through an
 :class:`~flink_agents_replay.events.EventTypes`; the module is only a hint that tells apart user classes
-of the same name (``None`` for this package's own ``InputEvent`` and ``OutputEvent``); the fields are
+of the same name (``None`` for classes of this package, ``InputEvent`` and ``OutputEvent`` among them); the fields are
 user values. An event is rebuilt without calling its constructor (as pickle does), so dataclasses,
 frozen ones included, and classes whose ``__init__`` takes other arguments than their fields come back
 as they were sent.
@@ -13,17 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from flink_agents_replay.events import _EVENT_ID_ATTRIBUTE, Event, EventTypes, InputEvent, OutputEvent, event_name
+from flink_agents_replay.events import _EVENT_ID_ATTRIBUTE, Event, EventTypes, event_name
 from flink_agents_replay.formats.plain import dump_user, load_user
 
 __all__ = ["event_from_plain", "event_to_plain"]
+
+_PACKAGE = __name__.split(".")[0]
 
 
 def event_to_plain(event: Event) -> dict[str, Any]:
     """The plain form of a sent event."""
     fields = {name: value for name, value in vars(event).items() if name != _EVENT_ID_ATTRIBUTE}
     kind = type(event)
-    module = None if kind in (InputEvent, OutputEvent) else kind.__module__
+    # A hint, never needed for this package's own classes (InputEvent, OutputEvent, the testing API's events):
+    # persisted data names no module of this package.
+    module = None if kind.__module__.split(".")[0] == _PACKAGE else kind.__module__
     return {"type": event_name(kind), "module": module, "id": event.id,
             "fields": dump_user(fields, what=f"a sent {type(event).__name__}")}
 

@@ -249,3 +249,32 @@ def test_version_1_data_naming_a_class_that_cannot_be_imported_says_so():
         load_v1(b"cflink_agents_replay.nowhere\nGone\n.")
     # a class of the package outside the table (the testing API's agents' events) is found where it is
     assert load_v1(b"cflink_agents_replay.testing.agents\nClassified\n.").__name__ == "Classified"
+
+
+def test_events_of_the_testing_api_name_no_module_of_the_package_either():
+    from flink_agents_replay.testing.agents import Classified as TestingClassified
+
+    codec = RecordCodec(KEY, "op", event_types=EventTypes([TestingClassified]))  # as the operator passes them
+    sent = [with_event_id(TestingClassified(label="x", detail="y"), "ev-9")]
+    record = CompletionRecord(1, 0, "ev-1", "classify", "fp", [], sent, 0, "in-1")
+    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, record)
+    assert PACKAGE not in value
+    assert type(codec.decode(RECORD_KEY, value).payload.sent_events[0]) is TestingClassified
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if v != "v0_1_0" and (FIXTURES / v / "fixture.json").exists()])
+def test_what_a_real_job_of_this_format_left_behind_names_no_module_of_the_package(version):
+    """The savepoint and the journal, capture and manifest topics a job wrote (tests/fixtures/compat/v*/)."""
+    import gzip
+
+    directory = FIXTURES / version
+    assert PACKAGE not in (directory / "savepoint" / "_metadata").read_bytes()
+    values = 0
+    for dump in directory.glob("*.dump.jsonl.gz"):
+        with gzip.open(dump, "rt") as lines:
+            records = [json.loads(line) for line in list(lines)[1:]]
+        for record in records:
+            if record.get("value"):
+                values += 1
+                assert PACKAGE not in base64.b64decode(record["value"]), f"{dump.name} offset {record.get('offset')}"
+    assert values > 100
