@@ -77,6 +77,10 @@ def _tool(name: str, counter: InvocationCounter, gate_dir: str | None):
 
 
 class CompatChain(Agent):
+    """The fixtures' agent: the user code the fixture jobs ran. A frozen copy of ``testing.agents.chain_agent``'s
+    actions on purpose: the fixtures' journals must keep meeting the code that wrote them, whatever becomes of
+    the testing agent."""
+
     @action(InputEvent)
     def classify(event, ctx):
         label = ctx.call("classifier", f"{ctx.key}|{ctx.seq}|{event.input}")
