@@ -89,7 +89,7 @@ class AgentConfig:
         order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
             its recorded history from there is invalidated and its waiting inputs run in arrival order.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
-            a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §4, §9).
+            a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
             manifest is ``<capture_topic>.manifest``.
         capture_topic_config: topic settings of a created capture topic (default retention 7 days; the

@@ -100,16 +100,13 @@ class EventTypes:
 
     def __init__(self, preferred: Iterable[type[Event]] = ()):
         self._preferred = tuple(preferred)
-        self._by_name: dict[str, type[Event]] | None = None
+        self._by_name: dict[str, list[type[Event]]] | None = None
 
     def resolve(self, name: str, module: str | None = None) -> type[Event]:
         """The class of events persisted as ``name`` (by a class of ``module``, a hint for same-named classes)."""
         if self._by_name is None or name not in self._by_name:
-            self._by_name = self._index()
-        found = self._by_name.get(name)
-        if found is not None:
-            return found
-        candidates = [kind for kind in _with_subclasses([Event]) if event_name(kind) == name]
+            self._by_name = _index(_with_subclasses([*self._preferred, InputEvent, OutputEvent]))
+        candidates = self._by_name.get(name) or _index(_with_subclasses([Event])).get(name, [])
         if len(candidates) > 1:
             candidates = [kind for kind in candidates if kind.__module__ == module] or candidates
         if len(candidates) == 1:
@@ -122,8 +119,9 @@ class EventTypes:
         raise AgentDefinitionError(f"the journal holds an event of type {name!r}, and several event classes have "
                                    f"that name ({', '.join(modules)}): give each a distinct __event_name__")
 
-    def _index(self) -> dict[str, type[Event]]:
-        by_name: dict[str, type[Event]] = {}
-        for kind in _with_subclasses([*self._preferred, InputEvent, OutputEvent]):
-            by_name.setdefault(event_name(kind), kind)
-        return by_name
+
+def _index(kinds: Iterable[type[Event]]) -> dict[str, list[type[Event]]]:
+    by_name: dict[str, list[type[Event]]] = {}
+    for kind in kinds:
+        by_name.setdefault(event_name(kind), []).append(kind)
+    return by_name

@@ -26,7 +26,7 @@ The other parts the operator calls without knowing what they do:
   one the journal recorded next (docs/design.md §8);
 * observers (:mod:`flink_agents_replay.flink.observer`): told of every accepted input, applied run,
   checkpoint and the close; with capture on, the capture's (:mod:`flink_agents_replay.capture.observer`,
-  docs/design.md §4);
+  docs/design.md §9);
 * the job mode (:mod:`flink_agents_replay.flink.mode`): production's, or a replay's
   (:mod:`flink_agents_replay.replay.mode`, docs/design.md §9), which adapts captured inputs, gates each run's
   calls, reads production's journal read only, reports failed runs and writes no markers.

@@ -14,7 +14,7 @@ or run it on a local MiniCluster with ``python jobs/agent_job.py ... --bounded``
 
 The pipeline: a ``KafkaSource`` reads JSON tickets ``{"ticket_id", "customer", "order_id", "text"}``; the
 source and the parsing run at parallelism 1, so every customer's tickets reach the agent from one
-upstream instance and in the same order after a restore (DESIGN §13); ``key_by`` customer;
+upstream instance and in the same order after a restore (docs/design.md §8); ``key_by`` customer;
 :func:`~flink_agents_replay.pipeline.connect_to_agent` runs
 :mod:`flink_agents_replay.examples.support_triage` with its actions journaled to Kafka; each reply
 leaves through Flink's exactly-once ``KafkaSink`` (a consumer with ``isolation.level=read_committed``

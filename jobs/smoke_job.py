@@ -2,7 +2,7 @@
 
 It checks the ground the agent operator stands on, end to end:
 1. a keyed thread-mode ``KeyedProcessFunction`` computes each key's Flink key group in Python and checks
-   it against the key groups its subtask owns (DESIGN §6);
+   it against the key groups its subtask owns (docs/design.md §2);
 2. Flink's exactly-once ``KafkaSink`` writes the records (committed at checkpoints);
 3. a bounded ``KafkaSource`` reads the topic back with ``read_committed`` and every record must come
    back exactly once.

@@ -1,4 +1,4 @@
-"""Same-key inputs from two upstream instances, with an interleaving a test controls (DESIGN §13).
+"""Same-key inputs from two upstream instances, with an interleaving a test controls (docs/design.md §8).
 
 The job: a Kafka topic with 2 partitions -> ``KafkaSource`` at parallelism 2 (each reader owns one
 partition) -> a pacing ``flat_map`` at parallelism 2 (chained to its reader) -> ``key_by(key)`` -> the

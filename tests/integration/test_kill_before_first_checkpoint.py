@@ -48,11 +48,12 @@ from pathlib import Path
 
 import pytest
 
+from flink_agents_replay.events import EventTypes
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.records.codec import RecordCodec
 from flink_agents_replay.records.journal import CallOutcome, RecordKind, key_digest, parse_journal_key
-from flink_agents_replay.testing.agents import chain_agent
+from flink_agents_replay.testing.agents import Classified, Drafted, chain_agent
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
@@ -112,7 +113,9 @@ def read_journal(bootstrap: str, topic: str, keys: list[str]) -> JournalView:
     """Every record of the journal topic, verified and decoded as the operator would."""
     digests = {key_digest(k): k for k in keys}
     store = KafkaJournalStore({"bootstrap.servers": bootstrap}, topic, MAX_PARALLELISM, create_topic=False)
-    codec = RecordCodec(SIGNING_KEY.encode(), f"flink-agents-replay/{AGENT_NAME}")
+    # The agent's own event types resolve the events its completions hold, as the operator's codec does.
+    codec = RecordCodec(SIGNING_KEY.encode(), f"flink-agents-replay/{AGENT_NAME}",
+                        event_types=EventTypes([Classified, Drafted]))
     view = JournalView()
     started: set[CallId] = set()
     try:

@@ -3,8 +3,8 @@
 1. Lifecycle: start, status, REST API, a TaskManager added, stop, and no process left.
 2. A TaskManager killed with SIGKILL mid-stream: Flink restores the job on the other TaskManager from the
    latest checkpoint; the committed outputs equal a failure-free reference computed by construction, every
-   logical call ran, and only calls of the actions the kill interrupted ran a second time (DESIGN §1).
-   Then a second thread-mode job runs on the TaskManager that ran the first (DESIGN §7's pemja problem,
+   logical call ran, and only calls of the actions the kill interrupted ran a second time (docs/design.md §1).
+   Then a second thread-mode job runs on the TaskManager that ran the first (docs/design.md §12: pemja problem,
    which the cluster's FLINK_LIB_DIR and parent-first ``pemja.`` fix).
 """
 
@@ -48,7 +48,7 @@ def reference(inputs: list[dict], path: Path) -> tuple[Counter, dict[str, int]]:
 
 
 def check_repeats_confined_to_interrupted_actions(calls: dict[str, int]) -> list[str]:
-    """Check DESIGN §1 after one SIGKILL; return the logical calls that ran twice.
+    """Check docs/design.md §1 after one SIGKILL; return the logical calls that ran twice.
 
     A call whose completion was journaled never runs again. What a kill can interrupt, per key, is the
     one action in progress: its call under way (a "sender" call there is *in doubt*: started, never
@@ -171,7 +171,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
     """Two TaskManagers; the one running the job is SIGKILLed; Flink restores the job on the other.
 
     Then a second thread-mode job runs on that surviving TaskManager, which already ran one: without the
-    cluster's pemja fix it would loop in RESTARTING (DESIGN §7).
+    cluster's pemja fix it would loop in RESTARTING (docs/design.md §12).
     """
     keys, per_key, call_delay_s = 8, 10, 0.1
     total_calls = keys * per_key * CALLS_PER_INPUT

@@ -1,4 +1,4 @@
-"""Same-key inputs from two upstream instances, their interleaving reversed by a failure (DESIGN §13, issue 1302).
+"""Same-key inputs from two upstream instances, their interleaving reversed by a failure (design §8, issue 1302).
 
 Every key's inputs alternate between two upstream instances (a 2-partition topic, a source and a pacing
 map at parallelism 2, see :mod:`tests.harness.upstreams`): instance 0 leads in the first

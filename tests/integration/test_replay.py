@@ -1,4 +1,4 @@
-"""Replay (DESIGN §11, §14): capture in production, replay from a savepoint, contained side effects, diff.
+"""Replay (docs/design.md §9): capture in production, replay from a savepoint, contained side effects, diff.
 
 One production job (real Kafka, MiniCluster) runs with capture on; a savepoint is taken while it works
 through the first batch of tickets (runs in flight); it then takes a second batch. Two replays are started

@@ -1,4 +1,4 @@
-"""Replay isolation (DESIGN §14): a replay never reuses what production journaled after the savepoint.
+"""Replay isolation (docs/design.md §9): a replay never reuses what production journaled after the savepoint.
 
 The race, with the README's own jobs and Flink's own client on a local standalone cluster: production
 (``jobs/agent_job.py --capture``) runs with a checkpoint interval of a day, ``flink savepoint`` is taken

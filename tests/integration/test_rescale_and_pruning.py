@@ -1,4 +1,4 @@
-"""Rescaling through savepoints and journal pruning, on a real MiniCluster and a real broker (DESIGN §1.3-4, §8, §10).
+"""Rescaling through savepoints and journal pruning, on a real MiniCluster and a real broker (design §1, §5.1, §7).
 
 Invocations are counted outside the Flink worker (:class:`InvocationCounter`), outputs travel through Flink's
 exactly-once ``KafkaSink`` and are read back with ``isolation.level=read_committed``, journal watermarks are

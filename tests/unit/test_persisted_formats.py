@@ -278,3 +278,29 @@ def test_what_a_real_job_of_this_format_left_behind_names_no_module_of_the_packa
                 values += 1
                 assert PACKAGE not in base64.b64decode(record["value"]), f"{dump.name} offset {record.get('offset')}"
     assert values > 100
+
+
+@dataclass(slots=True)
+class Slotted(Event):
+    label: str
+    score: float = 0.0
+
+
+def test_a_slotted_event_keeps_its_fields():
+    codec = RecordCodec(KEY, "op", event_types=EventTypes([Slotted]))
+    record = CompletionRecord(1, 0, "ev-1", "classify", "fp", [], [with_event_id(Slotted("x", 2.5), "ev-2")], 0, "in")
+    back = codec.decode(RECORD_KEY, codec.encode(RECORD_KEY, RecordKind.COMPLETION, record)).payload.sent_events[0]
+    assert type(back) is Slotted and (back.label, back.score, back.id) == ("x", 2.5, "ev-2")
+
+
+def test_same_named_event_classes_under_one_agent_base_are_told_apart_by_their_module():
+    from flink_agents_replay.formats.events import event_from_plain, event_to_plain
+
+    base = type("AppEvent", (Event,), {"__module__": "app.base"})
+    orders = type("Created", (base,), {"__module__": "app.orders"})
+    users = type("Created", (base,), {"__module__": "app.users"})
+    types = EventTypes([base])  # an agent whose action takes AppEvent: both subclasses are its own types
+    for kind in (orders, users):
+        assert type(event_from_plain(event_to_plain(with_event_id(kind(x=1), "e")), types)) is kind
+    with pytest.raises(AgentDefinitionError, match="__event_name__"):
+        types.resolve("Created")  # no module to tell them apart

@@ -1,4 +1,4 @@
-"""Which production journal records a replay may use (DESIGN §14), without Flink or Kafka."""
+"""Which production journal records a replay may use (docs/design.md §9), without Flink or Kafka."""
 
 from flink_agents_replay.journal.markers import encode_marker, plan_restore
 
