@@ -2,12 +2,12 @@
 
 Per key, Flink keyed state holds the seq of the last accepted input (``seq``), the short-term memory
 (``memory``), the run in flight, its seq and input (``in_flight``), and the inputs waiting behind it
-(``pending``). Runs of *different* keys execute concurrently on a thread pool (``max_concurrent_runs``
-per subtask, each run holding a slot); Flink state is touched only on the task thread, which keyed
-processing-time timers bring back to a key to apply a finished run: write its memory, emit its outputs,
-start the key's next input. At a checkpoint, a run in flight is just keyed state; after a restore its
-timer fires, the run is not in memory, and it is submitted again, reusing every call and action it had
-journaled, so it repeats no effect. The run itself is the engine's (:mod:`flink_agents_replay.engine`).
+(``pending``). Runs of *different* keys execute concurrently on a thread pool (``max_concurrent_runs`` per
+subtask, each run holding a slot: :mod:`flink_agents_replay.flink.runs`); Flink state is touched only on the
+task thread, which keyed processing-time timers bring back to a key to apply a finished run: write its memory,
+emit its outputs, start the key's next input. At a checkpoint, a run in flight is just keyed state; after a
+restore its timer fires, the run is not in memory, and it is submitted again, reusing every call and action it
+had journaled, so it repeats no effect. The run itself is the engine's (:mod:`flink_agents_replay.engine`).
 
 Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.checkpoint_bridge`), each
 handed to :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`:
@@ -35,8 +35,6 @@ The other parts the operator calls without knowing what they do:
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +43,12 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.agent import Agent
-from flink_agents_replay.child_pool import ChildCallPool
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
-from flink_agents_replay.errors import RunSlotTimeoutError
 from flink_agents_replay.flink import parts
 from flink_agents_replay.flink.logs import LOG_FILE_ENV, configure_logging, describe_stats
 from flink_agents_replay.flink.order import DRAIN_TIMER, OrderRestoration
+from flink_agents_replay.flink.runs import RunPool
 from flink_agents_replay.formats.state import (
     InFlightInput,
     WaitingInput,
@@ -87,14 +84,6 @@ class AgentOutput:
     output: Any
 
 
-@dataclass
-class _Running:
-    """A run submitted to the pool: which input it is and where it journals, and its future result."""
-
-    run: RunInFlight
-    future: Future
-
-
 class ActionExecutionOperator(KeyedProcessFunction):
     """The agent operator (a thread-mode ``KeyedProcessFunction`` with checkpoint hooks).
 
@@ -115,13 +104,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._declare_state(runtime_context)
         self._create_metrics(runtime_context)
         self.totals = RunStats()
-        self.pool = ThreadPoolExecutor(self.config.max_concurrent_runs, thread_name_prefix=f"agent-{self.subtask}")
-        # Sub-agent calls never wait for a run slot: they have a pool of their own (see child_pool).
-        self.child_pool = ChildCallPool(self.config.max_concurrent_child_calls,
-                                        thread_name_prefix=f"sub-agent-{self.subtask}")
-        self.slots = threading.BoundedSemaphore(self.config.max_concurrent_runs)
-        self.closing = threading.Event()
-        self.runs: dict[Any, _Running] = {}
+        self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
+                            max_child_calls=self.config.max_concurrent_child_calls,
+                            slot_wait_timeout_s=self.config.slot_wait_timeout_s,
+                            close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters)
         self.mode = parts.job_mode(self.config, max_parallelism=self.max_parallelism)
         self.mode.open(owned=self.owned, subtask=self.subtask, counters=self.counters)
         self.observers = parts.observers(self.config, key_type=self.key_type, max_parallelism=self.max_parallelism,
@@ -154,21 +140,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
         metrics.counter("child_pool_size").inc(self.config.max_concurrent_child_calls)
 
     def close(self) -> None:
-        """Stop every run at its next action or call boundary, wait a bounded time for calls under way, release
-        clients.
+        """Stop the runs (:meth:`RunPool.close`: bounded, hung calls abandoned), then release the clients.
 
         Runs on cancellation, failure and stop-with-savepoint too (the checkpoint bridge sees to it), so no
-        run of this attempt still calls or journals when the next attempt of the task reads the journal. A call
-        that hangs past ``close_timeout_s`` is abandoned (counted, its run logged as in doubt) and its run can
-        no longer journal: waiting longer would outlast Flink's ``task.cancellation.timeout``, which kills the
-        TaskManager.
+        run of this attempt still calls or journals when the next attempt of the task reads the journal: an
+        abandoned run can no longer journal (the journal is closed right after).
         """
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            self.closing.set()
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.child_pool.shutdown()
-            self._abandon_hung_runs()
+        if getattr(self, "runs", None) is not None:
+            self.runs.close()
             log.info("subtask %d closing: %s", self.subtask, describe_stats(self.totals))
         if getattr(self, "journal", None) is not None:
             self.journal.close()
@@ -176,17 +155,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
             observer.close()
         if getattr(self, "mode", None) is not None:
             self.mode.close()
-
-    def _abandon_hung_runs(self) -> None:
-        """Wait up to ``close_timeout_s`` for the runs still under way; count and log the ones that do not end."""
-        futures = {running.future: key for key, running in self.runs.items()}
-        _, hung = wait(futures, timeout=self.config.close_timeout_s)
-        if hung:
-            self.counters["runs_abandoned"].inc(len(hung))
-            log.warning("subtask %d closing: %d runs still had a call under way after %.0f s (close_timeout_s) and "
-                        "were abandoned; their calls are in doubt and the next attempt makes them again "
-                        "(keys %s)", self.subtask, len(hung), self.config.close_timeout_s,
-                        ", ".join(repr(futures[f]) for f in list(hung)[:10]))
 
     # -- checkpoint hooks --------------------------------------------------------------------------
     def initialize_state(self, values: list[bytes]) -> None:
@@ -199,7 +167,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
         for observer in self.observers:
             observer.checkpoint(checkpoint_id=checkpoint_id, subtask=self.subtask, partitions=self.owned)
-        return self.journal.snapshot(checkpoint_id, [running.run for running in self.runs.values()])
+        return self.journal.snapshot(checkpoint_id, self.runs.in_flight())
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
@@ -237,17 +205,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
                 self.order.give_up(key, "the input ended" if draining else "timed out")
                 self._start_next(key, ctx)
             return
-        running = self.runs.get(key)
-        if running is None:  # restored from a checkpoint with this run in flight: submit it again
+        if not self.runs.has(key):  # restored from a checkpoint with this run in flight: submit it again
             in_flight = decode_in_flight(raw)
             self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx)
-            running = self.runs[key]
-        if not running.future.done():
-            if not draining:
-                self._schedule_check(ctx)
-                return
-            running.future.exception()  # end of a bounded input: wait, so no output is lost
-        yield from self._apply(key, self._finished(key), ctx)
+        # At the end of a bounded input (draining), wait for the run, so no output is lost.
+        if not self.runs.done(key, wait_for_it=draining):
+            self._schedule_check(ctx)
+            return
+        yield from self._apply(key, self.runs.finished(key), ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same
         # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
         self._start_next(key, ctx)
@@ -279,9 +244,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._submit(key, seq, waiting, ctx)
 
     def _submit(self, key, seq: int, waiting: WaitingInput, ctx) -> None:
-        if not self.slots.acquire(timeout=self.config.slot_wait_timeout_s):
-            raise RunSlotTimeoutError(f"no agent run finished within {self.config.slot_wait_timeout_s:.0f} s "
-                                      f"(max_concurrent_runs={self.config.max_concurrent_runs}); a call may hang")
         raw_memory = self.memory_state.value()
         memory = decode_memory(raw_memory) if raw_memory is not None else {}
         group = key_group(key, self.key_type, self.max_parallelism)
@@ -292,28 +254,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:
-            try:
-                return execute_run(self.agent, run, memory, history=history, journal=journal,
-                                   fingerprint_policy=self.config.fingerprint_policy, cancelled=self.closing.is_set,
-                                   child_pool=self.child_pool, gate=gate, report_failures=self.mode.report_failures)
-            finally:
-                self.slots.release()
+            return execute_run(self.agent, run, memory, history=history, journal=journal,
+                               fingerprint_policy=self.config.fingerprint_policy, cancelled=self.runs.closing.is_set,
+                               child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures)
 
-        self.runs[key] = _Running(RunInFlight(group, digest, seq, journal), self.pool.submit(execute))
+        self.runs.submit(key, RunInFlight(group, digest, seq, journal), execute)
         self._schedule_check(ctx)
 
     def _schedule_check(self, ctx) -> None:
         now = ctx.timer_service().current_processing_time()
         ctx.timer_service().register_processing_time_timer(now + self.config.poll_interval_ms)
-
-    def _finished(self, key) -> RunResult:
-        """The key's finished run, taken out of the runs under way."""
-        try:
-            return self.runs.pop(key).future.result()  # an action's exception fails the task here
-        except Exception:
-            raise
-        except BaseException as exc:  # SystemExit and the like inside an action: fail the task as any error would
-            raise RuntimeError(f"the run of key {key!r} ended with {type(exc).__name__}: {exc}") from exc
 
     def _apply(self, key, result: RunResult, ctx):
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "

@@ -1,0 +1,116 @@
+"""The operator's runs under way: a thread pool, run slots, and what closing does with runs that hang.
+
+Runs of different keys execute concurrently, at most ``max_runs`` at once per subtask: a run holds a slot
+from its submission until it ends, and a submission that finds every slot taken for ``slot_wait_timeout_s``
+fails the task (:class:`~flink_agents_replay.errors.RunSlotTimeoutError`: a call probably hangs). Sub-agent
+calls never wait for a run slot: they have a pool of their own (:mod:`flink_agents_replay.child_pool`).
+
+Closing (cancellation, failover, stop-with-savepoint) stops every run at its next action or call boundary
+and waits up to ``close_timeout_s`` for the calls under way; runs still calling then are abandoned, counted
+(``runs_abandoned``) and logged as in doubt: waiting longer would outlast Flink's
+``task.cancellation.timeout``, which kills the TaskManager.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from flink_agents_replay.child_pool import ChildCallPool
+from flink_agents_replay.engine import RunResult
+from flink_agents_replay.errors import RunSlotTimeoutError
+from flink_agents_replay.journal.checkpoints import RunInFlight
+
+__all__ = ["RunPool"]
+
+log = logging.getLogger("flink_agents_replay.operator")
+
+
+@dataclass
+class _Running:
+    """A run submitted to the pool: which input it is and where it journals, and its future result."""
+
+    run: RunInFlight
+    future: Future
+
+
+class RunPool:
+    """One subtask's runs under way, by key (one run per key at a time).
+
+    Args:
+        max_runs: runs at once (``max_concurrent_runs``).
+        max_child_calls: sub-agent calls at once (``max_concurrent_child_calls``).
+        slot_wait_timeout_s: how long a submission waits for a free slot.
+        close_timeout_s: how long closing waits for calls under way.
+        subtask: this subtask's index (thread names, log lines).
+        counters: the operator's counters (``runs_abandoned``).
+    """
+
+    def __init__(self, *, max_runs: int, max_child_calls: int, slot_wait_timeout_s: float, close_timeout_s: float,
+                 subtask: int, counters: Mapping[str, Any]):
+        self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
+        self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
+        self.slots = threading.BoundedSemaphore(max_runs)
+        self.closing = threading.Event()
+        self.max_runs = max_runs
+        self.slot_wait_timeout_s = slot_wait_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self.subtask = subtask
+        self.counters = counters
+        self._runs: dict[Any, _Running] = {}
+
+    def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult]) -> None:
+        """Run ``execute`` for ``key`` once a slot is free (it is released when the run ends)."""
+        if not self.slots.acquire(timeout=self.slot_wait_timeout_s):
+            raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
+                                      f"(max_concurrent_runs={self.max_runs}); a call may hang")
+
+        def in_slot() -> RunResult:
+            try:
+                return execute()
+            finally:
+                self.slots.release()
+
+        self._runs[key] = _Running(run, self.pool.submit(in_slot))
+
+    def has(self, key: Any) -> bool:
+        """Whether ``key`` has a run under way in this attempt (after a restore it has none until resubmitted)."""
+        return key in self._runs
+
+    def done(self, key: Any, *, wait_for_it: bool = False) -> bool:
+        """Whether ``key``'s run has ended (``wait_for_it``: wait until it has)."""
+        future = self._runs[key].future
+        if wait_for_it:
+            future.exception()
+        return future.done()
+
+    def finished(self, key: Any) -> RunResult:
+        """The key's ended run, taken out of the runs under way (an action's exception fails the task here)."""
+        try:
+            return self._runs.pop(key).future.result()
+        except Exception:
+            raise
+        except BaseException as exc:  # SystemExit and the like inside an action: fail the task as any error would
+            raise RuntimeError(f"the run of key {key!r} ended with {type(exc).__name__}: {exc}") from exc
+
+    def in_flight(self) -> list[RunInFlight]:
+        """The runs under way (what a checkpoint marker must keep readable)."""
+        return [running.run for running in self._runs.values()]
+
+    def close(self) -> None:
+        """Stop every run at its next boundary; wait a bounded time for calls under way; abandon the rest."""
+        self.closing.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.child_pool.shutdown()
+        futures = {running.future: key for key, running in self._runs.items()}
+        _, hung = wait(futures, timeout=self.close_timeout_s)
+        if hung:
+            self.counters["runs_abandoned"].inc(len(hung))
+            log.warning("subtask %d closing: %d runs still had a call under way after %.0f s (close_timeout_s) and "
+                        "were abandoned; their calls are in doubt and the next attempt makes them again "
+                        "(keys %s)", self.subtask, len(hung), self.close_timeout_s,
+                        ", ".join(repr(futures[f]) for f in list(hung)[:10]))
