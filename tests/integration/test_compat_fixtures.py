@@ -64,7 +64,10 @@ def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path,
                  "--source-uid", f"compat-inputs-{work.name}", "--checkpoint-interval-ms", "500"]
     if accept:
         arguments += ["--accept-moved-journal-from", accept]
-    environment = {**os.environ, "PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)}
+    # A fresh process, as a resubmitted job is: not this one's PyFlink state. A Flink job run earlier in this test
+    # session leaves PYFLINK_GATEWAY_DISABLED set here, and a child inheriting it refuses to start its own gateway.
+    environment = {name: value for name, value in os.environ.items() if name != "PYFLINK_GATEWAY_DISABLED"}
+    environment.update({"PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)})
     # Output to files, not pipes: a full pipe would block the job's process. Its stdin stays open while it runs.
     with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, str(JOB), *arguments], stdin=subprocess.PIPE, stdout=stdout,
