@@ -1,11 +1,8 @@
-"""The job mode plug-ins without Flink: production's mode and a replay's (input adapter, seq, call gate),
-and the layering that keeps capture, replay and the journal free of the operator."""
+"""The job mode plug-ins without Flink: production's mode and a replay's (input adapter, seq, call gate).
+(That capture, replay and the journal stay free of the operator is the .importlinter layers contract.)"""
 
-import ast
 from collections import Counter
-from pathlib import Path
 
-import flink_agents_replay
 from flink_agents_replay.capture.records import CapturedInput
 from flink_agents_replay.flink.mode import PRODUCTION
 from flink_agents_replay.formats.state import WaitingInput, encode_waiting
@@ -67,25 +64,3 @@ def test_replay_gate_serves_the_calls_of_production_run_of_the_same_input_once()
     assert gate.call_id_prefix == "replay:replay.journal:" and gate.policies == {"*": CallPolicy.RECORDED}
     assert mode.gate_for("digest", 4).recorded == {}, "a run's recorded calls are handed out once"
     assert not mode.resumable and not mode.restores_input_order and mode.report_failures
-
-
-LOWER_LAYERS = {
-    "journal": ("capture", "replay", "operator", "pipeline", "config", "flink"),
-    "capture": ("replay", "operator", "pipeline", "config", "flink"),
-    "replay": ("operator", "pipeline", "config", "flink"),
-}
-
-
-def test_journal_capture_and_replay_do_not_import_the_flink_layer():
-    package = Path(flink_agents_replay.__file__).resolve().parent
-    offenders = {}
-    for layer, forbidden in LOWER_LAYERS.items():
-        for path in sorted((package / layer).glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-                bad = [n for n in names for f in forbidden
-                       if n == f"flink_agents_replay.{f}" or n.startswith(f"flink_agents_replay.{f}.")]
-                if bad:
-                    offenders[f"{layer}/{path.name}"] = bad
-    assert offenders == {}
