@@ -100,13 +100,12 @@ class EventTypes:
 
     def __init__(self, preferred: Iterable[type[Event]] = ()):
         self._preferred = tuple(preferred)
-        self._by_name: dict[str, list[type[Event]]] | None = None
+        self._own: dict[str, list[type[Event]]] = {}
+        self._all: dict[str, list[type[Event]]] = {}
 
     def resolve(self, name: str, module: str | None = None) -> type[Event]:
         """The class of events persisted as ``name`` (by a class of ``module``, a hint for same-named classes)."""
-        if self._by_name is None or name not in self._by_name:
-            self._by_name = _index(_with_subclasses([*self._preferred, InputEvent, OutputEvent]))
-        candidates = self._by_name.get(name) or _index(_with_subclasses([Event])).get(name, [])
+        candidates = self._candidates(name)
         if len(candidates) > 1:
             candidates = [kind for kind in candidates if kind.__module__ == module] or candidates
         if len(candidates) == 1:
@@ -118,6 +117,20 @@ class EventTypes:
         modules = sorted(f"{kind.__module__}.{kind.__qualname__}" for kind in candidates)
         raise AgentDefinitionError(f"the journal holds an event of type {name!r}, and several event classes have "
                                    f"that name ({', '.join(modules)}): give each a distinct __event_name__")
+
+
+    def _candidates(self, name: str) -> list[type[Event]]:
+        """The classes persisted as ``name``: the agent's own if any, else every event class's. The indexes are
+        built once and again only when a name is in neither (a class defined since): resolving is on the
+        restore path, once per journaled event."""
+        for rebuilt in (False, True):
+            if rebuilt or not self._all:
+                self._own = _index(_with_subclasses([*self._preferred, InputEvent, OutputEvent]))
+                self._all = _index(_with_subclasses([Event]))
+            found = self._own.get(name) or self._all.get(name)
+            if found:
+                return found
+        return []
 
 
 def _index(kinds: Iterable[type[Event]]) -> dict[str, list[type[Event]]]:
