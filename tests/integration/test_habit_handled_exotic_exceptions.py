@@ -15,19 +15,14 @@ In a failure-free run (no journal) all of them are harmless: the action catches 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -104,20 +99,11 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str, kind: str) ->
 @pytest.mark.parametrize("kind", ["kwonly", "positional", "unpicklable"])
 def test_handled_exotic_exceptions_survive_restart_before_checkpoint(kafka_bootstrap, tmp_path, kind):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-exc-{kind}-{uuid.uuid4().hex[:6]}"
-    expected = reference_outputs(make_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name, kind), inputs)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, lambda c, fault, name: make_agent(c, fault, name, kind),
+                                    inputs, name_prefix=f"adv-exc-{kind}", checkpoint_interval_ms=600_000,
+                                    restart_attempts=3, keep_job_error=True)  # report what the user would see
+    expected, outputs, counter, error = run.expected, run.outputs, run.counter, run.error
     assert sum(expected.values()) == len(inputs)
-
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    error = None
-    try:
-        outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name, kind), config,
-                                checkpoint_interval_ms=600_000, restart_attempts=3)
-    except Exception as exc:  # noqa: BLE001 - report what the user would see
-        outputs, error = [], exc
     counts = counter.counts()
     notify_repeats = {k: v for k, v in counts.items() if k.startswith("notify:") and v > 1}
     actual = Counter(outputs)

@@ -19,19 +19,14 @@ the history is reused) and with frequent checkpoints.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, Event, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -119,16 +114,11 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
 @pytest.mark.parametrize("checkpoint_interval_ms", [600_000, 200], ids=["before-first-checkpoint", "checkpoints"])
 def test_in_place_memory_changes_survive_restarts(kafka_bootstrap, tmp_path, checkpoint_interval_ms):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-mem-{uuid.uuid4().hex[:6]}"
-    expected = reference_outputs(make_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name), inputs)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_agent, inputs, name_prefix="adv-mem",
+                                    checkpoint_interval_ms=checkpoint_interval_ms, restart_attempts=4)
+    expected, outputs, counter = run.expected, run.outputs, run.counter
     assert sum(expected.values()) == len(inputs)
 
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name), config,
-                            checkpoint_interval_ms=checkpoint_interval_ms, restart_attempts=4)
     counts = counter.counts()
     actual = Counter(outputs)
     repeated = {k: v for k, v in counts.items() if k.startswith("enrich:") and v > 1}

@@ -10,19 +10,14 @@ they made again, the recovered service would end the loop earlier and the charge
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action, current_call_id
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -78,17 +73,10 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str, fails_before_
 def test_retry_loop_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path, fails_before_success):
     inputs = make_inputs(KEYS, PER_KEY)
     assert TARGET in inputs
-    name = f"adv-retry-{uuid.uuid4().hex[:6]}"
-
-    reference_agent = make_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name, fails_before_success)
-    expected = reference_outputs(reference_agent, inputs)
-
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name, fails_before_success), config,
-                            checkpoint_interval_ms=300, restart_attempts=3)
+    run = reference_then_faulty_run(
+        kafka_bootstrap, tmp_path, lambda c, fault, name: make_agent(c, fault, name, fails_before_success), inputs,
+        name_prefix="adv-retry", checkpoint_interval_ms=300, restart_attempts=3)
+    expected, outputs, counter = run.expected, run.outputs, run.counter
 
     counts = counter.counts()
     assert counts.get("fault:fired", 0) >= 2, f"the injected fault did not fire: {counts}"
@@ -151,16 +139,9 @@ def make_get_or_create_agent(counter: InvocationCounter, fault: bool, name: str)
 
 def test_get_or_create_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-getcreate-{uuid.uuid4().hex[:6]}"
-    expected = reference_outputs(make_get_or_create_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name),
-                                 inputs)
-
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_get_or_create_agent(counter, True, name), config,
-                            checkpoint_interval_ms=300, restart_attempts=3)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_get_or_create_agent, inputs,
+                                    name_prefix="adv-getcreate", checkpoint_interval_ms=300, restart_attempts=3)
+    expected, outputs, counter = run.expected, run.outputs, run.counter
     counts = counter.counts()
     actual = Counter(outputs)
     repeated = {k: v for k, v in counts.items()

@@ -13,19 +13,14 @@ another charge request (a new call id: charged twice) and outputs something else
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, Event, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -76,16 +71,10 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
 
 def test_events_shared_between_handlers(kafka_bootstrap, tmp_path):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-share-{uuid.uuid4().hex[:6]}"
-    expected = reference_outputs(make_agent(InvocationCounter(tmp_path / "ref.sqlite"), False, name), inputs)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_agent, inputs, name_prefix="adv-share",
+                                    checkpoint_interval_ms=600_000, restart_attempts=4)
+    expected, outputs, counter = run.expected, run.outputs, run.counter
     assert sum(expected.values()) == 3 * len(inputs)
-
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name), config,
-                            checkpoint_interval_ms=600_000, restart_attempts=4)
     counts = counter.counts()
     actual = Counter(outputs)
     repeated = {k: v for k, v in counts.items() if not k.startswith("fault:") and v > 1}

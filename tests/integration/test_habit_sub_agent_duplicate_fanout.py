@@ -11,19 +11,14 @@ at another input, with no checkpoint completed (restart before the first checkpo
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action, current_call_id
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -65,17 +60,11 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
 
 def test_duplicate_fanout_to_sub_agent(kafka_bootstrap, tmp_path):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-fan-{uuid.uuid4().hex[:6]}"
-    ref_counter = InvocationCounter(tmp_path / "ref.sqlite")
-    expected = reference_outputs(make_agent(ref_counter, False, name), inputs)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_agent, inputs, name_prefix="adv-fan",
+                                    checkpoint_interval_ms=600_000, restart_attempts=5)
+    expected, outputs, counter, ref_counter = run.expected, run.outputs, run.counter, run.reference_counter
     assert sum(expected.values()) == len(inputs)
 
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name), config,
-                            checkpoint_interval_ms=600_000, restart_attempts=5)
     counts = counter.counts()
     actual = Counter(outputs)
     wrong_charges = {f"{r['key']}:{r['n']}": counts.get(f"charge:{r['key']}:{r['n']}", 0) for r in inputs}

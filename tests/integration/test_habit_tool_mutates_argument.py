@@ -17,19 +17,14 @@ failure-free run's.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import (
-    make_inputs,
-    produce_inputs,
-    reference_outputs,
-    run_agent_job,
-)
+from flink_agents_replay.testing.jobs import make_inputs
+from tests.harness.reference_runs import reference_then_faulty_run
 
 pytestmark = pytest.mark.integration
 
@@ -64,16 +59,9 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
 
 def test_tool_that_appends_to_memory_list(kafka_bootstrap, tmp_path):
     inputs = make_inputs(KEYS, PER_KEY)
-    name = f"adv-chat-{uuid.uuid4().hex[:6]}"
-    ref_counter = InvocationCounter(tmp_path / "ref.sqlite")
-    expected = reference_outputs(make_agent(ref_counter, False, name), inputs)
-
-    counter = InvocationCounter(tmp_path / "job.sqlite")
-    topic = produce_inputs(kafka_bootstrap, inputs)
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": "adversary-signing-key-0123456789",
-              "journal_topic": f"{name}.journal"}
-    outputs = run_agent_job(kafka_bootstrap, topic, make_agent(counter, True, name), config,
-                            checkpoint_interval_ms=600_000, restart_attempts=3)
+    run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_agent, inputs, name_prefix="adv-chat",
+                                    checkpoint_interval_ms=600_000, restart_attempts=3)
+    expected, outputs, counter, ref_counter = run.expected, run.outputs, run.counter, run.reference_counter
     counts = counter.counts()
     actual = Counter(outputs)
     repeated = {k: v for k, v in counts.items() if k.startswith("llm:") and v > 1}
