@@ -14,7 +14,18 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["create_environment", "python_path"]
+__all__ = ["create_environment", "fresh_process_environment", "python_path"]
+
+#: Variables Flink and PyFlink set in a process for that process only; a new Flink client or job process started
+#: from it must not inherit them (with PYFLINK_GATEWAY_DISABLED a new PyFlink driver refuses to start its gateway).
+_PER_PROCESS_VARIABLES = ("PYFLINK_GATEWAY_DISABLED", "_FLINK_HOME_DETERMINED")
+
+
+def fresh_process_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) without the variables Flink set for this process only,
+    for starting a new Flink or PyFlink process."""
+    source = os.environ if base is None else base
+    return {name: value for name, value in source.items() if name not in _PER_PROCESS_VARIABLES}
 
 
 def python_path() -> list[str]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flink_agents_replay.flink_env import fresh_process_environment
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
@@ -174,8 +175,7 @@ class LocalFlinkCluster:
 
     def environment(self) -> dict[str, str]:
         """Environment for Flink's scripts: this process's, with the cluster's conf, lib, log and PID dirs."""
-        env = dict(os.environ)
-        env.pop("_FLINK_HOME_DETERMINED", None)
+        env = fresh_process_environment()
         env.update({
             "FLINK_HOME": str(pyflink_home()),
             "FLINK_CONF_DIR": str(self.conf_dir),

@@ -11,7 +11,6 @@ moved journal.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from flink_agents_replay.flink_env import fresh_process_environment
 from flink_agents_replay.journal.transfer import load_topic
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
@@ -64,10 +64,9 @@ def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path,
                  "--source-uid", f"compat-inputs-{work.name}", "--checkpoint-interval-ms", "500"]
     if accept:
         arguments += ["--accept-moved-journal-from", accept]
-    # A fresh process, as a resubmitted job is: not this one's PyFlink state. A Flink job run earlier in this test
-    # session leaves PYFLINK_GATEWAY_DISABLED set here, and a child inheriting it refuses to start its own gateway.
-    environment = {name: value for name, value in os.environ.items() if name != "PYFLINK_GATEWAY_DISABLED"}
-    environment.update({"PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)})
+    # A fresh process, as a resubmitted job is: a Flink job run earlier in this test session left variables here
+    # that a new PyFlink driver must not inherit.
+    environment = {**fresh_process_environment(), "PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)}
     # Output to files, not pipes: a full pipe would block the job's process. Its stdin stays open while it runs.
     with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, str(JOB), *arguments], stdin=subprocess.PIPE, stdout=stdout,
