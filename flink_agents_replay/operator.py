@@ -68,8 +68,8 @@ __all__ = ["LOG_FILE_ENV", "ActionExecutionOperator", "AgentOutput"]
 log = logging.getLogger("flink_agents_replay.operator")
 
 #: The operator's counters (metric group ``flink_agents_replay``).
-COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_in_doubt",
-            "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
+COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_reused_out_of_order",
+            "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
             "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned")
 

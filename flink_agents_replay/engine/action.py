@@ -58,7 +58,7 @@ def execute_action(context: RunContext, scope: Scope, site: ActionSite, state: M
     # (a reused action's events come from the journal, as they were when it ended).
     copies = [private_copy(sent_event) for sent_event in sent]  # one by one: siblings share nothing either
     if journal is not None:
-        _journal_completion(context, site, updates, copies, calls.next_position)
+        _journal_completion(context, site, updates, copies, calls.calls_made)
     return copies
 
 

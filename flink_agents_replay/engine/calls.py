@@ -1,23 +1,29 @@
 """The calls of one action execution: what makes ``ctx.call`` durable.
 
-An action's calls are numbered in the order it makes them (their *position*). :class:`ActionCalls` holds
-what one execution of an action needs for them: the next position, the calls the key's journal holds for
-this action (from an earlier attempt cut short), the positions an "action failed" record asks to make again,
-and the steps taken so far. For each ``ctx.call`` it decides, in this order:
+Each call of an action has a *position*, its number among the action's calls, which names it in the journal
+and in its call id. :class:`ActionCalls` holds what one execution of an action needs for them: the calls the
+key's journal holds for this action (from an earlier attempt cut short, :class:`JournaledCalls`), the
+positions an "action failed" record asks to make again, and the steps taken so far. For each ``ctx.call`` it
+decides, in this order:
 
-1. **Reuse.** The journaled call at this position, if its identity (position, resource, arguments' digest)
-   matches: its result is returned (or its exception raised) without calling. The first call that does not
-   match ends reuse for the rest of the action (the action took another path).
-2. **In doubt.** A journaled "started" record without an outcome: the call began and never reported back.
-   The resource's ``in_doubt`` policy decides: ``rerun`` (make it again, under the same call id), ``fail``
-   (:class:`~flink_agents_replay.errors.CallInDoubtError`) or ``assume_done`` (``None``).
+1. **Reuse.** A journaled call of this action that asks the same (same resource, same arguments' digest) and
+   that no earlier call of this execution took: its result is returned (or its exception raised) without
+   calling, and the call takes that record's position. The n-th call asking the same takes the n-th such
+   record. Calls are matched by what they ask, not by their place in the order: an action that iterates a
+   set or a dict built from one calls in another order in a process with another hash seed, and each of those
+   calls was still made once already. A call no record matches is new: it gets the lowest position no
+   journaled call holds, so its record never takes the place of one a later attempt still needs.
+2. **In doubt.** The matching record is a "started" one without an outcome: the call began and never reported
+   back. The resource's ``in_doubt`` policy decides: ``rerun`` (make it again, under the same call id: the
+   record's position), ``fail`` (:class:`~flink_agents_replay.errors.CallInDoubtError`) or ``assume_done``
+   (``None``).
 3. **The gate.** The run's :class:`~flink_agents_replay.engine.gate.CallGate` may serve a recorded outcome
    or block the call instead (a replay); production's gate lets every call through.
 4. **Live.** An external resource first journals an acknowledged "started" record; the call runs with a
    stable call id (:func:`call_id`, ``current_call_id()`` inside the resource) on private copies of its
    arguments; its outcome, returned or raised, is journaled. A timeout is neither: the call is in doubt.
 
-Sub-agent calls (:mod:`.children`) take positions from the same sequence and are journaled the same way.
+Sub-agent calls (:mod:`.children`) are matched and journaled the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections import defaultdict, deque
+from collections.abc import Iterable
 from typing import Any
 
 from flink_agents_replay.digest import digest_value
@@ -37,60 +45,89 @@ from flink_agents_replay.records.journal import CallOutcome, CallRecord, RecordK
 from flink_agents_replay.records.raised import decode_exception, encode_exception
 from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy, Resource
 
-__all__ = ["ActionCalls", "call_id", "recorded_outcome"]
+__all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 
 log = logging.getLogger(__name__)
 
 
-class ActionCalls:
-    """The ``ctx.call`` of one action execution: positions, reuse, in-doubt handling, the gate, journaling.
+class JournaledCalls:
+    """The journaled calls of one action execution, taken by what they ask (resource, arguments' digest).
 
-    ``recorded`` are the journaled calls of this action by position (``None`` where none is); ``retried``
-    maps the positions an earlier attempt's "action failed" record asks to make again to how often they were.
+    Each record is taken once; of several that ask the same, the one with the lowest position first.
+    """
+
+    def __init__(self, records: Iterable[CallRecord]) -> None:
+        self._unused: dict[tuple[str, str], deque[CallRecord]] = defaultdict(deque)
+        for record in sorted(records, key=lambda r: r.position):
+            self._unused[(record.resource, record.args_digest)].append(record)
+        self.positions = frozenset(r.position for queue in self._unused.values() for r in queue)
+
+    def take(self, resource_name: str, args_digest: str) -> CallRecord | None:
+        """The first untaken record of a call to ``resource_name`` with these arguments, if any."""
+        queue = self._unused.get((resource_name, args_digest))
+        return queue.popleft() if queue else None
+
+
+class ActionCalls:
+    """The ``ctx.call`` of one action execution: matching, in-doubt handling, the gate, journaling.
+
+    ``recorded`` are the journaled calls of this action (``None`` entries are ignored); ``retried`` maps the
+    positions an earlier attempt's "action failed" record asks to make again to how often they were.
     """
 
     def __init__(self, *, context: RunContext, scope: Scope, site: ActionSite, stats: RunStats,
-                 recorded: list[CallRecord | None] | None = None, retried: dict[int, int] | None = None) -> None:
+                 recorded: Iterable[CallRecord | None] | None = None, retried: dict[int, int] | None = None) -> None:
         self.context = context
         self.scope = scope
         self.site = site
         self.stats = stats
-        self._recorded: list[CallRecord | None] = list(recorded or [])
+        self._journaled = JournaledCalls(r for r in recorded or () if r is not None)
         self._retried: dict[int, int] = dict(retried or {})
-        self.next_position = 0
+        self._taken: set[int] = set()  # positions of this execution's calls so far
         self.steps: list[CallStep] = []  # each ctx.call / ctx.call_agents of this execution, in order
 
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
         """``ctx.call``: the journaled outcome of this call if there is one, else the call made and journaled."""
-        position = self.take_position()
+        args_digest = digest_value((args, kwargs))
+        position, record = self.match(resource_name, args_digest)
         try:
-            result = self._call_at(position, resource_name, args, kwargs)
+            result = self._call_at(position, record, resource_name, args_digest, args, kwargs)
         except Exception:
             self.steps.append(CallStep(raised=(position,)))
             raise
         self.steps.append(CallStep(returned=(position,)))
         return result
 
-    def take_position(self) -> int:
-        """The next call's position."""
-        position = self.next_position
-        self.next_position += 1
+    @property
+    def calls_made(self) -> int:
+        """How many calls this execution has made (reused ones included)."""
+        return len(self._taken)
+
+    def match(self, resource_name: str, args_digest: str) -> tuple[int, CallRecord | None]:
+        """The next call's position, and the journaled call it stands for (``None``: a new call)."""
+        record = self._journaled.take(resource_name, args_digest)
+        if record is None:
+            position = self._free_position()
+        else:
+            position = record.position
+            if position != len(self._taken):
+                self.stats.calls_reused_out_of_order += 1
+                log.info("key %r seq %d action %s: call %d to %r matched journaled call %d (made in another "
+                         "order)", self.context.run.key, self.context.run.seq, self.site.action, len(self._taken),
+                         resource_name, position)
+        self._taken.add(position)
+        return position, record
+
+    def _free_position(self) -> int:
+        """The lowest position neither a journaled call nor a call of this execution holds."""
+        position = 0
+        while position in self._taken or position in self._journaled.positions:
+            position += 1
         return position
 
     def calls_to_retry(self) -> list[int]:
         """The positions the next attempt makes again if an exception leaves the action now."""
         return calls_to_retry(self.steps)
-
-    def take_recorded(self, position: int, resource_name: str, args_digest: str) -> CallRecord | None:
-        """The journaled call at ``position`` if it is this call; a different one ends reuse for the rest."""
-        record = self._recorded[position] if position < len(self._recorded) else None
-        if record is not None and record.identity() != (position, resource_name, args_digest):
-            log.warning("key %r seq %d action %s: call %d differs from the journaled one (%s); "
-                        "its journaled calls from here on are not reused", self.context.run.key,
-                        self.context.run.seq, self.site.action, position, record.resource)
-            self._recorded = self._recorded[:position]
-            record = None
-        return record
 
     def note_retry(self, position: int, resource_name: str) -> None:
         """Count (and log) a call made again because it failed its action in an earlier attempt."""
@@ -114,10 +151,9 @@ class ActionCalls:
             what=f"the result of call {position} to {resource_name!r} in action {site.action}",
         )
 
-    def _call_at(self, position: int, resource_name: str, args: tuple, kwargs: dict) -> Any:
+    def _call_at(self, position: int, record: CallRecord | None, resource_name: str, args_digest: str,
+                 args: tuple, kwargs: dict) -> Any:
         resource = self.scope.agent.resource(resource_name)
-        args_digest = digest_value((args, kwargs))
-        record = self.take_recorded(position, resource_name, args_digest)
         if record is not None and record.outcome is not CallOutcome.STARTED:
             self.stats.calls_reused += 1
             self.context.calls.append(record)

@@ -1,6 +1,6 @@
 """Sub-agent calls: ``ctx.call_agents`` fans an action out to child agents, durably.
 
-Each child call takes the next position among its action's calls and is journaled under the resource name
+Each child call is matched to its action's journaled calls and journaled under the resource name
 ``agent:<name>``, like a ``ctx.call``: a child whose result (outputs and memory, or the exception it
 raised) is journaled is not run again. The others run their own event loop in a :class:`Scope` of their
 own, concurrently on the operator's child pool (:mod:`flink_agents_replay.child_pool`), each on a copy of
@@ -48,7 +48,7 @@ class _ChildCall:
     input: Any
     position: int
     args_digest: str
-    record: CallRecord | None  # the journaled call at this position, if it matches
+    record: CallRecord | None  # the journaled call it stands for, if any
 
     @property
     def finished(self) -> bool:
@@ -100,9 +100,8 @@ def _plan(calls: ActionCalls, agent_or_name: Agent | str, child_input: Any) -> _
     if child.name in scope.path:
         raise SubAgentCycleError(f"sub-agent call cycle: {' -> '.join((*scope.path, child.name))}; an agent "
                                  "cannot call an agent that is already calling it")
-    position = calls.take_position()
     args_digest = digest_value(child_input)
-    record = calls.take_recorded(position, f"agent:{child.name}", args_digest)
+    position, record = calls.match(f"agent:{child.name}", args_digest)
     return _ChildCall(child, child_input, position, args_digest, record)
 
 

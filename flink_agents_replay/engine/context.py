@@ -58,6 +58,7 @@ class RunStats:
     actions_reused: int = 0
     calls_executed: int = 0
     calls_reused: int = 0
+    calls_reused_out_of_order: int = 0  # reused calls the action made in another order than journaled
     calls_in_doubt: int = 0
     divergences: int = 0
     fingerprint_mismatches: int = 0

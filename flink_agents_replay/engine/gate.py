@@ -42,10 +42,6 @@ class GatedCall:
     args: tuple
     kwargs: dict
 
-    def identity(self) -> tuple[int, str, str]:
-        """What a journaled call must match to stand for this one (as ``CallRecord.identity()``)."""
-        return self.position, self.resource_name, self.args_digest
-
 
 @dataclass(frozen=True, kw_only=True)
 class Live:

@@ -2,17 +2,20 @@
 
 The engine asks its :class:`~flink_agents_replay.engine.gate.CallGate` before it makes a call for real.
 :class:`ReplayCalls` answers for one run of a replay: ``live`` makes the call (with a call id of the
-replay's own), ``recorded`` serves production's call with the same identity (input, event, action,
-position, resource, arguments' digest; a call that only started is no result), and ``blocked`` — or
+replay's own), ``recorded`` serves production's call that asked the same (same input, event, action,
+resource and arguments' digest; a call that only started is no result), each production call once and in any
+order, as the run engine matches journaled calls (:mod:`flink_agents_replay.engine.calls`), and ``blocked`` — or
 ``recorded`` without such a call — raises :class:`~flink_agents_replay.errors.CallBlocked` into the action
 and reports the call (:class:`~flink_agents_replay.capture.records.BlockedCall`) for the diff.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flink_agents_replay.capture.records import BlockedCall
+from flink_agents_replay.engine.calls import JournaledCalls
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
 from flink_agents_replay.errors import CallBlocked
 from flink_agents_replay.records.journal import CallOutcome, CallRecord
@@ -31,6 +34,7 @@ class ReplayCalls:
     #: Prefix of the replay's call ids: a live call must not be answered from a service's idempotency store
     #: with what production's call with the same id got.
     call_id_prefix: str = "replay:"
+    _unserved: dict[tuple[str, str], JournaledCalls] = field(default_factory=dict, init=False, repr=False)
 
     def admit(self, call: GatedCall) -> GateDecision:
         """Live, production's recorded outcome, or blocked (with the reason in the ``CallBlocked``)."""
@@ -38,9 +42,8 @@ class ReplayCalls:
         if policy is CallPolicy.LIVE:
             return Live(call_id_prefix=self.call_id_prefix)
         if policy is CallPolicy.RECORDED:
-            production = self.recorded.get((call.event_id, call.action, call.position))
-            if (production is not None and production.outcome is not CallOutcome.STARTED
-                    and production.identity() == call.identity()):
+            production = self._production_call(call)
+            if production is not None and production.outcome is not CallOutcome.STARTED:
                 return Recorded(record=production)
         arguments = describe_arguments(call.args, call.kwargs)
         why = "its policy is 'blocked'" if policy is CallPolicy.BLOCKED else "production made no such call"
@@ -49,6 +52,16 @@ class ReplayCalls:
                             call.resource_name, arguments)
         report = BlockedCall(call.event_id, call.action, call.position, call.resource_name, arguments)
         return Blocked(error=error, report=report)
+
+    def _production_call(self, call: GatedCall) -> CallRecord | None:
+        """Production's first call not served yet that asked what ``call`` asks, in the same event and action."""
+        if not self._unserved:
+            by_action: dict[tuple[str, str], list[CallRecord]] = defaultdict(list)
+            for (event_id, action, _), record in self.recorded.items():
+                by_action[(event_id, action)].append(record)
+            self._unserved.update({slot: JournaledCalls(records) for slot, records in by_action.items()})
+        unserved = self._unserved.get((call.event_id, call.action))
+        return None if unserved is None else unserved.take(call.resource_name, call.args_digest)
 
 
 def describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:

@@ -1,9 +1,9 @@
 """The side-effect policy of a replay: what ``ctx.call`` does with each resource.
 
 * ``live``: call for real (the new model or prompt under test, a lookup that changes nothing).
-* ``recorded``: return what the call returned in production (the captured call with the same identity:
-  input, event, action, position, resource and arguments); if production made no such call, the call is
-  blocked.
+* ``recorded``: return what the call returned in production (a captured call of the same input, event and
+  action that asked the same: resource and arguments, in any order, each once); if production made no such
+  call, the call is blocked.
 * ``blocked``: do not call; the call is listed in the replay report with its arguments and raises
   :class:`~flink_agents_replay.errors.CallBlocked`, which the action may handle.
 

@@ -108,7 +108,7 @@ def test_a_returned_call_is_journaled_and_reused_without_calling_again():
     assert service.invocations == ["a"]
     assert (again.stats.calls_reused, again.stats.calls_executed) == (1, 0)
     assert [c.result for c in again.context.calls] == ["done(a)"]  # listed for the run's capture too
-    assert again.next_position == 1
+    assert again.calls_made == 1
 
 
 def test_a_raised_call_is_reused_as_the_same_exception():
@@ -124,16 +124,56 @@ def test_a_raised_call_is_reused_as_the_same_exception():
     assert service.invocations == ["a"] and again.stats.calls_reused == 1
 
 
-def test_a_call_with_other_arguments_ends_reuse_for_the_rest_of_the_action():
+def test_a_call_with_other_arguments_is_made_and_the_journaled_calls_it_does_not_replace_are_reused():
     service, store = Service(), MemoryJournalStore(4)
     first = action_calls(make_agent(service), store)
     first.call("svc", "a")
     first.call("svc", "b")
     again = action_calls(make_agent(service), store, restored=True)
     assert again.call("svc", "other") == "done(other)"  # another path: made
-    assert again.call("svc", "b") == "done(b)"  # its journaled twin is not reused after the divergence
-    assert service.invocations == ["a", "b", "other", "b"]
-    assert (again.stats.calls_reused, again.stats.calls_executed) == (0, 2)
+    assert again.call("svc", "b") == "done(b)"  # the same request as journaled: reused, not made again
+    assert service.invocations == ["a", "b", "other"]
+    assert (again.stats.calls_reused, again.stats.calls_executed) == (1, 1)
+
+
+def test_calls_made_in_another_order_are_each_reused():
+    # A set iterated under another PYTHONHASHSEED: the same calls, in another order.
+    service, store = Service(), MemoryJournalStore(4)
+    first = action_calls(make_agent(service), store)
+    for text in ("a", "b", "c"):
+        first.call("svc", text)
+    again = action_calls(make_agent(service), store, restored=True)
+    assert [again.call("svc", text) for text in ("c", "a", "b")] == ["done(c)", "done(a)", "done(b)"]
+    assert service.invocations == ["a", "b", "c"]
+    assert (again.stats.calls_reused, again.stats.calls_executed) == (3, 0)
+    assert again.stats.calls_reused_out_of_order == 3
+    assert again.calls_made == 3
+
+
+def test_a_call_new_in_a_later_attempt_takes_no_journaled_calls_place():
+    service, store = Service(), MemoryJournalStore(4)
+    first = action_calls(make_agent(service), store)
+    first.call("svc", "a")
+    first.call("svc", "b")  # then the process dies: no completion
+    second = action_calls(make_agent(service), store, restored=True)
+    second.call("svc", "c")  # new, journaled at a place of its own ...
+    second.call("svc", "a")  # ... and then this attempt dies too
+    third = action_calls(make_agent(service), store, restored=True)
+    assert [third.call("svc", text) for text in ("b", "c", "a")] == ["done(b)", "done(c)", "done(a)"]
+    assert service.invocations == ["a", "b", "c"]
+    assert third.stats.calls_reused == 3
+
+
+def test_the_same_request_twice_is_reused_once_per_journaled_call():
+    service, store = Service(), MemoryJournalStore(4)
+    first = action_calls(make_agent(service), store)
+    first.call("svc", "tick")
+    first.call("svc", "tick")
+    again = action_calls(make_agent(service), store, restored=True)
+    for _ in range(3):
+        again.call("svc", "tick")
+    assert service.invocations == ["tick"] * 3  # two reused, the third made
+    assert (again.stats.calls_reused, again.stats.calls_executed) == (2, 1)
 
 
 def _die_during_the_call(in_doubt: str) -> tuple[Service, MemoryJournalStore]:
@@ -153,6 +193,21 @@ def test_an_external_call_in_doubt_is_made_again_under_the_same_call_id():
     first_id, second_id = service.call_ids
     assert first_id == second_id and first_id.startswith("Caller:act:1:0:")  # the service can answer it once
     assert (again.stats.calls_in_doubt, again.stats.calls_executed) == (1, 1)
+
+
+def test_a_call_in_doubt_reached_in_another_order_is_made_again_under_its_own_call_id():
+    service, store = Service(), MemoryJournalStore(4)
+    first = action_calls(make_agent(service), store)
+    first.call("svc", "a")
+    service.fail_with = ProcessDied()
+    with pytest.raises(ProcessDied):
+        first.call("svc", "b")  # started, never reported back
+    service.fail_with = None
+    again = action_calls(make_agent(service), store, restored=True)
+    assert again.call("svc", "b") == "done(b)"  # now first: in doubt, made again
+    assert again.call("svc", "a") == "done(a)"  # reused
+    assert service.invocations == ["a", "b", "b"]
+    assert service.call_ids[1] == service.call_ids[2]  # the service can tell the rerun from a new request
 
 
 def test_an_external_call_in_doubt_with_policy_fail_raises_without_calling():

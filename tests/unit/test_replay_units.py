@@ -603,3 +603,23 @@ def test_a_run_that_reuses_an_action_reports_that_actions_calls_for_the_capture(
     assert invoked == ["pure", "upsert"] and again.stats.actions_reused == 1  # nothing ran twice
     assert [(c.resource, c.result) for c in again.calls] == [(c.resource, c.result) for c in first.calls]
     assert len(again.calls) == 2
+
+
+def test_recorded_policy_serves_production_calls_made_in_another_order():
+    # A set iterated under another PYTHONHASHSEED than production's: the same calls, in another order.
+    recorded, production = _production_records(["pure", "mail"])
+    invoked = []
+    replay = ReplayCalls({"*": CallPolicy.RECORDED}, recorded)
+    result = replay_run(make_agent(invoked), _input(["mail", "pure"]), {}, replay)
+    assert invoked == [] and result.blocked == []
+    assert result.stats.calls_recorded == 2
+    assert _results(result) == [["mail(bob)", "pure(bob)"]]
+
+
+def test_recorded_policy_serves_each_production_call_once():
+    recorded, _ = _production_records(["pure"])
+    invoked = []
+    replay = ReplayCalls({"*": CallPolicy.RECORDED}, recorded)
+    result = replay_run(make_agent(invoked), _input(["pure", "pure"]), {}, replay)
+    assert invoked == []
+    assert (result.stats.calls_recorded, result.stats.calls_blocked) == (1, 1)  # production made it once
