@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ from flink_agents_replay.memory import Memory
 from flink_agents_replay.resources import Resource, Tool
 
 __all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerContext", "action", "with_event_id"]
+
+log = logging.getLogger(__name__)
 
 _ACTION_ATTRIBUTE = "__flink_agents_replay_action__"
 #: Characters an agent name may not contain, and what the journal uses them for.
@@ -132,6 +135,10 @@ class Agent:
             raise AgentDefinitionError(f"agent {self.name} defines no action: decorate one with @action(InputEvent)")
         if not any(issubclass(InputEvent, spec.event_types) for spec in self.actions):
             raise AgentDefinitionError(f"agent {self.name} has no action for InputEvent, so inputs would do nothing")
+        for shared, classes in self.event_types().shared_names().items():
+            log.warning("agent %s handles several event classes named %r (%s): their journaled events are told apart "
+                        "by module only, so renaming one of the modules breaks restores; give each a distinct "
+                        "__event_name__", self.name, shared, ", ".join(classes))
 
     @property
     def name(self) -> str:

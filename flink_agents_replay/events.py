@@ -119,6 +119,16 @@ class EventTypes:
                                    f"that name ({', '.join(modules)}): give each a distinct __event_name__")
 
 
+    def shared_names(self) -> dict[str, list[str]]:
+        """Names that several of the preferred types (or their subclasses) are persisted under, with those classes.
+
+        Their records are told apart by the module they were written from only while the classes keep their
+        modules: after a module is renamed, reading them back fails. Worth a warning when an agent is defined.
+        """
+        own = _index(_with_subclasses(self._preferred))
+        return {name: sorted(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
+                for name, kinds in own.items() if len(kinds) > 1}
+
     def _candidates(self, name: str) -> list[type[Event]]:
         """The classes persisted as ``name``: the agent's own if any, else every event class's. The indexes are
         built once and again only when a name is in neither (a class defined since): resolving is on the

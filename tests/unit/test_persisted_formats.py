@@ -304,3 +304,21 @@ def test_same_named_event_classes_under_one_agent_base_are_told_apart_by_their_m
         assert type(event_from_plain(event_to_plain(with_event_id(kind(x=1), "e")), types)) is kind
     with pytest.raises(AgentDefinitionError, match="__event_name__"):
         types.resolve("Created")  # no module to tell them apart
+
+
+def test_an_agent_handling_same_named_event_classes_is_warned_when_defined(caplog):
+    from flink_agents_replay.agent import Agent, InputEvent, action
+
+    base = type("ShopEvent", (Event,), {"__module__": "shop.base"})
+    type("Created", (base,), {"__module__": "shop.orders"})
+    type("Created", (base,), {"__module__": "shop.users"})
+
+    class Shop(Agent):
+        @action(InputEvent, base)
+        def handle(event, ctx):
+            pass
+
+    with caplog.at_level("WARNING", logger="flink_agents_replay.agent"):
+        Shop()
+    [warning] = [r.getMessage() for r in caplog.records if "several event classes named 'Created'" in r.getMessage()]
+    assert "shop.orders.Created, shop.users.Created" in warning and "__event_name__" in warning
