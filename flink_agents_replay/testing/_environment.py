@@ -179,7 +179,9 @@ class AgentTestEnvironment:
             agent: the agent; its outputs must be JSON values (they travel through a Kafka topic).
             inputs: the inputs, in order; each key's inputs reach the agent in this order.
             key: the key of an input (the job keys by it, ``Types.STRING()``).
-            fail_over: fail the job over once (:class:`FailOver`); ``None``: no injected failure.
+            fail_over: fail the job over once (:class:`FailOver`); the job then gets three restart attempts.
+                ``None``: no injected failure and no restarts, so any exception an action raises ends the run
+                (reported in the result's ``failure``).
             parallelism: the agent's parallelism.
             checkpoint_interval_ms: Flink's checkpoint interval (checkpoints commit the outputs).
             config: :class:`~flink_agents_replay.config.AgentConfig` fields over the environment's (broker,
