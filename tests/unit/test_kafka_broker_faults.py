@@ -160,3 +160,48 @@ def test_the_journal_store_purges_on_close():
     from flink_agents_replay.journal.kafka_store import KafkaJournalStore
 
     assert KafkaJournalStore.purge_unsent_on_close and not KafkaTopicStore.purge_unsent_on_close
+
+
+_DEAD_BROKER_CLIENTS = r"""
+import logging, sys
+from confluent_kafka import Consumer, Producer
+from flink_agents_replay.errors import JournalError
+from flink_agents_replay.kafka import KafkaAdmin, KafkaSettings
+from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+LIBRDKAFKA_LOGGER.addHandler(handler)
+LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)
+settings = KafkaSettings.of({"bootstrap.servers": sys.argv[1]})
+try:
+    KafkaAdmin(settings, timeout_s=1.5).check_reachable()
+except JournalError as exc:
+    print("admin:", exc)
+producer = Producer(settings.producer_config(durable=True, ack_timeout_s=1.5))
+producer.produce("t", b"x")
+producer.flush(3)
+consumer = Consumer(settings.reader_config(purpose="recovery"))
+consumer.subscribe(["t"])
+consumer.poll(1.0)
+consumer.close()
+print("logged", len(lines))
+"""
+
+
+def test_clients_at_a_dead_broker_print_nothing_on_stderr_and_log_through_python_logging():
+    import subprocess
+    import sys
+
+    from flink_agents_replay.local.processes import free_port
+
+    # A subprocess, so that librdkafka's own writes to file descriptor 2 are caught (pytest's capture is not fd 2
+    # of librdkafka's threads in every mode).
+    result = subprocess.run([sys.executable, "-c", _DEAD_BROKER_CLIENTS, f"127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "could not reach Kafka" in result.stdout
+    logged = int(result.stdout.rsplit("logged ", 1)[1])
+    assert logged > 0  # the connection failures reached the logger...
+    assert result.stderr == ""  # ...and nothing reached the terminal
