@@ -161,9 +161,11 @@ def test_broker_paused_or_restarted_mid_run_loses_and_duplicates_nothing(own_bro
     began = time.monotonic()
     if fault == "pause":
         broker.pause()
+        under_way_at_fault = _under_way(counter)  # after SIGSTOP: calls were under way when it froze
     else:
+        under_way_at_fault = _under_way(counter)  # just before SIGTERM (a clean shutdown takes seconds)
         broker.stop()
-    under_way_at_fault, calls_at_fault = _under_way(counter), counter.count("calls")
+    calls_at_fault = counter.count("calls")
     assert under_way_at_fault > 0 and calls_at_fault < total_calls
     if fault == "pause":
         time.sleep(OUTAGE_S)  # the outage itself (the injected fault), not a wait for a condition
