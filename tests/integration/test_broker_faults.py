@@ -84,8 +84,16 @@ def _create_topic(bootstrap: str, topic: str) -> str:
     return topic
 
 
+#: Small network buffers, so that what sits between the source and the agent is a few dozen records, not thousands:
+#: only then can an agent slowed down by its broker hold the source back.
+SMALL_NETWORK_BUFFERS = {"taskmanager.memory.segment-size": "4kb",
+                         "taskmanager.network.memory.buffers-per-channel": "1",
+                         "taskmanager.network.memory.floating-buffers-per-gate": "1",
+                         "taskmanager.network.memory.max-buffers-per-channel": "1"}
+
+
 def _submit_job(bootstrap: str, input_topic: str, output_topic: str, agent, config: dict, *,
-                counter: InvocationCounter | None = None):
+                counter: InvocationCounter | None = None, flink_config: dict | None = None):
     """Inputs from ``input_topic`` (bounded) -> agent -> ``output_topic`` (exactly once); submitted, returns the
     client. With ``counter``, each input leaving the source is counted (``source_read``)."""
     from pyflink.common import Types, WatermarkStrategy
@@ -93,7 +101,7 @@ def _submit_job(bootstrap: str, input_topic: str, output_topic: str, agent, conf
     from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
     env = create_environment(checkpoint_interval_ms=1000, restart_attempts=100, restart_delay_ms=1000,
-                             jars=[kafka_connector_jar()])
+                             jars=[kafka_connector_jar()], config=flink_config)
     source = (KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(input_topic)
               .set_group_id(f"inputs-{uuid.uuid4().hex[:8]}").set_starting_offsets(KafkaOffsetsInitializer.earliest())
               .set_bounded(KafkaOffsetsInitializer.latest()).set_value_only_deserializer(SimpleStringSchema()).build())
@@ -208,17 +216,18 @@ def test_slow_broker_backpressures_the_source_and_loses_nothing(own_broker, tmp_
     proxy_port = free_port()
     broker, bootstrap = own_broker(advertised_port=proxy_port)
     name = f"broker-slow-{uuid.uuid4().hex[:6]}"
-    inputs = make_inputs(keys=8, per_key=25)
+    # 1 KB per input: a 4 KB network buffer holds a few of them.
+    inputs = [{**record, "pad": "x" * 1000} for record in make_inputs(keys=8, per_key=15)]
     expected = reference_outputs(chain_agent(InvocationCounter(tmp_path / "ref.db"), name=name), inputs)
     counter = InvocationCounter(tmp_path / "calls.db")
     with DelayProxy(upstream_port=broker.port, delay_s=0.0, port=proxy_port) as proxy:
         input_topic = produce_inputs(bootstrap, inputs)
         output_topic = _create_topic(bootstrap, f"{name}.out")
-        proxy.delay_s = 0.25  # every reply, journal acknowledgements included, arrives a quarter second late
+        proxy.delay_s = 0.2  # every reply, journal acknowledgements included, arrives 200 ms late
         delayed_before = proxy.bytes_delayed
         config = _config(bootstrap, name, max_concurrent_runs=2, ack_timeout_s=30, kafka_timeout_s=30)
         client = _submit_job(bootstrap, input_topic, output_topic, chain_agent(counter, name=name), config,
-                             counter=counter)
+                             counter=counter, flink_config=SMALL_NETWORK_BUFFERS)
         # Backpressure: with all inputs in the topic, the source stays behind because the agent cannot keep up.
         poll_until(lambda: counter.count("calls") >= 6 * len(inputs) // 3, 180, "a third of the calls")
         read_at_third = counter.count("source_read")
@@ -226,7 +235,8 @@ def test_slow_broker_backpressures_the_source_and_loses_nothing(own_broker, tmp_
         assert read_at_third < len(inputs), "the source read every input at once: no backpressure reached it"
         _await_end(client, 300, lambda: f"calls {counter.count('calls')}")
         assert proxy.bytes_delayed > delayed_before
-    numbers = _check_effects_once(expected, _committed_outputs(bootstrap, output_topic), counter, operator_log())
+        proxy.delay_s = 0.0  # the broker advertises the proxy: reading the outputs goes through it too
+        numbers = _check_effects_once(expected, _committed_outputs(bootstrap, output_topic), counter, operator_log())
     print(f"\nslow broker: source had read {read_at_third} of {len(inputs)} inputs when ~{runs_started_at_third} runs "
           f"had started; {numbers}")
 
