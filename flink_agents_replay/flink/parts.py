@@ -57,7 +57,7 @@ def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subt
         store = KafkaJournalStore(
             config.kafka_settings(), config.journal_topic, max_parallelism, create_topic=config.create_topic,
             replication_factor=config.replication_factor, topic_config=config.topic_config,
-            timeout_s=config.kafka_timeout_s)
+            timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
         codec = RecordCodec(config.signing_key_bytes, config.uid, event_types=agent.event_types())
         writer = JournalWriter(store, codec, config.durability, config.ack_timeout_s,
                                max_record_bytes(config.kafka, store.max_message_bytes))

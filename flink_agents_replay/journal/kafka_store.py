@@ -4,7 +4,8 @@ The Kafka work (topic creation and checks, the durable producer, bounded reads, 
 :class:`~flink_agents_replay.kafka.store.KafkaTopicStore`, with the user's Kafka settings passed to every
 client untouched. What is the journal's own: the :class:`~flink_agents_replay.journal.store.JournalStore`
 interface the writer and recovery use, the journal's topic role in errors ("journal topic ..."), and
-compaction refused (it would drop earlier records of a key without an error).
+compaction refused (it would drop earlier records of a key without an error), and records not yet sent
+purged on close: a cancelled attempt's records must not land after the next attempt read the journal.
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ class KafkaJournalStore(KafkaTopicStore, JournalStore):
         timeout_s: bound on start-up requests (an unreachable broker fails within it).
         allow_compaction: accept a compacted topic (``cleanup.policy`` with ``compact``). Off for the journal:
             compaction keeps only the last record per Kafka key and would drop earlier ones silently.
+        ack_timeout_s: how long the writer waits for a record's acknowledgement (bounds ``message.timeout.ms``).
     """
 
     record_type = StoredRecord
+    purge_unsent_on_close = True
 
     def __init__(self, kafka_config: KafkaSettingsLike | Mapping[str, Any], topic: str, partitions: int, *,
                  create_topic: bool = True, replication_factor: int | None = None,
                  topic_config: Mapping[str, str] | None = None, timeout_s: float = 30.0,
-                 allow_compaction: bool = False):
+                 allow_compaction: bool = False, ack_timeout_s: float = 60.0):
         super().__init__(settings=kafka_config, topic=topic, partitions=partitions, role=JOURNAL,
                          create_topic=create_topic, replication_factor=replication_factor,
-                         topic_config=topic_config, timeout_s=timeout_s, allow_compaction=allow_compaction)
+                         topic_config=topic_config, timeout_s=timeout_s, allow_compaction=allow_compaction,
+                         ack_timeout_s=ack_timeout_s)

@@ -16,6 +16,9 @@ Kafka's admin API, with errors that name the topic by its role (journal, capture
 * :meth:`~KafkaAdmin.delete_records`: pruning, asynchronous, or waited for.
 
 Requests a new topic's metadata can make fail for a moment (no leader yet) are retried until ``timeout_s``.
+An unreachable broker fails each request within ``timeout_s`` with a :class:`JournalError` that says what to
+check. librdkafka's log lines (reconnect attempts...) wait in the client's queue until it is polled: every
+request polls it afterwards, so they reach Python logging (:mod:`.settings`) and do not pile up.
 """
 
 from __future__ import annotations
@@ -196,6 +199,7 @@ class KafkaAdmin:
 
             self.with_retries(f"delete the records of {role.label} {topic!r} below offsets {dict(offsets)}", delete)
             return
+        self._forward_logs()  # pruning runs at every checkpoint: the lines queued since the last one
         for tp, future in self._client.delete_records(request, request_timeout=self.timeout_s).items():
             future.add_done_callback(lambda f, tp=tp: f.exception() and log.warning(
                 "pruning %s %s partition %d below offset %d failed: %s", role.label, topic, tp.partition, tp.offset,
@@ -209,6 +213,7 @@ class KafkaAdmin:
             try:
                 return request()
             except KafkaException as exc:
+                self._forward_logs()
                 error = exc.args[0]
                 if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
                     raise JournalError(f"could not {what}: {error}") from None
@@ -224,6 +229,12 @@ class KafkaAdmin:
                 f"could not reach Kafka at {self.settings.bootstrap_servers} within {self.timeout_s:.0f} s "
                 f"({exc.args[0]}): check bootstrap.servers, that the broker runs, and the security settings"
             ) from None
+        finally:
+            self._forward_logs()
+
+    def _forward_logs(self) -> None:
+        """Hand librdkafka's queued log lines to Python logging (an admin client has no thread polling it)."""
+        self._client.poll(0)
 
     def _metadata(self, topic: str) -> Any:
         return self._list(topic).topics.get(topic)

@@ -14,10 +14,21 @@ flight per connection, so a retried batch can never land after a later one. A re
 throwaway group id and never commits; a *committed-only* reader (``isolation.level=read_committed``) sees
 no record of an aborted or open transaction. A user setting that contradicts any of these is refused,
 never silently overridden.
+
+Two more things hold for every client, because a broker can fail underneath a running job:
+
+* *A delivery fails in bounded time.* A producer whose records are waited for ``ack_timeout_s`` gets
+  ``message.timeout.ms`` (alias ``delivery.timeout.ms``) no longer than that wait. librdkafka's default is
+  300 s: a record the writer had given up on after 60 s could otherwise still land minutes later, behind
+  the back of a failed and restored attempt. The user may set it shorter, never longer.
+* *librdkafka logs through Python logging* (logger :data:`LIBRDKAFKA_LOGGER`, confluent-kafka's ``logger``
+  setting), not onto the terminal: a broker that is down for a while makes librdkafka print a line per
+  reconnect to stderr otherwise. A user's own ``logger`` setting is kept.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,8 +36,8 @@ from typing import Any
 
 from flink_agents_replay.errors import ConfigError
 
-__all__ = ["COMMITTED_READER_SETTINGS", "DURABLE_PRODUCER_SETTINGS", "ORDERED_PRODUCER_SETTINGS", "KafkaSettings",
-           "KafkaSettingsLike"]
+__all__ = ["COMMITTED_READER_SETTINGS", "DELIVERY_TIMEOUT_SETTINGS", "DURABLE_PRODUCER_SETTINGS", "LIBRDKAFKA_LOGGER",
+           "ORDERED_PRODUCER_SETTINGS", "KafkaSettings", "KafkaSettingsLike"]
 
 #: What a producer whose records must arrive exactly once needs.
 DURABLE_PRODUCER_SETTINGS: Mapping[str, Any] = {"enable.idempotence": True, "acks": "all"}
@@ -34,6 +45,10 @@ DURABLE_PRODUCER_SETTINGS: Mapping[str, Any] = {"enable.idempotence": True, "ack
 ORDERED_PRODUCER_SETTINGS: Mapping[str, Any] = {"max.in.flight.requests.per.connection": 1}
 #: What a consumer that must see only committed records (none of an aborted or open transaction) needs.
 COMMITTED_READER_SETTINGS: Mapping[str, Any] = {"isolation.level": "read_committed"}
+#: librdkafka's two names for how long a record may take from ``produce()`` to its acknowledgement.
+DELIVERY_TIMEOUT_SETTINGS = ("message.timeout.ms", "delivery.timeout.ms")
+#: Where librdkafka's own log lines go (every client of this package; level mapped from syslog by confluent-kafka).
+LIBRDKAFKA_LOGGER = logging.getLogger("flink_agents_replay.kafka.librdkafka")
 
 # Names whose values are secrets: never shown by repr (settings end up in logs and tracebacks).
 _SECRET_MARKERS = ("password", "secret", "sasl.jaas.config", "ssl.key.pem", "oauthbearer.config")
@@ -77,12 +92,15 @@ class KafkaSettings:
         return dict(self.pairs)
 
     def admin_config(self) -> dict[str, Any]:
-        """Configuration of an admin client: the user's settings as given."""
-        return self.client
+        """Configuration of an admin client: the user's settings, logging through :data:`LIBRDKAFKA_LOGGER`."""
+        return self._logged(self.client)
 
-    def producer_config(self, *, durable: bool, ordered: bool = False, what: str = "this producer") -> dict[str, Any]:
+    def producer_config(self, *, durable: bool, ordered: bool = False, what: str = "this producer",
+                        ack_timeout_s: float | None = None) -> dict[str, Any]:
         """Configuration of a producer; ``durable`` adds :data:`DURABLE_PRODUCER_SETTINGS`, ``ordered``
         :data:`ORDERED_PRODUCER_SETTINGS` (one request in flight: slower, but a record's offset can be predicted).
+        With ``ack_timeout_s`` (how long its deliveries are waited for), ``message.timeout.ms`` is that wait
+        unless the user set it shorter: a record then either lands or fails before the wait ends.
 
         Raises :class:`ConfigError` (naming ``what`` needs it) when a user setting contradicts an added one.
         """
@@ -93,7 +111,31 @@ class KafkaSettings:
         if ordered:
             self._check_required(ORDERED_PRODUCER_SETTINGS, what)
             config.update(ORDERED_PRODUCER_SETTINGS)
-        return config
+        if ack_timeout_s is not None:
+            config.update(self.delivery_timeout(ack_timeout_s, what))
+        return self._logged(config)
+
+    def delivery_timeout(self, ack_timeout_s: float, what: str = "this producer") -> dict[str, int]:
+        """``{"message.timeout.ms": ...}`` for a producer whose deliveries are waited for ``ack_timeout_s``.
+
+        The user's ``message.timeout.ms`` / ``delivery.timeout.ms`` is kept when it is no longer than the wait;
+        a longer one is refused (:class:`ConfigError`): a record could land after the writer gave up on it.
+        """
+        limit_ms = max(1, int(ack_timeout_s * 1000))
+        given = {name: self.get(name) for name in DELIVERY_TIMEOUT_SETTINGS if self.get(name) is not None}
+        for name, value in given.items():
+            try:
+                given_ms = int(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"Kafka setting {name}={value!r} must be a whole number of milliseconds") from None
+            if given_ms <= 0 or given_ms > limit_ms:
+                raise ConfigError(
+                    f"the {what} waits {ack_timeout_s:g} s (ack_timeout_s) for Kafka to acknowledge a record, but "
+                    f"Kafka setting {name}={value} lets a record be delivered later than that (or never time out): set "
+                    f"{name} to at most {limit_ms}, or remove it (it then defaults to ack_timeout_s), or raise "
+                    "ack_timeout_s")
+            limit_ms = given_ms
+        return {"message.timeout.ms": limit_ms}
 
     def check_durable(self, what: str) -> None:
         """Refuse settings that contradict an idempotent producer with ``acks=all`` (``what`` needs it)."""
@@ -109,12 +151,18 @@ class KafkaSettings:
         if committed_only:
             self._check_required(COMMITTED_READER_SETTINGS, f"{purpose} reader")
         required = COMMITTED_READER_SETTINGS if committed_only else {}
-        return {**self.client, "group.id": f"flink-agents-replay-{purpose}-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False, "auto.offset.reset": "error", **required}
+        return self._logged({**self.client, "group.id": f"flink-agents-replay-{purpose}-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False, "auto.offset.reset": "error", **required})
 
     def get(self, name: str, default: Any = None) -> Any:
         """One setting's value (``default`` when the user gave none)."""
         return dict(self.pairs).get(name, default)
+
+    @staticmethod
+    def _logged(config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with librdkafka's log lines going to :data:`LIBRDKAFKA_LOGGER` (unless it names a logger)."""
+        config.setdefault("logger", LIBRDKAFKA_LOGGER)
+        return config
 
     def _check_required(self, required: Mapping[str, Any], what: str) -> None:
         """Refuse a user setting that contradicts one of ``required`` (``what`` needs them)."""

@@ -8,6 +8,16 @@ refused (the others). The journal puts its own interface on top (:mod:`flink_age
 
 The producer is created on the first append, with a thread serving its delivery callbacks, so a writer
 waiting for an acknowledgement never has to poll itself.
+
+When the broker fails underneath (docs/design.md, "infrastructure faults: the broker"):
+
+* a record is acknowledged or fails within ``ack_timeout_s`` (the producer's ``message.timeout.ms``, see
+  :mod:`.settings`); it never waits longer and is never delivered after the writer gave up on it;
+* once one record failed, the store refuses every later append and flush (:class:`JournalError`): a
+  checkpoint must never complete with a record missing behind it, so the attempt fails and Flink restores
+  it with a new store;
+* :meth:`KafkaTopicStore.close` of a store whose role says so (the journal) purges what was not yet sent,
+  so a cancelled attempt's records do not land late, after the next attempt read the topic.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from flink_agents_replay.errors import JournalError
 from flink_agents_replay.kafka.admin import KafkaAdmin
@@ -31,6 +41,8 @@ __all__ = ["FILLER_KEY", "KafkaTopicStore", "TopicDelivery", "TopicRecord"]
 FILLER_KEY = b"_moved:filler"
 
 _READ_BATCH = 2000
+#: How long closing waits for the deliveries still queued (stores that flush on close), and for purge reports.
+_CLOSE_FLUSH_S = 10.0
 
 
 class TopicRecord(NamedTuple):
@@ -45,17 +57,20 @@ class TopicRecord(NamedTuple):
 class TopicDelivery:
     """The pending acknowledgement of one appended record."""
 
-    __slots__ = ("_done", "offset", "error", "_role")
+    __slots__ = ("_done", "offset", "error", "_role", "_on_failure")
 
-    def __init__(self, role: TopicRole) -> None:
+    def __init__(self, role: TopicRole, on_failure: Callable[[Any], None] | None = None) -> None:
         self._done = threading.Event()
         self._role = role
+        self._on_failure = on_failure
         self.offset: int | None = None
         self.error: Any = None
 
     def _complete(self, error: Any, message: Any) -> None:
         if error is not None:
             self.error = error
+            if self._on_failure is not None:
+                self._on_failure(error)
         else:
             self.offset = message.offset()
         self._done.set()
@@ -66,8 +81,19 @@ class TopicDelivery:
             raise JournalError(f"a record of the {self._role.label} was not acknowledged by Kafka within "
                                f"{timeout_s:.0f} s")
         if self.error is not None:
-            raise JournalError(f"Kafka rejected a record of the {self._role.label}: {self.error}")
+            raise JournalError(describe_failed_delivery(self._role, self.error))
         return self.offset  # type: ignore[return-value]
+
+
+def describe_failed_delivery(role: TopicRole, error: Any) -> str:
+    """Why a record of ``role`` was not written, for people (a timeout says which setting bounds it)."""
+    code = error.code() if hasattr(error, "code") else None
+    if code == KafkaError._MSG_TIMED_OUT:
+        return (f"a record of the {role.label} was not acknowledged by Kafka within message.timeout.ms (set from "
+                f"ack_timeout_s): is the broker down or overloaded? ({error})")
+    if code in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+        return f"a record of the {role.label} was dropped unsent: the store was closed ({error})"
+    return f"Kafka rejected a record of the {role.label}: {error}"
 
 
 class KafkaTopicStore:
@@ -83,19 +109,25 @@ class KafkaTopicStore:
         topic_config: topic-level settings for a created topic (e.g. ``retention.ms``).
         timeout_s: bound on start-up requests (an unreachable broker fails within it).
         allow_compaction: accept a compacted topic (``role.compacted`` topics only, by default).
+        ack_timeout_s: how long appended records are waited for; the producer's ``message.timeout.ms`` is no
+            longer (a record is acknowledged or failed by then).
     """
 
     #: What :meth:`read` yields; a subclass may name another tuple type with the same four fields.
     record_type: Callable[[int, int, bytes, bytes], Any] = TopicRecord
+    #: Whether :meth:`close` drops records not yet sent (a cancelled attempt's) instead of delivering them.
+    purge_unsent_on_close: bool = False
 
     def __init__(self, *, settings: KafkaSettingsLike, topic: str, partitions: int, role: TopicRole,
                  create_topic: bool = True, replication_factor: int | None = None,
                  topic_config: Mapping[str, str] | None = None, timeout_s: float = 30.0,
-                 allow_compaction: bool | None = None):
+                 allow_compaction: bool | None = None, ack_timeout_s: float = 60.0):
         self.settings = KafkaSettings.of(settings)
         self.role = role
         # Checked before Kafka is contacted: a contradicting setting is a config error, not a broker one.
-        self._producer_config = self.settings.producer_config(durable=True, what=role.label)
+        self._producer_config = self.settings.producer_config(durable=True, what=role.label,
+                                                              ack_timeout_s=ack_timeout_s)
+        self.failed_delivery: Any = None  # the first delivery error; the store refuses to go on after it
         self.topic = topic
         self._partitions = partitions
         self.timeout_s = timeout_s
@@ -131,11 +163,23 @@ class KafkaTopicStore:
         while not self._closing.is_set():
             self._producer.poll(0.05)
 
+    def _delivery_failed(self, error: Any) -> None:
+        if self.failed_delivery is None:
+            self.failed_delivery = error
+
+    def _refuse_after_failure(self) -> None:
+        """Raise if a record failed: what is appended after it would lie behind a gap."""
+        if self.failed_delivery is not None:
+            raise JournalError(f"{describe_failed_delivery(self.role, self.failed_delivery)}; this attempt writes no "
+                               "further records (Flink restores it)")
+
     def append(self, partition: int, key: bytes, value: bytes) -> TopicDelivery:
         """Append asynchronously; the returned delivery confirms it."""
+        self._refuse_after_failure()
         producer = self._get_producer()
-        delivery = TopicDelivery(self.role)
+        delivery = TopicDelivery(self.role, self._delivery_failed)
         while True:
+            self._refuse_after_failure()  # a full queue drains by failing too, when the broker is gone
             try:
                 producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivery._complete)
                 return delivery
@@ -143,13 +187,14 @@ class KafkaTopicStore:
                 time.sleep(0.01)
 
     def flush(self, timeout_s: float) -> None:
-        """Wait until every appended record is acknowledged (``JournalError`` otherwise)."""
+        """Wait until every appended record is acknowledged; ``JournalError`` if one failed or is still waiting."""
         if self._producer is None:
             return
         remaining = self._producer.flush(timeout_s)
         if remaining:
             raise JournalError(f"{remaining} records of the {self.role.label} were not acknowledged by Kafka within "
                                f"{timeout_s:.0f} s")
+        self._refuse_after_failure()
 
     # -- offsets, reading, pruning -----------------------------------------------------------------
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
@@ -199,9 +244,14 @@ class KafkaTopicStore:
         self.admin.delete_records(self.topic, offsets, self.role)
 
     def close(self) -> None:
-        """Stop the delivery thread and flush what is still queued (bounded)."""
+        """Stop the delivery thread; then purge what was not sent (:attr:`purge_unsent_on_close`) or deliver it
+        (bounded). Either way every delivery is reported, so no writer is left waiting for one."""
         self._closing.set()
         if self._poller is not None:
             self._poller.join(5)
-        if self._producer is not None:
-            self._producer.flush(10)
+        if self._producer is None:
+            return
+        if self.purge_unsent_on_close:
+            # Queued records are dropped; records on the wire may still land (Kafka cannot take them back).
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._producer.flush(_CLOSE_FLUSH_S)

@@ -9,14 +9,24 @@ With ``sasl_users`` the broker also listens with ``SASL_PLAINTEXT`` (mechanism `
 passwords given) on a port of its own: a broker that requires authentication, so tests can check that a
 client built by this package carries the user's security settings. The plain listener stays (the
 broker's own readiness check and its inter-broker traffic use it).
+
+For fault tests (docs/design.md, "infrastructure faults: the broker"): :meth:`LocalKafkaBroker.pause` and
+:meth:`~LocalKafkaBroker.resume` freeze and thaw the broker process (SIGSTOP/SIGCONT: connections stay open
+and nothing answers, as with a broker stuck in a long GC pause or a frozen VM), and
+:meth:`~LocalKafkaBroker.restart` stops it and starts it again on the same ports with the same data. With
+``advertised_port`` the broker tells clients to connect to another port than it listens on: where a proxy
+(:mod:`flink_agents_replay.testing.delay_proxy`) forwards to it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import string
 import subprocess
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,14 +74,18 @@ class LocalKafkaBroker(RecordedProcess):
         start_timeout_s: how long ``start`` waits for the broker to answer.
         sasl_users: user name -> password: also listen with SASL_PLAINTEXT (PLAIN) for these users, on
             another free port (``BrokerStatus.sasl_bootstrap_servers``).
+        advertised_port: the port clients are told to connect to (a proxy in front of the broker); the
+            status's ``bootstrap_servers`` is then that port. Default: the port the broker listens on.
     """
 
     def __init__(self, work_dir: Path | str | None = None, *, port: int = 0, start_timeout_s: float = 90.0,
-                 sasl_users: Mapping[str, str] | None = None):
+                 sasl_users: Mapping[str, str] | None = None, advertised_port: int | None = None):
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir()
         self.port = port
         self.start_timeout_s = start_timeout_s
         self.sasl_users = dict(sasl_users or {})
+        self.advertised_port = advertised_port
+        self._controller_port: int | None = None  # kept across restart(): the KRaft quorum is configured with it
 
     @property
     def _state_file(self) -> Path:
@@ -103,7 +117,8 @@ class LocalKafkaBroker(RecordedProcess):
                 f"port {port} on 127.0.0.1 is already in use: stop what listens there, or choose another port "
                 "(--port N, or --port 0 for any free port)"
             )
-        controller_port = free_port(exclude={port})
+        controller_port = self._controller_port or free_port(exclude={port})
+        self.port, self._controller_port = port, controller_port  # a restart() comes back on the same ports
         data_dir = self.work_dir / "data"
         logs_dir = self.work_dir / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +128,7 @@ class LocalKafkaBroker(RecordedProcess):
         properties.write_text(
             template.substitute(port=port, controller_port=controller_port, data_dir=data_dir)
             + _sasl_properties(port, controller_port, sasl_port, self.sasl_users)
+            + _advertised_properties(port, self.advertised_port)
         )
         classpath = f"{jars}/*"
         log_options = [
@@ -132,16 +148,47 @@ class LocalKafkaBroker(RecordedProcess):
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
             )
-        bootstrap = f"127.0.0.1:{port}"
+        bootstrap = f"127.0.0.1:{self.advertised_port or port}"
         sasl_bootstrap = f"127.0.0.1:{sasl_port}" if sasl_port else None
         self._state_file.write_text(json.dumps({"pid": process.pid, "bootstrap_servers": bootstrap,
                                                 "sasl_bootstrap_servers": sasl_bootstrap}))
         try:
-            self._wait_until_ready(process, bootstrap)
+            self._wait_until_ready(process, f"127.0.0.1:{port}")  # directly: a proxy may not run yet
         except BaseException:
             self.stop()
             raise
         return BrokerStatus(True, process.pid, bootstrap, self.work_dir, sasl_bootstrap)
+
+    # -- faults, for tests ---------------------------------------------------------------------------
+    def pause(self) -> int:
+        """Freeze the running broker (SIGSTOP): its connections stay open, nothing answers. Returns its PID."""
+        return self._signal_running(signal.SIGSTOP, "pause")
+
+    def resume(self) -> int:
+        """Thaw a paused broker (SIGCONT). Returns its PID."""
+        return self._signal_running(signal.SIGCONT, "resume")
+
+    def restart(self, *, down_s: float = 0.0, stop_timeout_s: float = 30.0) -> BrokerStatus:
+        """Stop the broker (SIGTERM: a clean shutdown), keep it down ``down_s`` seconds, start it again on the
+        same ports with the same data."""
+        self.stop(timeout_s=stop_timeout_s)
+        if down_s > 0:
+            time.sleep(down_s)  # the outage itself: what a test injects, not a wait for a condition
+        return self.start()
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the broker, also a paused one (it is thawed first, or SIGTERM would wait for SIGCONT)."""
+        status = self.status()
+        if status.running and status.pid is not None:
+            os.kill(status.pid, signal.SIGCONT)
+        return super().stop(timeout_s=timeout_s)
+
+    def _signal_running(self, sig: signal.Signals, what: str) -> int:
+        status = self.status()
+        if not status.running or status.pid is None:
+            raise LocalServiceError(f"cannot {what} the Kafka broker in {self.work_dir}: it is not running")
+        os.kill(status.pid, sig)
+        return status.pid
 
     def _wait_until_ready(self, process: subprocess.Popen, bootstrap: str) -> None:
         from confluent_kafka.admin import AdminClient
@@ -186,6 +233,14 @@ def _sasl_properties(port: int, controller_port: int, sasl_port: int | None, use
         f"org.apache.kafka.common.security.plain.PlainLoginModule required {accounts};",
         "",
     ])
+
+
+def _advertised_properties(port: int, advertised_port: int | None) -> str:
+    """Lines that make clients connect to ``advertised_port`` (a proxy in front of the broker)."""
+    if advertised_port is None or advertised_port == port:
+        return ""
+    return f"\n# Clients connect through a proxy (LocalKafkaBroker(advertised_port=...)).\n" \
+           f"advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port}\n"
 
 
 def _cluster_id() -> str:
