@@ -37,6 +37,7 @@ from pathlib import Path
 from flink_agents_replay.config import default_journal_topic, default_uid
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
 from flink_agents_replay.inspect_journal import summarize_topic
+from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 
@@ -365,7 +366,8 @@ class _Feeder(threading.Thread):
         super().__init__(name="ticket-feeder", daemon=True)
         from confluent_kafka import Producer
 
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOGGER,
+                                  "enable.idempotence": True})
         self.topic = topic
         self.tickets = tickets
         self.interval_s = 1.0 / per_second

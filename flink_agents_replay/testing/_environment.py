@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from flink_agents_replay.agent import Agent
+from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.testing.counter import InvocationCounter
 
 __all__ = ["AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "FailOver", "InjectedFailover"]
@@ -226,12 +227,13 @@ class AgentTestEnvironment:
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER})
         created = admin.create_topics([NewTopic(topics["input"], 1, 1), NewTopic(topics["output"], 1, 1)],
                                       request_timeout=30)
         for future in created.values():
             future.result(timeout=60)
-        producer = Producer({"bootstrap.servers": self.bootstrap_servers, "enable.idempotence": True})
+        producer = Producer({"bootstrap.servers": self.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER,
+                             "enable.idempotence": True})
         for record in inputs:
             producer.produce(topics["input"], json.dumps(record).encode(), key=key(record).encode())
         if producer.flush(60):

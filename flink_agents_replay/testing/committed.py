@@ -12,6 +12,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+
 __all__ = ["CommittedReader", "poll_until"]
 
 
@@ -43,13 +45,13 @@ class CommittedReader:
         from confluent_kafka.admin import AdminClient
 
         self.decode = decode
-        self.admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        self.admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER})
         metadata = self.admin.list_topics(topic, timeout=30).topics.get(topic)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             raise LookupError(f"topic {topic!r} does not exist on {bootstrap_servers}")
         partitions = metadata.partitions
         self.partitions = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self.consumer = Consumer({"bootstrap.servers": bootstrap_servers,
+        self.consumer = Consumer({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER,
                                   "group.id": f"committed-reader-{uuid.uuid4().hex[:8]}",
                                   "enable.auto.commit": False, "isolation.level": "read_committed"})
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])

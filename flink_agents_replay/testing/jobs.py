@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
@@ -52,10 +53,11 @@ def make_inputs(keys: int, per_key: int) -> list[dict]:
 def produce_inputs(bootstrap_servers: str, records: Iterable[dict], topic: str | None = None) -> str:
     """Create a one-partition topic and write ``records`` to it as JSON; return the topic."""
     topic = topic or f"agent-input-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER})
     for future in admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=30).values():
         future.result(timeout=60)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER,
+                         "enable.idempotence": True})
     for record in records:
         producer.produce(topic, json.dumps(record).encode(), key=record["key"].encode())
     if producer.flush(60):
