@@ -1,4 +1,11 @@
-"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff)."""
+"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff).
+
+Every record is verified as one of the operator's (its uid, the job's keys) *for the topic it is read
+from*: a capture record copied into another capture topic (a replay's capture into production's) fails
+its signature (envelope version 3). Where the partition is known (:func:`read_capture`), the key group the
+record carries must be that partition; Flink's ``KafkaSource`` hands a replay the value only, so there the
+topic is what is checked, with the key and seq inside the signed payload.
+"""
 
 from __future__ import annotations
 
@@ -19,23 +26,28 @@ _KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun}
 
 
 class CaptureDecoder:
-    """Verifies and decodes capture records of one operator (its uid and signing key)."""
+    """Verifies and decodes capture records of one operator (its uid, signing key and older verification keys)."""
 
-    def __init__(self, signing_key: bytes, uid: str):
-        self.codec = capture_codec(signing_key, uid)
+    def __init__(self, signing_key: bytes, uid: str, *, verification_keys: Iterable[bytes] = ()):
+        self.codec = capture_codec(signing_key, uid, verification_keys=verification_keys)
 
-    def decode(self, value: bytes, where: str = "") -> CapturedInput | CapturedRun | None:
-        """The record, verified; ``None`` for a record of another kind."""
+    def decode(self, value: bytes, where: str = "", *, topic: str,
+               partition: int | None = None) -> CapturedInput | CapturedRun | None:
+        """The record read from ``topic`` (and ``partition``, when known), verified; ``None`` for a record of
+        another kind."""
         header = RecordCodec.peek_header(value)
         if header is None:
             raise SignatureError(f"capture record ({where}) is not a flink-agents-replay record")
         expected = _KINDS.get(header.get("kind"))
         if expected is None:
             return None
-        header, payload = self.codec.verify(SIGNED_KEY, value, where=where)
+        header, payload = self.codec.verify(SIGNED_KEY, value, topic=topic, partition=None, where=where)
         record = self.codec.load(header, payload, where=where)
         if not isinstance(record, expected):
             raise SignatureError(f"capture record ({where}) holds a {type(record).__name__}, not a {expected.__name__}")
+        if partition is not None and record.key_group is not None and record.key_group != partition:
+            raise SignatureError(f"capture record ({where}) was written to partition {record.key_group} (its key "
+                                 f"group) and copied to partition {partition}")
         return record
 
 
@@ -61,8 +73,8 @@ def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | 
         begin = {p: max(first[p], (start or {}).get(p, 0)) for p in everything}
         end = store.end_offsets(everything)
         for stored in store.read(begin, end):
-            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset "
-                                                              f"{stored.offset}")
+            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset {stored.offset}",
+                                    topic=topic, partition=stored.partition)
             if record is not None:
                 yield record
     finally:
