@@ -172,7 +172,8 @@ def _decode(codec: RecordCodec, entry: dict, *, capture: bool = False):
     0.2.0 records are not bound to a topic), a capture record from no known partition."""
     record_key = base64.b64decode(entry["record_key"])
     partition = None if capture else int(record_key.split(b":")[0])
-    return codec.decode(record_key, base64.b64decode(entry["value"]), topic="any.topic", partition=partition).payload
+    topic = entry.get("topic", "any.topic")  # kept from envelope version 3 on
+    return codec.decode(record_key, base64.b64decode(entry["value"]), topic=topic, partition=partition).payload
 
 
 @dataclass(frozen=True)
