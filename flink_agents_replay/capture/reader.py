@@ -18,6 +18,7 @@ from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.store import KafkaTopicStore
 from flink_agents_replay.kafka.topics import CAPTURE
+from flink_agents_replay.keygroups import key_group
 from flink_agents_replay.records.codec import RecordCodec
 
 __all__ = ["CaptureDecoder", "read_capture"]
@@ -26,10 +27,17 @@ _KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun}
 
 
 class CaptureDecoder:
-    """Verifies and decodes capture records of one operator (its uid, signing key and older verification keys)."""
+    """Verifies and decodes capture records of one operator (its uid, signing key and older verification keys).
 
-    def __init__(self, signing_key: bytes, uid: str, *, verification_keys: Iterable[bytes] = ()):
+    With ``key_type`` and ``max_parallelism`` (a replay's source, which knows no partition), the key group a
+    record carries must also be its key's.
+    """
+
+    def __init__(self, signing_key: bytes, uid: str, *, verification_keys: Iterable[bytes] = (),
+                 key_type: str | None = None, max_parallelism: int | None = None):
         self.codec = capture_codec(signing_key, uid, verification_keys=verification_keys)
+        self.key_type = key_type
+        self.max_parallelism = max_parallelism
 
     def decode(self, value: bytes, where: str = "", *, topic: str,
                partition: int | None = None) -> CapturedInput | CapturedRun | None:
@@ -45,10 +53,20 @@ class CaptureDecoder:
         record = self.codec.load(header, payload, where=where)
         if not isinstance(record, expected):
             raise SignatureError(f"capture record ({where}) holds a {type(record).__name__}, not a {expected.__name__}")
-        if partition is not None and record.key_group is not None and record.key_group != partition:
+        if record.key_group is not None:
+            self._check_key_group(record, partition, where)
+        return record
+
+    def _check_key_group(self, record: CapturedInput | CapturedRun, partition: int | None, where: str) -> None:
+        if partition is not None and record.key_group != partition:
             raise SignatureError(f"capture record ({where}) was written to partition {record.key_group} (its key "
                                  f"group) and copied to partition {partition}")
-        return record
+        if self.key_type is not None and self.max_parallelism is not None:
+            expected = key_group(record.key, self.key_type, self.max_parallelism)
+            if record.key_group != expected:
+                raise SignatureError(f"capture record ({where}) of key {record.key!r:.60} names key group "
+                                     f"{record.key_group}, not its key's ({expected} of {self.max_parallelism}): "
+                                     "it was written by a job with another key type or max parallelism")
 
 
 def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | None, decoder: CaptureDecoder, *,

@@ -78,13 +78,17 @@ class _CapturedInputs:
     """Flat-map from a capture record's value to its :class:`CapturedInput` (run records are skipped).
 
     The source hands over values only: each is verified for production's capture ``topic`` (a record copied
-    from another capture topic fails), its key and seq inside the signed payload."""
+    from another capture topic fails), its key and seq inside the signed payload, and the key group it
+    carries must be its key's (``key_type``, ``max_parallelism``)."""
 
-    def __init__(self, signing_key: bytes, uid: str, *, topic: str, verification_keys: tuple[bytes, ...] = ()):
+    def __init__(self, signing_key: bytes, uid: str, *, topic: str, key_type: str, max_parallelism: int,
+                 verification_keys: tuple[bytes, ...] = ()):
         self.signing_key = signing_key
         self.verification_keys = verification_keys
         self.uid = uid
         self.topic = topic
+        self.key_type = key_type
+        self.max_parallelism = max_parallelism
         self._decoder = None
 
     def __call__(self, text: str) -> Iterator[Any]:
@@ -92,7 +96,8 @@ class _CapturedInputs:
         from flink_agents_replay.capture.records import CapturedInput
 
         if self._decoder is None:
-            self._decoder = CaptureDecoder(self.signing_key, self.uid, verification_keys=self.verification_keys)
+            self._decoder = CaptureDecoder(self.signing_key, self.uid, verification_keys=self.verification_keys,
+                                           key_type=self.key_type, max_parallelism=self.max_parallelism)
         record = self._decoder.decode(text.encode("latin-1"), "capture record read by the replay's source",
                                       topic=self.topic)
         if isinstance(record, CapturedInput):
@@ -135,7 +140,10 @@ def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, sig
             builder = builder.set_property(setting, str(value))
     inputs = (
         env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
-        .flat_map(_CapturedInputs(signing_key, uid, topic=topic, verification_keys=tuple(verification_keys)),
+        # The manifest's offsets cover every partition of the capture: one per key group (read_capture_start).
+        .flat_map(_CapturedInputs(signing_key, uid, topic=topic, key_type=key_type,
+                                  max_parallelism=len(settings.start_offsets),
+                                  verification_keys=tuple(verification_keys)),
                   output_type=Types.PICKLED_BYTE_ARRAY())
         .name("decode captured inputs").uid(f"{source_uid}-decode")
         .assign_timestamps_and_watermarks(

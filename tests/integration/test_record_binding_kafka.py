@@ -123,3 +123,18 @@ def test_a_journal_loaded_under_another_name_is_re_signed_for_it_and_reads_back(
     store.close()
     with pytest.raises(SignatureError, match=f"read from topic '{verbatim}'"):
         _read_back(kafka, verbatim)
+
+
+def test_a_replay_journals_record_copied_into_productions_journal_is_refused_at_restore(kafka_bootstrap):
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    production = f"journal-prod-{uuid.uuid4().hex[:8]}"
+    _journal_of_two_records(kafka, production).close()
+    replay = f"journal-replay-{uuid.uuid4().hex[:8]}"  # the same operator uid and signing key
+    _journal_of_two_records(kafka, replay).close()
+    assert _read_back(kafka, production) == ["in-0", "in-1"]
+    replayed = next(iter(KafkaJournalStore(kafka, replay, 2, create_topic=False).read({1: 0}, {1: 1})))
+    producer = Producer(kafka)
+    producer.produce(production, key=replayed.key, value=replayed.value, partition=1)
+    producer.flush(30)
+    with pytest.raises(SignatureError, match=f"partition 1 offset 1.*read from topic '{production}'"):
+        _read_back(kafka, production)

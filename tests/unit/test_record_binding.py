@@ -20,6 +20,7 @@ from flink_agents_replay.errors import ConfigError, JournalError, SignatureError
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
 from flink_agents_replay.journal.store import Delivery
 from flink_agents_replay.journal.transfer import DumpedRecord, DumpHeader, load_topic
+from flink_agents_replay.keygroups import key_group
 from flink_agents_replay.records.codec import RecordCodec, SigningKeys, signed_version
 from flink_agents_replay.records.journal import AcceptedRecord, RecordKind, journal_key, key_digest
 
@@ -149,6 +150,19 @@ def test_a_capture_record_carries_its_key_group_and_reads_back_from_its_partitio
     assert record == CapturedInput("customer:1", 1, None, {"text": "hi"}, "in-1", key_group=2)
     # KafkaSource hands over the value only: the topic is still checked.
     assert CaptureDecoder(NEW_KEY, "op").decode(_captured(store, 2), topic="agent.capture").key_group == 2
+
+
+def test_a_replays_source_which_knows_no_partition_checks_the_key_group_against_the_key():
+    store = MemoryJournalStore(4, topic="agent.capture")
+    right = key_group("customer:1", "STRING", 4)
+    wrong = (right + 1) % 4
+    writer = _capture_writer(store)
+    writer.write_input(right, CapturedInput("customer:1", 1, None, "x", "d"))
+    writer.write_input(wrong, CapturedInput("customer:1", 2, None, "y", "d"))  # a writer with another key layout
+    decoder = CaptureDecoder(NEW_KEY, "op", key_type="STRING", max_parallelism=4)
+    assert decoder.decode(_captured(store, right), topic="agent.capture").payload == "x"
+    with pytest.raises(SignatureError, match=f"names key group {wrong}, not its key's \\({right} of 4\\)"):
+        decoder.decode(_captured(store, wrong), topic="agent.capture")
 
 
 def test_a_capture_record_copied_to_another_partition_is_rejected():
