@@ -90,14 +90,16 @@ def fill_journal(store: KafkaJournalStore, codec: RecordCodec, owned: range, rec
             record_key = journal_key(group, seq, parent, action_name, digest)
             call = CallRecord(seq, order, parent, action_name, 0, "llm", f"{rng.getrandbits(64):016x}",
                               CallOutcome.RETURNED, answer, input_digest=f"{seq:016x}")
-            append(group, record_key, codec.encode(record_key, RecordKind.CALL, call, fingerprint="f" * 16))
+            append(group, record_key, codec.encode(record_key, RecordKind.CALL, call, topic=store.topic,
+                                                   partition=group, fingerprint="f" * 16))
             sent_id = event_id(digest, seq, parent, action_name, 0)
             sent = (with_event_id(OutputEvent(output={"reply": answer[:120]}), sent_id) if last
                     else with_event_id(Classified(label=answer[:40], detail=answer[40:160]), sent_id))
             completion = CompletionRecord(seq, order, parent, action_name, "f" * 16,
                                           [MemoryUpdate(f"history.{action_name}", answer[:80])], [sent], calls=1,
                                           input_digest=f"{seq:016x}")
-            append(group, record_key, codec.encode(record_key, RecordKind.COMPLETION, completion, fingerprint="f" * 16))
+            append(group, record_key, codec.encode(record_key, RecordKind.COMPLETION, completion, topic=store.topic,
+                                                   partition=group, fingerprint="f" * 16))
             written += 2
             parent = sent_id
     store.flush(120)

@@ -227,7 +227,8 @@ def _journal(args: argparse.Namespace) -> int:
             print(f"dumped topic {header.topic} (id {header.topic_id}, {header.partitions} partitions, offsets "
                   f"spanning {kept} records) to {args.out}")
             return 0
-        result = load_topic(kafka, path=args.input, topic=args.topic, config_overrides=dict(args.config or []))
+        result = load_topic(kafka, path=args.input, topic=args.topic, config_overrides=dict(args.config or []),
+                            signing_keys=_signing_keys_from_environment())
     except KafkaException as exc:
         raise FlinkAgentsReplayError(f"Kafka at {args.bootstrap_servers}: {exc.args[0]}") from None
     print(f"loaded {result.records} records (and {result.fillers} filler records) into topic {result.topic} at "
@@ -235,6 +236,18 @@ def _journal(args: argparse.Namespace) -> int:
     print("to restore a savepoint or checkpoint taken against the old topic, add to the job's agent config:")
     print(f"    accept_moved_journal_from={result.old_topic_id!r}")
     return 0
+
+
+def _signing_keys_from_environment():
+    """The job's signing key from the environment, for re-signing a journal loaded under a new name; else None."""
+
+    from flink_agents_replay.config import SIGNING_KEY_ENV
+    from flink_agents_replay.records.codec import SigningKeys
+
+    key = os.environ.get(SIGNING_KEY_ENV)
+    if key and len(key) < 16:
+        raise ConfigError(f"${SIGNING_KEY_ENV} must be at least 16 characters")
+    return SigningKeys(key.encode()) if key else None
 
 
 def _setting(text: str) -> tuple[str, str]:

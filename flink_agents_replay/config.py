@@ -53,6 +53,8 @@ class AgentConfig:
         journal_topic: the journal topic (default ``<uid>.journal`` with '/' replaced by '.').
         signing_key: HMAC key for journal records (default ``$FLINK_AGENTS_REPLAY_SIGNING_KEY``); at least
             16 characters, the same for every run that must reuse the journal.
+        verification_keys: older signing keys whose journal and capture records are still accepted, after a
+            key rotation (``flink_agents_replay.records.codec`` lists the steps); each at least 16 characters.
         uid: the operator's uid (default ``flink-agents-replay/<agent name>``). Changing it breaks restores.
         max_parallelism: key groups and journal partitions; pinned, because changing it breaks restores.
         max_concurrent_runs: keys whose runs execute at once per subtask.
@@ -102,6 +104,7 @@ class AgentConfig:
     kafka: Mapping[str, Any] = field(default_factory=dict)
     journal_topic: str | None = None
     signing_key: str | bytes | None = None
+    verification_keys: Sequence[str | bytes] = field(default=(), repr=False)
     uid: str | None = None
     max_parallelism: int = 128
     max_concurrent_runs: int = 8
@@ -188,6 +191,8 @@ class AgentConfig:
                 f"the journal needs a signing key of at least 16 characters: set {SIGNING_KEY_ENV} or "
                 "AgentConfig(signing_key=...); keep it secret and the same across restarts"
             )
+        if isinstance(self.verification_keys, (str, bytes)) or any(len(k) < 16 for k in self.verification_keys):
+            raise ConfigError("verification_keys must be a list of keys of at least 16 characters each")
 
     def kafka_settings(self) -> KafkaSettings:
         """The ``kafka`` settings as the one object every Kafka client of the operator is built from."""
@@ -198,6 +203,11 @@ class AgentConfig:
         """The signing key as bytes."""
         key = self.signing_key or b""
         return key.encode() if isinstance(key, str) else key
+
+    @property
+    def verification_keys_bytes(self) -> tuple[bytes, ...]:
+        """The older keys still accepted, as bytes."""
+        return tuple(k.encode() if isinstance(k, str) else k for k in self.verification_keys)
 
 
 def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: str | None,

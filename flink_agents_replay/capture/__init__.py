@@ -23,11 +23,12 @@ Steps
 
 Limits
 ------
-* Records are signed with the job's signing key and unpickled only after verification; they hold the
-  inputs and call results in full, so protect the topic like the data it carries.
-* Capture records travel asynchronously and are flushed at every checkpoint: after a failure the inputs
-  since the last checkpoint are captured again when they are replayed (readers keep the last record of
-  a key and seq).
+* Records are signed with the job's signing key for their capture topic (a replay's capture record copied
+  into production's is refused) and unpickled only after verification; they hold the inputs and call
+  results in full, so protect the topic like the data it carries.
+* Capture records travel asynchronously and are flushed at every checkpoint; one Kafka refused fails that
+  checkpoint, before its manifest entry. After a failure the inputs since the last checkpoint are captured
+  again when they are replayed (readers keep the last record of a key and seq).
 * Capture adds one record per input and one per run to Kafka: size the topic's retention for the
   traffic you want to be able to replay.
 """

@@ -1,4 +1,11 @@
-"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff)."""
+"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff).
+
+Every record is verified as one of the operator's (its uid, the job's keys) *for the topic it is read
+from*: a capture record copied into another capture topic (a replay's capture into production's) fails
+its signature (envelope version 3). Where the partition is known (:func:`read_capture`), the key group the
+record carries must be that partition; Flink's ``KafkaSource`` hands a replay the value only, so there the
+topic is what is checked, with the key and seq inside the signed payload.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.store import KafkaTopicStore
 from flink_agents_replay.kafka.topics import CAPTURE
+from flink_agents_replay.keygroups import key_group
 from flink_agents_replay.records.codec import RecordCodec
 
 __all__ = ["CaptureDecoder", "read_capture"]
@@ -19,24 +27,46 @@ _KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun}
 
 
 class CaptureDecoder:
-    """Verifies and decodes capture records of one operator (its uid and signing key)."""
+    """Verifies and decodes capture records of one operator (its uid, signing key and older verification keys).
 
-    def __init__(self, signing_key: bytes, uid: str):
-        self.codec = capture_codec(signing_key, uid)
+    With ``key_type`` and ``max_parallelism`` (a replay's source, which knows no partition), the key group a
+    record carries must also be its key's.
+    """
 
-    def decode(self, value: bytes, where: str = "") -> CapturedInput | CapturedRun | None:
-        """The record, verified; ``None`` for a record of another kind."""
+    def __init__(self, signing_key: bytes, uid: str, *, verification_keys: Iterable[bytes] = (),
+                 key_type: str | None = None, max_parallelism: int | None = None):
+        self.codec = capture_codec(signing_key, uid, verification_keys=verification_keys)
+        self.key_type = key_type
+        self.max_parallelism = max_parallelism
+
+    def decode(self, value: bytes, where: str = "", *, topic: str,
+               partition: int | None = None) -> CapturedInput | CapturedRun | None:
+        """The record read from ``topic`` (and ``partition``, when known), verified; ``None`` for a record of
+        another kind."""
         header = RecordCodec.peek_header(value)
         if header is None:
             raise SignatureError(f"capture record ({where}) is not a flink-agents-replay record")
         expected = _KINDS.get(header.get("kind"))
         if expected is None:
             return None
-        header, payload = self.codec.verify(SIGNED_KEY, value, where=where)
+        header, payload = self.codec.verify(SIGNED_KEY, value, topic=topic, partition=None, where=where)
         record = self.codec.load(header, payload, where=where)
         if not isinstance(record, expected):
             raise SignatureError(f"capture record ({where}) holds a {type(record).__name__}, not a {expected.__name__}")
+        if record.key_group is not None:
+            self._check_key_group(record, partition, where)
         return record
+
+    def _check_key_group(self, record: CapturedInput | CapturedRun, partition: int | None, where: str) -> None:
+        if partition is not None and record.key_group != partition:
+            raise SignatureError(f"capture record ({where}) was written to partition {record.key_group} (its key "
+                                 f"group) and copied to partition {partition}")
+        if self.key_type is not None and self.max_parallelism is not None:
+            expected = key_group(record.key, self.key_type, self.max_parallelism)
+            if record.key_group != expected:
+                raise SignatureError(f"capture record ({where}) of key {record.key!r:.60} names key group "
+                                     f"{record.key_group}, not its key's ({expected} of {self.max_parallelism}): "
+                                     "it was written by a job with another key type or max parallelism")
 
 
 def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | None, decoder: CaptureDecoder, *,
@@ -61,8 +91,8 @@ def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | 
         begin = {p: max(first[p], (start or {}).get(p, 0)) for p in everything}
         end = store.end_offsets(everything)
         for stored in store.read(begin, end):
-            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset "
-                                                              f"{stored.offset}")
+            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset {stored.offset}",
+                                    topic=topic, partition=stored.partition)
             if record is not None:
                 yield record
     finally:

@@ -12,9 +12,11 @@ partition of the key's key group:
 
 Kafka record key: ``"{key_group}:{seq}:{kind}:{key_digest}"``. A key may be captured twice at the same
 seq (a failure between writing and the next checkpoint); readers keep the last record. Unlike journal
-records, capture records are signed with a fixed key (:data:`SIGNED_KEY`) in place of their Kafka key: Flink's
-Python ``KafkaSource`` hands a replay only record values, and a capture record names its key and seq inside
-its signed payload anyway.
+records, capture records are signed with a fixed key (:data:`SIGNED_KEY`) in place of their Kafka key, and
+for no partition: Flink's Python ``KafkaSource`` hands a replay only record values. What can be bound is
+bound inside the signed value instead: the topic (the MAC covers the topic name the reader expects, envelope
+version 3), the key and seq (in the payload), and the key group (``key_group``, in the payload since schema
+version 2), which a reader that knows the partition checks against it (:mod:`.reader`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class CapturedInput:
     event_time: int | None
     payload: Any
     input_digest: str
+    key_group: int | None = None  # set by the writer; None in records of schema version 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class CapturedRun:
     calls: list[CallRecord] = field(default_factory=list)
     blocked: list[BlockedCall] = field(default_factory=list)
     error: str | None = None  # replay only: the exception that ended the run (its outputs are then empty)
+    key_group: int | None = None  # set by the writer; None in records of schema version 1
 
 
 def capture_key(key_group: int, seq: int, kind: str, digest_of_key: str) -> bytes:

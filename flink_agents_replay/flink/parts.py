@@ -29,7 +29,8 @@ def job_mode(config: AgentConfig, *, max_parallelism: int) -> JobMode:
     if config.replay is None:
         return PRODUCTION
     return ReplayMode(settings=config.replay, kafka=config.kafka_settings(), signing_key=config.signing_key_bytes,
-                      uid=config.uid, journal_topic=config.journal_topic, max_parallelism=max_parallelism,
+                      verification_keys=config.verification_keys_bytes, uid=config.uid,
+                      journal_topic=config.journal_topic, max_parallelism=max_parallelism,
                       read_production_journal=config.journal_enabled, kafka_timeout_s=config.kafka_timeout_s)
 
 
@@ -42,7 +43,8 @@ def observers(config: AgentConfig, *, key_type: str, max_parallelism: int, mode:
                                      tuple(config.output_topics))
     # A capture that is never replayed itself (a replay's, which feeds the diff) needs no manifest.
     writer = CaptureWriter.to_kafka(
-        config.kafka_settings(), description=description, codec=capture_codec(config.signing_key_bytes, config.uid),
+        config.kafka_settings(), description=description,
+        codec=capture_codec(config.signing_key_bytes, config.uid, verification_keys=config.verification_keys_bytes),
         with_manifest=mode.resumable, create_topic=config.create_topic,
         replication_factor=config.replication_factor, topic_config=config.capture_topic_config,
         kafka_timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
@@ -58,7 +60,8 @@ def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subt
             config.kafka_settings(), config.journal_topic, max_parallelism, create_topic=config.create_topic,
             replication_factor=config.replication_factor, topic_config=config.topic_config,
             timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
-        codec = RecordCodec(config.signing_key_bytes, config.uid, event_types=agent.event_types())
+        codec = RecordCodec(config.signing_key_bytes, config.uid, verification_keys=config.verification_keys_bytes,
+                            event_types=agent.event_types())
         writer = JournalWriter(store, codec, config.durability, config.ack_timeout_s,
                                max_record_bytes(config.kafka, store.max_message_bytes))
     # A job that is not resumed (a replay) reads what is left of another journal: a gap is expected there.

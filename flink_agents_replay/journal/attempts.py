@@ -81,13 +81,13 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
     partitions = list(partitions)
     start = store.start_offsets(partitions)
     end = store.end_offsets(partitions)
-    history = JobHistory(RecoveryIndex(codec))
+    history = JobHistory(RecoveryIndex(codec, topic=store.topic))
     for stored in store.read(start, end):
         history.index.records_read += 1
         _, _, event, action, digest_of_key = parse_stored_key(stored)
         if action == ATTEMPT_ACTION:
             if event in job_ids:
-                _note_attempt(history, codec, stored)
+                _note_attempt(history, codec, store.topic, stored)
             continue
         if stored.partition in history.starts:
             history.index.add_raw(digest_of_key, stored)
@@ -96,8 +96,9 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
     return history
 
 
-def _note_attempt(history: JobHistory, codec: RecordCodec, stored) -> None:
-    record = codec.decode(stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
+def _note_attempt(history: JobHistory, codec: RecordCodec, topic: str, stored) -> None:
+    record = codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition,
+                          where=f"partition {stored.partition} offset {stored.offset}")
     if record.kind != RecordKind.ATTEMPT.value:
         raise SignatureError(f"journal record at partition {stored.partition} offset {stored.offset} has an attempt "
                              f"key but kind {record.kind!r}")
@@ -113,7 +114,8 @@ def write_attempt_records(writer: JournalWriter, partitions: Iterable[int], job_
     for partition in partitions:
         key = attempt_key(partition, job_id)
         payload = {"version": _VERSION, "job_id": job_id, "attempt": attempt, "subtask": subtask}
-        value = writer.encode(key, RecordKind.ATTEMPT, payload, fingerprint="", what="an attempt record")
+        value = writer.encode(key, RecordKind.ATTEMPT, payload, partition=partition, fingerprint="",
+                              what="an attempt record")
         deliveries.append(writer.append(partition, key, value, "an attempt record"))
     for delivery in deliveries:
         delivery.wait(writer.ack_timeout_s)

@@ -54,11 +54,13 @@ class RecoveryIndex:
     Records may be filed raw (:meth:`add_raw`): a key's records are verified and unpickled when
     :meth:`history` first asks for that key, so a restore costs little more than reading the partitions,
     and the rest is spread over the keys that actually replay. A record is still verified before its
-    payload is unpickled; one that fails raises :class:`~flink_agents_replay.errors.SignatureError`.
+    payload is unpickled, against ``topic`` (the journal topic the records were read from) and its
+    partition; one that fails raises :class:`~flink_agents_replay.errors.SignatureError`.
     """
 
-    def __init__(self, codec: RecordCodec | None = None) -> None:
+    def __init__(self, codec: RecordCodec | None = None, *, topic: str | None = None) -> None:
         self._codec = codec
+        self._topic = topic
         self._keys: dict[str, KeyHistory] = {}
         self._raw: dict[str, list[StoredRecord]] = {}
         self.records_read = 0  # every record read, including those a filter skipped
@@ -69,7 +71,8 @@ class RecoveryIndex:
         if raw is not None:
             for stored in raw:
                 header, payload = self._codec.verify(
-                    stored.key, stored.value, where=f"partition {stored.partition} offset {stored.offset}")
+                    stored.key, stored.value, topic=self._topic, partition=stored.partition,
+                    where=f"partition {stored.partition} offset {stored.offset}")
                 if header["kind"] in _INDEXED_KINDS:
                     record = self._codec.load(header, payload)
                     if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord, ActionFailedRecord)):
@@ -78,8 +81,8 @@ class RecoveryIndex:
 
     def add_raw(self, digest_of_key: str, stored: StoredRecord) -> None:
         """File one record as read, to be verified and decoded when its key first replays."""
-        if self._codec is None:
-            raise ValueError("a RecoveryIndex without a codec cannot take raw records")
+        if self._codec is None or self._topic is None:
+            raise ValueError("a RecoveryIndex without a codec and a topic cannot take raw records")
         self._raw.setdefault(digest_of_key, []).append(stored)
 
     def add(self, digest_of_key: str, partition: int, offset: int, record: IndexedRecord) -> None:

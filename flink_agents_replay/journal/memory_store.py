@@ -21,7 +21,8 @@ class _Done(Delivery):
 class MemoryJournalStore(JournalStore):
     """Keeps every partition as a list; deleted records become ``None`` below the low watermark."""
 
-    def __init__(self, partitions: int):
+    def __init__(self, partitions: int, *, topic: str = "memory.journal"):
+        self.topic = topic
         self._partitions = partitions
         self._logs: list[list[tuple[bytes, bytes] | None]] = [[] for _ in range(partitions)]
         self._low = [0] * partitions

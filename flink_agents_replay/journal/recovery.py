@@ -41,7 +41,7 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
     :class:`~flink_agents_replay.errors.SignatureError` when its key replays: a record is never used
     unverified, and never skipped silently.
     """
-    index = RecoveryIndex(codec)
+    index = RecoveryIndex(codec, topic=store.topic)
     begun = time.monotonic()
     for stored in store.read(start, end):
         index.records_read += 1

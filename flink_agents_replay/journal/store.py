@@ -33,6 +33,9 @@ class Delivery(ABC):
 class JournalStore(ABC):
     """Partitioned append-only log with per-partition offsets."""
 
+    #: The topic's name: records are signed for it (:mod:`flink_agents_replay.records.codec`).
+    topic: str
+
     #: The largest record the store takes, if it has a limit of its own (Kafka: the topic's max.message.bytes).
     max_message_bytes: int | None = None
 

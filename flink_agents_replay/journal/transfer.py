@@ -23,6 +23,17 @@ records. So this module copies a topic so that each record keeps its offset:
   inside the range cannot be deleted and stay, with the reserved key :data:`FILLER_KEY` and an empty
   value. The journal's reader (:meth:`KafkaJournalStore.read`) passes over them, so every reader of
   journal, capture and manifest topics does.
+* Records of envelope version 3 are signed for the topic they were written to
+  (:mod:`flink_agents_replay.records.codec`). Loaded under the dumped topic's own name (the usual move: the
+  same journal on another cluster), they verify as they are. Loaded under another name, they are
+  re-signed for it with the job's keys (``signing_keys``; the CLI takes the signing key from
+  ``$FLINK_AGENTS_REPLAY_SIGNING_KEY``), each verified for its old name first; without keys such a load is
+  refused before anything is created. Why re-sign rather than let the reader accept the old name: a reader
+  trusts only its config and its keys. A note of the old name carried by the topic itself could be
+  written by anyone who can write the topic (and then any copied record would pass), and the topic id the
+  job is told to accept (``accept_moved_journal_from``) changes with every move and is unknown to a
+  replay's ``KafkaSource``. Records of versions 1 and 2 (not bound to a topic) and every other byte are
+  copied verbatim.
 * The new topic has a new *topic id*. A restore compares the marker's topic id with the journal's and
   refuses a different one ("deleted and recreated"): set ``AgentConfig(accept_moved_journal_from=<old
   topic id>)`` (the id :func:`load_topic` reports) and the operator accepts the moved journal when every
@@ -49,17 +60,18 @@ import gzip
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from flink_agents_replay.errors import JournalError
+from flink_agents_replay.errors import JournalError, SignatureError
 from flink_agents_replay.kafka.admin import KafkaAdmin
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.kafka.store import FILLER_KEY
 from flink_agents_replay.kafka.topics import TOPIC
+from flink_agents_replay.records.codec import FORMAT_VERSION, SigningKeys, signed_version
 
 __all__ = ["DUMP_FORMAT", "DUMP_VERSION", "FILLER_KEY", "DumpHeader", "DumpedRecord", "LoadResult", "dump_topic",
            "load_topic", "moved_journal_refusal", "read_dump"]
@@ -129,6 +141,7 @@ class LoadResult:
     new_topic_id: str
     records: int
     fillers: int
+    resigned: int = 0  # records re-signed for the new topic name
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -233,7 +246,7 @@ def read_dump(path: str | Path) -> tuple[DumpHeader, Iterator[DumpedRecord]]:
 # -- load ------------------------------------------------------------------------------------------------
 def load_topic(settings: KafkaSettingsLike, *, path: str | Path, topic: str | None = None,
                replication_factor: int | None = None, config_overrides: Mapping[str, str] | None = None,
-               timeout_s: float = 30.0) -> LoadResult:
+               signing_keys: SigningKeys | None = None, timeout_s: float = 30.0) -> LoadResult:
     """Create ``topic`` (default: the dumped topic's name) on the cluster of ``settings`` and write the dump
     at ``path`` into it, every record at its original offset; return the old and new topic ids.
 
@@ -241,11 +254,15 @@ def load_topic(settings: KafkaSettingsLike, *, path: str | Path, topic: str | No
     created with the dumped settings, ``config_overrides`` on top. It must not exist, or exist empty with the
     dump's partition count. After writing, the filler records below each partition's dumped low watermark
     are deleted, and each partition's low and high watermarks are checked against the dump's; a difference
-    is a :class:`JournalError`.
+    is a :class:`JournalError`. Under another name than the dumped topic's, records signed for that name
+    (envelope version 3) are re-signed with ``signing_keys``, which must then be given.
     """
     settings = KafkaSettings.of(settings)
     header, records = read_dump(path)
     topic = topic or header.topic
+    renamed = topic != header.topic
+    if renamed:
+        _check_resignable(path, header=header, topic=topic, signing_keys=signing_keys)
     admin = KafkaAdmin(settings, timeout_s=timeout_s)
     admin.check_reachable()
     admin.create_empty_topic(topic, header.partitions, role=TOPIC, replication_factor=replication_factor,
@@ -253,14 +270,39 @@ def load_topic(settings: KafkaSettingsLike, *, path: str | Path, topic: str | No
     producer = Producer({"linger.ms": 20, **settings.producer_config(durable=True, ordered=True,
                                                                      what="loading of a topic dump")})
     writer = _InPlaceWriter(producer, topic=topic, partitions=header.partitions)
+    resigned = 0
     for record in records:
+        if renamed and signing_keys is not None and signed_version(record.value) == FORMAT_VERSION:
+            record = replace(record, value=signing_keys.resign(record.value, record_key=record.key or b"",
+                                                               from_topic=header.topic, to_topic=topic,
+                                                               partition=record.partition))
+            resigned += 1
         writer.write(record)
     for partition, high in header.high.items():
         writer.fill_to(partition, high)
     writer.finish(timeout_s=max(timeout_s, 60.0))
     admin.delete_records(topic, header.low, TOPIC, wait=True)  # the fillers below the low watermarks
     _check_watermarks(admin, topic=topic, header=header)
-    return LoadResult(topic, header.topic_id, admin.topic_id(topic, TOPIC), writer.records, writer.fillers)
+    return LoadResult(topic, header.topic_id, admin.topic_id(topic, TOPIC), writer.records, writer.fillers, resigned)
+
+
+def _check_resignable(path: str | Path, *, header: DumpHeader, topic: str, signing_keys: SigningKeys | None) -> None:
+    """Before anything is created: refuse a load under a new name of records signed for the old one that cannot
+    be re-signed (no keys given, or a record that does not verify with them)."""
+    _, records = read_dump(path)
+    for record in records:
+        if signed_version(record.value) != FORMAT_VERSION:
+            continue
+        if signing_keys is None:
+            raise JournalError(
+                f"the dump of topic {header.topic!r} holds records signed for that topic name (partition "
+                f"{record.partition} offset {record.offset}, the first): load it under its own name, or give the "
+                f"job's signing key (FLINK_AGENTS_REPLAY_SIGNING_KEY for the CLI) to re-sign them for {topic!r}")
+        try:
+            signing_keys.resign(record.value, record_key=record.key or b"", from_topic=header.topic, to_topic=topic,
+                                partition=record.partition)
+        except SignatureError as exc:
+            raise JournalError(f"cannot load the dump of {header.topic!r} as {topic!r}: {exc}") from None
 
 
 class _InPlaceWriter:

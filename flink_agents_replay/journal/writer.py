@@ -71,9 +71,12 @@ class JournalWriter:
                 raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
             return self.store.append(partition, record_key, value)
 
-    def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str, what: str) -> bytes:
-        """The record's bytes; a record Kafka would refuse is a :class:`JournalRecordTooLargeError` now."""
-        value = self.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+    def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, partition: int, fingerprint: str,
+               what: str) -> bytes:
+        """The record's bytes, signed for the store's topic and ``partition``; a record Kafka would refuse is a
+        :class:`JournalRecordTooLargeError` now."""
+        value = self.codec.encode(record_key, kind, payload, topic=self.store.topic, partition=partition,
+                                  fingerprint=fingerprint, what=what)
         size = len(value) + len(record_key)
         if size + _FRAMING_BYTES > self.max_record_bytes:
             raise JournalRecordTooLargeError(
@@ -103,7 +106,8 @@ class RunJournal:
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
               what: str = "journal record", must_ack: bool = False) -> None:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
-        value = self._writer.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+        value = self._writer.encode(record_key, kind, payload, partition=self.partition, fingerprint=fingerprint,
+                                    what=what)
         with self._lock:  # the first delivery must be the first record appended
             delivery = self._writer.append(self.partition, record_key, value, what)
             if self.first_delivery is None:

@@ -6,14 +6,52 @@ Layout of a record value::
 
 The payload is the record as plain data (msgpack), by the schema of its kind (:mod:`.schemas` for the
 journal, :mod:`flink_agents_replay.capture.schemas` for the capture); only the user's values inside it are
-pickled (see :mod:`flink_agents_replay.formats`). Envelope version 2 is written; version 1 (0.1.0, whose
-payload was a cloudpickle of the package's classes) is still read, by :mod:`flink_agents_replay.formats.legacy`.
+pickled (see :mod:`flink_agents_replay.formats`). Envelope version 3 is written; versions 2 (0.2.0) and 1
+(0.1.0, whose payload was a cloudpickle of the package's classes, read by
+:mod:`flink_agents_replay.formats.legacy`) are still read.
 
 The header says what the record is (kind, producer, action fingerprint, creation time) without
-unpickling anything. The HMAC-SHA256 covers the Kafka record key and everything before it, with a key
-only the job knows: a record that fails verification — written under another key, moved to another
-Kafka key, or by another job (``producer``) — is rejected *before* its payload is unpickled, so whoever
-can write to the topic cannot make the job unpickle arbitrary bytes.
+unpickling anything. A record that fails verification is rejected *before* its payload is unpickled, so
+whoever can write to the topic cannot make the job unpickle arbitrary bytes.
+
+What the HMAC-SHA256 binds
+--------------------------
+Version 3 signs, besides every byte before the MAC, *where the record belongs*: the topic name, the
+partition and the Kafka record key. A valid record copied anywhere else fails: into another partition,
+under another key, or into another topic written with the same key and producer (a replay's journal into
+production's, a replay's capture into production's capture). A record the reader can only get as a value
+(capture records through Flink's ``KafkaSource``) is signed with ``partition=None`` and a fixed key; the
+capture binds its key group inside the signed payload instead (:mod:`flink_agents_replay.capture`).
+Independently of the MAC, a journal record's key must start with the partition it is read from (its key
+group, :func:`flink_agents_replay.records.journal.journal_key`): that check binds 0.1.0/0.2.0 records to
+their partition too, since their MAC covered the key.
+
+Compatibility window: versions 1 and 2 keep verifying under their own scheme (the key and the bytes, not
+the topic), so the checked-in fixtures and journals written before the upgrade restore. The cost: someone
+who can write to the topics can still copy such an *old* record into another topic of the same producer
+and key. A journal holds old records only until the checkpoints after the upgrade prune them, and a
+capture only for its retention; the window closes when the versions are dropped from
+:data:`READABLE_VERSIONS` (a later release; the README says when).
+
+A journal moved with ``flink-agents-replay journal load`` (:mod:`flink_agents_replay.journal.transfer`)
+under its own name verifies as it is. Loaded under another name, its version 3 records are re-signed for
+the new name by :meth:`SigningKeys.resign`, which first verifies each against its old name: the reader
+trusts only its config and the key, never a note carried by the topic itself (whoever can write the topic
+could forge it), and topic ids change with every move.
+
+Key rotation
+------------
+Records are signed with the first key and verified with any of :class:`SigningKeys`'s keys
+(``AgentConfig(signing_key=..., verification_keys=[...])``). To rotate:
+
+1. Deploy with the new key as ``signing_key`` and the old one in ``verification_keys`` (stop with a
+   savepoint, restart from it): records written from then on carry the new key, older ones still verify.
+2. Keep the old key listed while anything signed with it can still be read: the journal until a
+   checkpoint after the restart has completed (pruning removes older records) and every savepoint taken
+   before you may restore has been retired; the capture for its retention (or as long as you replay its
+   older traffic).
+3. Remove the old key from ``verification_keys`` and redeploy. A record signed with a key in neither place
+   is rejected (:class:`~flink_agents_replay.errors.SignatureError`).
 """
 
 from __future__ import annotations
@@ -23,6 +61,7 @@ import hmac
 import json
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +72,89 @@ from flink_agents_replay.formats.plain import pack, unpack
 from flink_agents_replay.formats.schema import RecordSchema
 from flink_agents_replay.records.schemas import JOURNAL_SCHEMAS
 
-__all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "DecodedRecord", "RecordCodec"]
+__all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "DecodedRecord", "RecordCodec", "SigningKeys"]
 
-FORMAT_VERSION = 2
-#: Envelope versions this version reads: 1 is 0.1.0's pickled payloads.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Envelope versions this version reads: 1 is 0.1.0's pickled payloads, 2 is 0.2.0's (MAC over the key only).
+READABLE_VERSIONS = (1, 2, 3)
+#: Versions whose MAC binds the topic and partition too.
+_BOUND_VERSIONS = (3,)
 _MAGIC = b"FARJ"
 _PREFIX = struct.Struct(">4sBI")
 _MAC_SIZE = 32
+#: The partition a record is signed for when its reader cannot know it (capture records via KafkaSource).
+_UNBOUND_PARTITION = -1
+_MIN_KEY_BYTES = 16
+
+
+def _check_key(key: bytes, what: str) -> bytes:
+    if not isinstance(key, bytes) or len(key) < _MIN_KEY_BYTES:
+        raise ValueError(f"the {what} must be at least {_MIN_KEY_BYTES} bytes")
+    return key
+
+
+class SigningKeys:
+    """The HMAC keys of a job: the first signs, every one verifies (key rotation, see the module docstring).
+
+    Args:
+        signing_key: the key new records are signed with (at least 16 bytes).
+        verification_keys: older keys whose records are still accepted.
+    """
+
+    def __init__(self, signing_key: bytes, *, verification_keys: Iterable[bytes] = ()):
+        self._signing = _check_key(signing_key, "journal signing key")
+        older = [_check_key(key, "verification key") for key in verification_keys]
+        self._all = (self._signing, *(key for key in older if key != self._signing))
+
+    def sign(self, version: int, unsigned: bytes, *, topic: str, partition: int | None, record_key: bytes) -> bytes:
+        """The MAC of ``unsigned`` (an envelope without its MAC) under the signing key."""
+        return _mac(self._signing, version, unsigned, topic=topic, partition=partition, record_key=record_key)
+
+    def verifies(self, value: bytes, *, topic: str, partition: int | None, record_key: bytes) -> bool:
+        """Whether ``value`` (a whole envelope) carries a MAC of one of the keys for this place."""
+        version = value[len(_MAGIC)]
+        unsigned, mac = value[:-_MAC_SIZE], value[-_MAC_SIZE:]
+        return any(hmac.compare_digest(mac, _mac(key, version, unsigned, topic=topic, partition=partition,
+                                                 record_key=record_key)) for key in self._all)
+
+    def resign(self, value: bytes, *, record_key: bytes, from_topic: str, to_topic: str, partition: int) -> bytes:
+        """``value`` signed for ``to_topic`` instead of ``from_topic`` (a journal or capture moved under another
+        name); it must verify for ``from_topic`` first (:class:`SignatureError` otherwise).
+
+        Records of versions 1 and 2 (not bound to a topic) and bytes that are not a record come back
+        unchanged. A journal record is signed for its partition; a capture record (fixed key, no partition)
+        is recognised by verifying without one.
+        """
+        if signed_version(value) not in _BOUND_VERSIONS:
+            return value
+        unsigned = value[:-_MAC_SIZE]
+        for bound_partition in (partition, None):
+            if self.verifies(value, topic=from_topic, partition=bound_partition, record_key=record_key):
+                return unsigned + self.sign(FORMAT_VERSION, unsigned, topic=to_topic, partition=bound_partition,
+                                            record_key=record_key)
+        raise SignatureError(f"record at partition {partition} (key {record_key!r:.60}) of topic {from_topic!r} "
+                             "does not verify with the given keys for that topic: not re-signed")
+
+
+def signed_version(value: bytes | None) -> int | None:
+    """The envelope version of a record of this format, or ``None`` for other bytes."""
+    if value is None or len(value) < _PREFIX.size + _MAC_SIZE or value[:len(_MAGIC)] != _MAGIC:
+        return None
+    return value[len(_MAGIC)]
+
+
+def _mac(key: bytes, version: int, unsigned: bytes, *, topic: str, partition: int | None, record_key: bytes) -> bytes:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    if version in _BOUND_VERSIONS:
+        # Length-prefixed, so no (topic, key) pair can be re-cut into another with the same bytes.
+        encoded_topic = topic.encode("utf-8")
+        mac.update(struct.pack(">I", len(encoded_topic)))
+        mac.update(encoded_topic)
+        mac.update(struct.pack(">i", _UNBOUND_PARTITION if partition is None else partition))
+    mac.update(struct.pack(">I", len(record_key)))
+    mac.update(record_key)
+    mac.update(unsigned)
+    return mac.digest()
 
 
 @dataclass(frozen=True)
@@ -57,25 +171,30 @@ class DecodedRecord:
 class RecordCodec:
     """Encodes and verifies journal records for one producer (an agent's operator).
 
+    Every record is signed for, and verified against, the place it is stored: ``topic`` (its name),
+    ``partition`` and the Kafka record key (see the module docstring).
+
     Args:
-        signing_key: the HMAC key (at least 16 bytes); the same for every run of the job.
+        signing_key: the HMAC key new records are signed with (at least 16 bytes); the same for every run
+            of the job, until it is rotated.
         producer: identity of the writer (the operator's uid); records of other producers are rejected.
+        verification_keys: older signing keys whose records are still accepted (key rotation).
         schemas: the record kinds this codec writes and reads (default: the journal's).
         event_types: resolves the names of persisted events (default: every event class defined).
     """
 
-    def __init__(self, signing_key: bytes, producer: str, *, schemas: dict[str, RecordSchema] | None = None,
-                 event_types: EventTypes | None = None):
-        if len(signing_key) < 16:
-            raise ValueError("the journal signing key must be at least 16 bytes")
-        self._key = signing_key
+    def __init__(self, signing_key: bytes, producer: str, *, verification_keys: Iterable[bytes] = (),
+                 schemas: dict[str, RecordSchema] | None = None, event_types: EventTypes | None = None):
+        self.keys = SigningKeys(signing_key, verification_keys=verification_keys)
         self.producer = producer
         self._schemas = JOURNAL_SCHEMAS if schemas is None else schemas
         self._event_types = event_types or EventTypes()
 
-    def encode(self, record_key: bytes, kind: str, payload: Any, *, fingerprint: str = "",
-               what: str = "journal record") -> bytes:
-        """Serialize and sign ``payload`` (a record of ``kind``); ``what`` names it in a :class:`NotPicklableError`."""
+    def encode(self, record_key: bytes, kind: str, payload: Any, *, topic: str, partition: int | None,
+               fingerprint: str = "", what: str = "journal record") -> bytes:
+        """Serialize ``payload`` (a record of ``kind``) and sign it for ``topic``, ``partition`` and ``record_key``
+        (``partition=None``: for a reader that gets only the value); ``what`` names it in a
+        :class:`NotPicklableError`."""
         kind = getattr(kind, "value", kind)
         schema = self._schemas.get(kind)
         if schema is None:
@@ -89,11 +208,14 @@ class RecordCodec:
             separators=(",", ":"),
         ).encode()
         unsigned = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header + body
-        return unsigned + self._mac(record_key, unsigned)
+        return unsigned + self.keys.sign(FORMAT_VERSION, unsigned, topic=topic, partition=partition,
+                                         record_key=record_key)
 
-    def decode(self, record_key: bytes, value: bytes, *, where: str = "") -> DecodedRecord:
-        """Verify and decode a record value; raise :class:`SignatureError` if it is not ours."""
-        header, body = self.verify(record_key, value, where=where)
+    def decode(self, record_key: bytes, value: bytes, *, topic: str, partition: int | None,
+               where: str = "") -> DecodedRecord:
+        """Verify and decode a record value read from ``topic``/``partition``; raise :class:`SignatureError` if it
+        is not ours or not in its place."""
+        header, body = self.verify(record_key, value, topic=topic, partition=partition, where=where)
         return DecodedRecord(header["kind"], header["producer"], header["fp"], header["ts"],
                              self.load(header, body, where=where))
 
@@ -117,17 +239,45 @@ class RecordCodec:
                                  f"to {schema.version}: upgrade flink-agents-replay")
         return schema.from_plain(plain, self._event_types)
 
-    def verify(self, record_key: bytes, value: bytes, *, where: str = "") -> tuple[dict, bytes]:
-        """Check a record's signature and producer; return its header (with the envelope version as
-        ``"format"``) and its still-encoded payload, for :meth:`load`.
+    def verify(self, record_key: bytes, value: bytes, *, topic: str, partition: int | None,
+               where: str = "") -> tuple[dict, bytes]:
+        """Check a record's signature for its place (``topic``, ``partition``, ``record_key``), its key group and
+        its producer; return its header (with the envelope version as ``"format"``) and its still-encoded
+        payload, for :meth:`load`.
 
-        Recovery verifies every record as it reads it but decodes a key's payloads only when that key
-        replays: unpickling the user's values is most of the cost of reading the journal back.
+        With a ``partition``, the record key must start with it (a journal key's key group). Recovery
+        verifies every record as it reads it but decodes a key's payloads only when that key replays:
+        unpickling the user's values is most of the cost of reading the journal back.
         """
         context = f" ({where})" if where else ""
+        version = self._check_envelope(value, context)
+        if partition is not None:
+            _check_key_group(record_key, partition, context)
+        if not self.keys.verifies(value, topic=topic, partition=partition, record_key=record_key):
+            raise SignatureError(
+                f"journal record{context} failed signature verification: it was written with a key that is "
+                "neither the signing key nor one of the verification keys, altered, or copied from another "
+                f"topic, partition or record key (it is read from topic {topic!r}). Check that the job uses the "
+                "signing key of the job that wrote the topic (FLINK_AGENTS_REPLAY_SIGNING_KEY; an older key "
+                "goes in verification_keys), and that nothing else writes to the topic"
+            )
+        header_length = _PREFIX.unpack_from(value)[2]
+        start = _PREFIX.size
+        header = json.loads(value[start:start + header_length])
+        if header["producer"] != self.producer:
+            raise SignatureError(
+                f"journal record{context} was written by {header['producer']!r}, not by this operator "
+                f"({self.producer!r}): each agent needs its own journal topic"
+            )
+        header["format"] = version
+        return header, value[start + header_length:-_MAC_SIZE]
+
+    @staticmethod
+    def _check_envelope(value: bytes, context: str) -> int:
+        """The envelope version of ``value``, or :class:`SignatureError` when it is not a record this version reads."""
         if value is None or len(value) < _PREFIX.size + _MAC_SIZE:
             raise SignatureError(f"journal record{context} is too short to be a flink-agents-replay record")
-        magic, version, header_length = _PREFIX.unpack_from(value)
+        magic, version, _ = _PREFIX.unpack_from(value)
         if magic != _MAGIC:
             raise SignatureError(f"journal record{context} is not a flink-agents-replay record (bad magic)")
         if version not in READABLE_VERSIONS:
@@ -135,22 +285,7 @@ class RecordCodec:
                 f"journal record{context} has format version {version}; this version reads {READABLE_VERSIONS}: "
                 "a newer flink-agents-replay wrote it"
             )
-        unsigned, mac = value[:-_MAC_SIZE], value[-_MAC_SIZE:]
-        if not hmac.compare_digest(mac, self._mac(record_key, unsigned)):
-            raise SignatureError(
-                f"journal record{context} failed signature verification: it was written with another signing "
-                "key or altered. Check that the job uses the same signing key as the job that wrote the topic "
-                "(FLINK_AGENTS_REPLAY_SIGNING_KEY), and that nothing else writes to the journal topic"
-            )
-        start = _PREFIX.size
-        header = json.loads(unsigned[start:start + header_length])
-        if header["producer"] != self.producer:
-            raise SignatureError(
-                f"journal record{context} was written by {header['producer']!r}, not by this operator "
-                f"({self.producer!r}): each agent needs its own journal topic"
-            )
-        header["format"] = version
-        return header, unsigned[start + header_length:]
+        return version
 
     @staticmethod
     def peek_header(value: bytes) -> dict | None:
@@ -168,9 +303,11 @@ class RecordCodec:
         except ValueError:
             return None
 
-    def _mac(self, record_key: bytes, unsigned: bytes) -> bytes:
-        mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        mac.update(struct.pack(">I", len(record_key)))
-        mac.update(record_key)
-        mac.update(unsigned)
-        return mac.digest()
+
+def _check_key_group(record_key: bytes, partition: int, context: str) -> None:
+    """A journal key starts with its key group, which is its partition: a record elsewhere was moved there."""
+    group, _, _ = record_key.partition(b":")
+    if group != str(partition).encode():
+        raise SignatureError(f"journal record{context} has key group {group.decode(errors='replace')!r:.20} in its "
+                             f"key but is in partition {partition}: it was copied from another partition (or "
+                             "something else writes to the topic)")

@@ -75,11 +75,20 @@ def savepoint_of(env) -> str | None:
 
 
 class _CapturedInputs:
-    """Flat-map from a capture record's value to its :class:`CapturedInput` (run records are skipped)."""
+    """Flat-map from a capture record's value to its :class:`CapturedInput` (run records are skipped).
 
-    def __init__(self, signing_key: bytes, uid: str):
+    The source hands over values only: each is verified for production's capture ``topic`` (a record copied
+    from another capture topic fails), its key and seq inside the signed payload, and the key group it
+    carries must be its key's (``key_type``, ``max_parallelism``)."""
+
+    def __init__(self, signing_key: bytes, uid: str, *, topic: str, key_type: str, max_parallelism: int,
+                 verification_keys: tuple[bytes, ...] = ()):
         self.signing_key = signing_key
+        self.verification_keys = verification_keys
         self.uid = uid
+        self.topic = topic
+        self.key_type = key_type
+        self.max_parallelism = max_parallelism
         self._decoder = None
 
     def __call__(self, text: str) -> Iterator[Any]:
@@ -87,8 +96,10 @@ class _CapturedInputs:
         from flink_agents_replay.capture.records import CapturedInput
 
         if self._decoder is None:
-            self._decoder = CaptureDecoder(self.signing_key, self.uid)
-        record = self._decoder.decode(text.encode("latin-1"), "capture record read by the replay's source")
+            self._decoder = CaptureDecoder(self.signing_key, self.uid, verification_keys=self.verification_keys,
+                                           key_type=self.key_type, max_parallelism=self.max_parallelism)
+        record = self._decoder.decode(text.encode("latin-1"), "capture record read by the replay's source",
+                                      topic=self.topic)
         if isinstance(record, CapturedInput):
             yield record
 
@@ -101,13 +112,14 @@ class _EventTime(TimestampAssigner):
 
 
 def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, signing_key: bytes, *, uid: str,
-                    key_type: str, name: str = "captured inputs",
-                    source_uid: str = "replay-captured-inputs"):
+                    key_type: str, name: str = "captured inputs", source_uid: str = "replay-captured-inputs",
+                    verification_keys: Sequence[bytes] = ()):
     """The capture's inputs after the savepoint, keyed as in production: a bounded ``KafkaSource`` read from the
     manifest's offsets to the capture's end at submission, each with production's event time as its
     timestamp, with watermarks following them.
 
-    ``kafka`` is passed to the source as Kafka client properties, as given.
+    ``kafka`` is passed to the source as Kafka client properties, as given. Records are verified with
+    ``signing_key`` or one of ``verification_keys`` (older keys, after a rotation), for the capture topic.
     """
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.common.serialization import SimpleStringSchema
@@ -128,7 +140,11 @@ def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, sig
             builder = builder.set_property(setting, str(value))
     inputs = (
         env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
-        .flat_map(_CapturedInputs(signing_key, uid), output_type=Types.PICKLED_BYTE_ARRAY())
+        # The manifest's offsets cover every partition of the capture: one per key group (read_capture_start).
+        .flat_map(_CapturedInputs(signing_key, uid, topic=topic, key_type=key_type,
+                                  max_parallelism=len(settings.start_offsets),
+                                  verification_keys=tuple(verification_keys)),
+                  output_type=Types.PICKLED_BYTE_ARRAY())
         .name("decode captured inputs").uid(f"{source_uid}-decode")
         .assign_timestamps_and_watermarks(
             WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))

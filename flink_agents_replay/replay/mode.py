@@ -50,6 +50,7 @@ class ReplayMode:
         settings: the replay's settings (production's capture and journal, start offsets, policies).
         kafka: the user's Kafka settings, passed to every client.
         signing_key, uid: what production's capture records are verified with.
+        verification_keys: older signing keys still accepted (key rotation).
         journal_topic: the replay's own journal topic (its live calls' ids are prefixed with it).
         max_parallelism: the job's max parallelism (partitions of the capture and the journal).
         read_production_journal: whether the replay has a journal (then it reads production's).
@@ -62,10 +63,11 @@ class ReplayMode:
 
     def __init__(self, *, settings: ReplaySettings, kafka: KafkaSettingsLike, signing_key: bytes, uid: str,
                  journal_topic: str | None, max_parallelism: int, read_production_journal: bool,
-                 kafka_timeout_s: float):
+                 kafka_timeout_s: float, verification_keys: tuple[bytes, ...] = ()):
         self.settings = settings
         self.kafka = kafka
         self.signing_key = signing_key
+        self.verification_keys = verification_keys
         self.uid = uid
         self.call_id_prefix = f"replay:{journal_topic}:"
         self.max_parallelism = max_parallelism
@@ -92,7 +94,7 @@ class ReplayMode:
         begun = time.monotonic()
         partitions = set(owned)
         start = {p: o for p, o in self.settings.start_offsets.items() if p in partitions}
-        decoder = CaptureDecoder(self.signing_key, self.uid)
+        decoder = CaptureDecoder(self.signing_key, self.uid, verification_keys=self.verification_keys)
         runs = 0
         for record in read_capture(self.kafka, self.settings.production_capture_topic, self.max_parallelism,
                                    decoder, start=start, partitions_to_read=partitions,

@@ -13,13 +13,14 @@ __all__ = ["diff_captures"]
 
 
 def diff_captures(kafka: Mapping[str, Any], production_capture: str, replay_capture: str, *, signing_key: bytes,
-                  uid: str, timeout_s: float = 30.0) -> DiffReport:
+                  uid: str, verification_keys: tuple[bytes, ...] = (), timeout_s: float = 30.0) -> DiffReport:
     """Compare every run the replay captured with production's run of the same (key, seq).
 
     Reads the replay's capture whole and production's from its earliest kept record (its retention bounds
-    it); both are verified with ``signing_key`` as records of operator ``uid``.
+    it); both are verified with ``signing_key`` (or one of ``verification_keys``) as records of operator ``uid``,
+    each for its own topic.
     """
-    decoder = CaptureDecoder(signing_key, uid)
+    decoder = CaptureDecoder(signing_key, uid, verification_keys=verification_keys)
     replayed = list(read_capture(kafka, replay_capture, None, decoder, timeout_s=timeout_s))
     production = (record for record in read_capture(kafka, production_capture, None, decoder, timeout_s=timeout_s)
                   if isinstance(record, CapturedRun))

@@ -46,7 +46,7 @@ def test_every_input_is_accepted_in_order_with_its_digest_and_event_time(kafka_b
     accepted: dict[tuple[str, int], AcceptedRecord] = {}
     first_kind: dict[tuple[str, int], str] = {}
     for stored in store.read(store.start_offsets(partitions), store.end_offsets(partitions)):
-        header, payload = codec.verify(stored.key, stored.value)
+        header, payload = codec.verify(stored.key, stored.value, topic=journal_topic, partition=stored.partition)
         if header["kind"] == "attempt":  # the job's start in each partition, before any run
             continue
         _, seq, _, _, digest = parse_journal_key(stored.key)

@@ -85,7 +85,8 @@ def _foreign_record_writer(bootstrap, topic, signing_key, producer_id):
         key = "key-000"
         record_key = journal_key(key_group(key, "STRING", 128), 999, "e", "classify", key_digest(key))
         forged = CallRecord(999, 0, "e", "classify", 0, "llm", "forged", CallOutcome.RETURNED, "forged")
-        value = RecordCodec(signing_key.encode(), producer_id).encode(record_key, RecordKind.CALL, forged)
+        value = RecordCodec(signing_key.encode(), producer_id).encode(
+            record_key, RecordKind.CALL, forged, topic=topic, partition=key_group(key, "STRING", 128))
         producer = Producer({"bootstrap.servers": bootstrap})
         producer.produce(topic, value=value, key=record_key, partition=key_group(key, "STRING", 128))
         producer.flush(30)

@@ -121,7 +121,7 @@ def read_journal(bootstrap: str, topic: str, keys: list[str]) -> JournalView:
     try:
         partitions = range(MAX_PARALLELISM)
         for stored in store.read(store.start_offsets(partitions), store.end_offsets(partitions)):
-            record = codec.decode(stored.key, stored.value)
+            record = codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition)
             view.records += 1
             view.kinds[record.kind] += 1
             if record.kind == RecordKind.ATTEMPT:

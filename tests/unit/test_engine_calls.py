@@ -93,7 +93,8 @@ def action_calls(agent: Agent, store: MemoryJournalStore | None, *, restored: bo
 
 def journaled_outcomes(store: MemoryJournalStore) -> list[CallOutcome]:
     codec = RecordCodec(SIGNING_KEY, "op")
-    return [codec.decode(key, value).payload.outcome for key, value in store.records(KEY_GROUP)
+    return [codec.decode(key, value, topic=store.topic, partition=KEY_GROUP).payload.outcome
+            for key, value in store.records(KEY_GROUP)
             if RecordCodec.peek_header(value)["kind"] == "call"]
 
 

@@ -43,6 +43,8 @@ from flink_agents_replay.records.raised import decode_exception, encode_exceptio
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 KEY = b"k" * 32
 RECORD_KEY = journal_key(3, 1, "ev-1", "classify", key_digest("customer:1"))
+HERE = {"topic": "op.journal", "partition": 3}  # where RECORD_KEY's records are signed for and read from
+CAPTURE_HERE = {"topic": "op.capture", "partition": None}
 PACKAGE = b"flink_agents_replay"
 
 
@@ -102,9 +104,9 @@ def _comparable(value):
 @pytest.mark.parametrize(("kind", "record"), _journal_records(), ids=lambda v: getattr(v, "value", ""))
 def test_every_journal_record_round_trips_and_names_no_package_module(kind, record):
     codec = RecordCodec(KEY, "op", event_types=EventTypes([Triaged]))
-    value = codec.encode(RECORD_KEY, kind, record)
+    value = codec.encode(RECORD_KEY, kind, record, **HERE)
     assert PACKAGE not in value
-    decoded = codec.decode(RECORD_KEY, value).payload
+    decoded = codec.decode(RECORD_KEY, value, **HERE).payload
     assert _comparable(decoded) == _comparable(record)
     if isinstance(record, CompletionRecord):
         assert [type(e) for e in decoded.sent_events] == [Triaged, OutputEvent, InputEvent]
@@ -115,9 +117,9 @@ def test_every_journal_record_round_trips_and_names_no_package_module(kind, reco
 @pytest.mark.parametrize(("kind", "record"), _capture_records(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_capture_record_round_trips_and_names_no_package_module(kind, record):
     codec = capture_codec(KEY, "op")
-    value = codec.encode(SIGNED_KEY, kind, record)
+    value = codec.encode(SIGNED_KEY, kind, record, **CAPTURE_HERE)
     assert PACKAGE not in value
-    assert codec.decode(SIGNED_KEY, value).payload == record
+    assert codec.decode(SIGNED_KEY, value, **CAPTURE_HERE).payload == record
 
 
 def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
@@ -132,8 +134,8 @@ def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
 def test_a_package_exception_comes_back_as_itself_without_its_constructor():
     codec = RecordCodec(KEY, "op")
     record = _call(2, CallOutcome.RAISED, encode_exception(ChatModelError("busy", 503)))
-    value = codec.encode(RECORD_KEY, RecordKind.CALL, record)
-    raised = decode_exception(codec.decode(RECORD_KEY, value).payload.result)
+    value = codec.encode(RECORD_KEY, RecordKind.CALL, record, **HERE)
+    raised = decode_exception(codec.decode(RECORD_KEY, value, **HERE).payload.result)
     assert type(raised) is ChatModelError and raised.status == 503 and raised.transient and str(raised) == "busy"
 
 
@@ -151,9 +153,9 @@ def test_an_event_name_that_two_classes_share_asks_for_event_name():
 
 def test_a_newer_schema_version_is_refused_with_advice():
     codec = RecordCodec(KEY, "op")
-    value = codec.encode(RECORD_KEY, RecordKind.ACCEPTED, AcceptedRecord(1, "d"))
+    value = codec.encode(RECORD_KEY, RecordKind.ACCEPTED, AcceptedRecord(1, "d"), **HERE)
     from flink_agents_replay.formats import plain
-    header, body = codec.verify(RECORD_KEY, value)
+    header, body = codec.verify(RECORD_KEY, value, **HERE)
     newer = plain.pack({**plain.unpack(body), "v": 99})
     with pytest.raises(SignatureError, match="upgrade flink-agents-replay"):
         codec.load(header, newer)
@@ -165,8 +167,13 @@ def _fixture(version: str) -> dict:
     return json.loads((FIXTURES / version / "records.json").read_text())
 
 
-def _decode(codec: RecordCodec, entry: dict):
-    return codec.decode(base64.b64decode(entry["record_key"]), base64.b64decode(entry["value"])).payload
+def _decode(codec: RecordCodec, entry: dict, *, capture: bool = False):
+    """A fixture's record, read as from its place: a journal record from the partition its key names (0.1.0 and
+    0.2.0 records are not bound to a topic), a capture record from no known partition."""
+    record_key = base64.b64decode(entry["record_key"])
+    partition = None if capture else int(record_key.split(b":")[0])
+    topic = entry.get("topic", "any.topic")  # kept from envelope version 3 on
+    return codec.decode(record_key, base64.b64decode(entry["value"]), topic=topic, partition=partition).payload
 
 
 @dataclass(frozen=True)
@@ -215,8 +222,8 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
 def test_capture_records_written_by_earlier_versions_still_read(version):
     fixture = _fixture(version)
     codec = capture_codec(base64.b64decode(fixture["signing_key"]), fixture["producer"])
-    captured = _decode(codec, fixture["capture"]["captured_input"])
-    run = _decode(codec, fixture["capture"]["captured_run"])
+    captured = _decode(codec, fixture["capture"]["captured_input"], capture=True)
+    run = _decode(codec, fixture["capture"]["captured_run"], capture=True)
     assert captured == CapturedInput("customer:1", 1, 1_700_000_000_000, {"text": "refund please"}, "in-1")
     assert run.outputs == [CapturedOutput("ev-3", {"answer": "refund"})]
     assert type(decode_exception(run.calls[1].result)) is CallBlocked
@@ -257,9 +264,9 @@ def test_events_of_the_testing_api_name_no_module_of_the_package_either():
     codec = RecordCodec(KEY, "op", event_types=EventTypes([TestingClassified]))  # as the operator passes them
     sent = [with_event_id(TestingClassified(label="x", detail="y"), "ev-9")]
     record = CompletionRecord(1, 0, "ev-1", "classify", "fp", [], sent, 0, "in-1")
-    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, record)
+    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, record, **HERE)
     assert PACKAGE not in value
-    assert type(codec.decode(RECORD_KEY, value).payload.sent_events[0]) is TestingClassified
+    assert type(codec.decode(RECORD_KEY, value, **HERE).payload.sent_events[0]) is TestingClassified
 
 
 @pytest.mark.parametrize("version", [v for v in VERSIONS if v != "v0_1_0" and (FIXTURES / v / "fixture.json").exists()])
@@ -289,7 +296,8 @@ class Slotted(Event):
 def test_a_slotted_event_keeps_its_fields():
     codec = RecordCodec(KEY, "op", event_types=EventTypes([Slotted]))
     record = CompletionRecord(1, 0, "ev-1", "classify", "fp", [], [with_event_id(Slotted("x", 2.5), "ev-2")], 0, "in")
-    back = codec.decode(RECORD_KEY, codec.encode(RECORD_KEY, RecordKind.COMPLETION, record)).payload.sent_events[0]
+    value = codec.encode(RECORD_KEY, RecordKind.COMPLETION, record, **HERE)
+    back = codec.decode(RECORD_KEY, value, **HERE).payload.sent_events[0]
     assert type(back) is Slotted and (back.label, back.score, back.id) == ("x", 2.5, "ev-2")
 
 
