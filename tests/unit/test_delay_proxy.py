@@ -42,10 +42,10 @@ def test_replies_arrive_delayed_and_in_order_and_the_delay_can_change():
     try:
         with DelayProxy(upstream_port=port, delay_s=0.3) as proxy:
             echoed, took = _round_trip(proxy.port, b"0123456789" * 50)
-            assert echoed == b"0123456789" * 50 and 0.3 <= took < 2.0
+            assert echoed == b"0123456789" * 50 and took >= 0.3  # lower bounds only: a busy machine adds time
             assert proxy.bytes_delayed == 500
-            proxy.delay_s = 0.0
-            assert _round_trip(proxy.port, b"x")[1] < 0.25
+            proxy.delay_s = 0.8
+            assert _round_trip(proxy.port, b"x")[1] >= 0.8
     finally:
         server.close()
 
