@@ -8,6 +8,9 @@
 
 In every mode, outputs leave the operator only after the records that produced them are acknowledged,
 and a *started* record (external side effects) is acknowledged before its call is made.
+
+Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
+:meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ class JournalWriter:
         self.max_record_bytes = max_record_bytes
         self._closed = False
         self._lock = threading.Lock()  # a write either lands before close() returns or is refused
+        self.fences: dict[int, int] = {}  # partition -> this attempt's fence there (0: none, e.g. a replay)
+
+    def begin_attempt(self, fences: Mapping[int, int]) -> None:
+        """This attempt's markers are acknowledged: stamp its fences on every record from now on."""
+        self.fences = dict(fences)
 
     def close(self) -> None:
         """Refuse every later write (runs abandoned on close may still be running)."""
@@ -71,9 +79,10 @@ class JournalWriter:
                 raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
             return self.store.append(partition, record_key, value)
 
-    def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str, what: str) -> bytes:
+    def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str, what: str,
+               attempt: int = 0) -> bytes:
         """The record's bytes; a record Kafka would refuse is a :class:`JournalRecordTooLargeError` now."""
-        value = self.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+        value = self.codec.encode(record_key, kind, payload, fingerprint=fingerprint, what=what, attempt=attempt)
         size = len(value) + len(record_key)
         if size + _FRAMING_BYTES > self.max_record_bytes:
             raise JournalRecordTooLargeError(
@@ -103,7 +112,8 @@ class RunJournal:
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
               what: str = "journal record", must_ack: bool = False) -> None:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
-        value = self._writer.encode(record_key, kind, payload, fingerprint=fingerprint, what=what)
+        value = self._writer.encode(record_key, kind, payload, fingerprint=fingerprint, what=what,
+                                    attempt=self._writer.fences.get(self.partition, 0))
         with self._lock:  # the first delivery must be the first record appended
             delivery = self._writer.append(self.partition, record_key, value, what)
             if self.first_delivery is None:
