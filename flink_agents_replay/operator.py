@@ -71,7 +71,8 @@ log = logging.getLogger("flink_agents_replay.operator")
 COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_reused_out_of_order",
             "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
-            "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned")
+            "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned",
+            "earlier_attempt_records_ignored")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
         self.journal.restore(values, job_id=self.job_id)
+        self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
         if self.journal.last_restore_ms is not None:
             self.restore_gauge.inc(int(self.journal.last_restore_ms))  # set: it starts at 0 in every attempt
 

@@ -29,28 +29,35 @@ Limits, stated in the README: a stateless redeploy that keeps the job id (applic
 its job a fixed id; redeployed after its HA data was removed, it starts without state under the same id)
 counts as the same job and reuses its records; give the redeployed job another journal topic (or delete
 the old one) to start from nothing.
+
+Every start writes attempt records, not only a start without state: a restore from a checkpoint or a
+savepoint, at any parallelism, writes them too, and they are the fences of :mod:`.fencing` (a record an older
+attempt delivers after a newer attempt's record in the same partition is ignored). A start reads its
+partitions first, then writes its records, then reads what arrived between the two (:func:`begin_attempt`),
+so what it filed as history is what every later restore finds before its fence.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.journal.fencing import FENCING_MARKER_VERSION, PartitionFences, fence_of
 from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.journal.recovery import parse_stored_key
+from flink_agents_replay.journal.recovery import decode_attempt_record, parse_stored_key
 from flink_agents_replay.journal.store import JournalStore
 from flink_agents_replay.journal.writer import JournalWriter
 from flink_agents_replay.records.codec import RecordCodec
 from flink_agents_replay.records.journal import ATTEMPT_ACTION, RecordKind
 
-__all__ = ["ATTEMPT_ACTION", "JobHistory", "attempt_key", "read_job_history", "write_attempt_records"]
+__all__ = ["ATTEMPT_ACTION", "JobHistory", "attempt_key", "begin_attempt", "read_job_history",
+           "write_attempt_records"]
 
 log = logging.getLogger(__name__)
 
 _ATTEMPT_DIGEST = "_job"
-_VERSION = 1
+_VERSION = FENCING_MARKER_VERSION  # 1: before fencing (no "fences" field)
 
 
 def attempt_key(partition: int, job_id: str) -> bytes:
@@ -66,6 +73,7 @@ class JobHistory:
     starts: dict[int, int] = field(default_factory=dict)  # partition -> offset of the job's first attempt record
     last_attempt: int = -1
     other_records: int = 0  # records of other jobs (or before this job started) passed over
+    ends: dict[int, int] = field(default_factory=dict)  # partition -> where the read ended
 
     @property
     def found(self) -> bool:
@@ -74,49 +82,63 @@ class JobHistory:
 
 
 def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterable[int],
-                     job_ids: Iterable[str]) -> JobHistory:
+                     job_ids: Iterable[str], *, fences: PartitionFences | None = None,
+                     start: Mapping[int, int] | None = None, history: JobHistory | None = None) -> JobHistory:
     """Read ``partitions`` from their earliest record; index what was written from the first attempt record of
-    any of ``job_ids`` (this job, and an earlier one it continues) on."""
+    any of ``job_ids`` (this job, and an earlier one it continues) on, except what ``fences`` ignores.
+
+    ``start`` and ``history`` continue an earlier read (from its ``ends``) into the same history."""
     job_ids = set(job_ids)
     partitions = list(partitions)
-    start = store.start_offsets(partitions)
+    fences = fences or PartitionFences(codec, topic=store.topic)
+    start = store.start_offsets(partitions) if start is None else dict(start)
     end = store.end_offsets(partitions)
-    history = JobHistory(RecoveryIndex(codec, topic=store.topic))
+    history = JobHistory(RecoveryIndex(codec, topic=store.topic)) if history is None else history
     for stored in store.read(start, end):
         history.index.records_read += 1
         _, _, event, action, digest_of_key = parse_stored_key(stored)
         if action == ATTEMPT_ACTION:
-            if event in job_ids:
-                _note_attempt(history, codec, store.topic, stored)
-            continue
-        if stored.partition in history.starts:
-            history.index.add_raw(digest_of_key, stored)
-        else:
+            _note_attempt(history, fences, codec, store.topic, stored, event in job_ids)
+        elif stored.partition not in history.starts:
             history.other_records += 1
+        elif fences.admits(stored):
+            history.index.add_raw(digest_of_key, stored)
+    history.ends.update(end)
     return history
 
 
-def _note_attempt(history: JobHistory, codec: RecordCodec, topic: str, stored) -> None:
-    record = codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition,
-                          where=f"partition {stored.partition} offset {stored.offset}")
-    if record.kind != RecordKind.ATTEMPT.value:
-        raise SignatureError(f"journal record at partition {stored.partition} offset {stored.offset} has an attempt "
-                             f"key but kind {record.kind!r}")
-    history.starts.setdefault(stored.partition, stored.offset)
-    history.last_attempt = max(history.last_attempt, int(record.payload["attempt"]))
+def _note_attempt(history: JobHistory, fences: PartitionFences, codec: RecordCodec, topic: str, stored,
+                  ours: bool) -> None:
+    payload = decode_attempt_record(codec, stored, topic=topic)
+    fences.note_marker(stored, payload)  # any job's: a zombie of an earlier job is fenced too
+    if ours:
+        history.starts.setdefault(stored.partition, stored.offset)
+        history.last_attempt = max(history.last_attempt, int(payload["attempt"]))
 
 
 def write_attempt_records(writer: JournalWriter, partitions: Iterable[int], job_id: str, attempt: int,
-                          subtask: int) -> None:
-    """Write and acknowledge one attempt record per partition, before any run of this attempt journals."""
+                          subtask: int) -> dict[int, int]:
+    """Write and acknowledge one attempt record per partition, before any run of this attempt journals; from
+    then on ``writer`` stamps this attempt's fences on its records. Returns them (partition -> fence)."""
     partitions = list(partitions)
     deliveries = []
     for partition in partitions:
         key = attempt_key(partition, job_id)
-        payload = {"version": _VERSION, "job_id": job_id, "attempt": attempt, "subtask": subtask}
+        payload = {"version": _VERSION, "job_id": job_id, "attempt": attempt, "subtask": subtask, "fences": True}
         value = writer.encode(key, RecordKind.ATTEMPT, payload, partition=partition, fingerprint="",
                               what="an attempt record")
-        deliveries.append(writer.append(partition, key, value, "an attempt record"))
-    for delivery in deliveries:
-        delivery.wait(writer.ack_timeout_s)
+        deliveries.append((partition, writer.append(partition, key, value, "an attempt record")))
+    fences = {partition: fence_of(delivery.wait(writer.ack_timeout_s)) for partition, delivery in deliveries}
+    writer.begin_attempt(fences)
     log.debug("wrote attempt %d records of job %s to %d partitions", attempt, job_id, len(partitions))
+    return fences
+
+
+def begin_attempt(writer: JournalWriter, *, partitions: Iterable[int], job_id: str, attempt: int, subtask: int,
+                  read_so_far: Mapping[int, int], read_on: Callable[[Mapping[int, int]], None]) -> dict[int, int]:
+    """Write this attempt's records (:func:`write_attempt_records`), then ``read_on(read_so_far)``: the reader
+    continues from where the first read ended, past this attempt's own markers, so records that arrived in
+    between are history (before the fence) and a zombie's after them are ignored."""
+    fences = write_attempt_records(writer, partitions, job_id, attempt, subtask)
+    read_on(dict(read_so_far))
+    return fences

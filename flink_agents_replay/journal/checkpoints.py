@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flink_agents_replay.errors import JournalGapError
-from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
+from flink_agents_replay.journal.attempts import begin_attempt, read_job_history
+from flink_agents_replay.journal.fencing import PartitionFences
 from flink_agents_replay.journal.index import KeyHistory, RecoveryIndex
 from flink_agents_replay.journal.markers import PruneTracker, RestorePlan, build_marker, encode_marker, plan_restore
 from flink_agents_replay.journal.recovery import read_recovery_index
@@ -86,6 +87,7 @@ class JournalCheckpoints:
         self.prunes = PruneTracker()
         self.restored = False  # True while recovered history is left to replay
         self.last_restore_ms: float | None = None
+        self.earlier_attempt_records_ignored = 0  # fenced at this start (journal/fencing.py)
 
     # -- restore -----------------------------------------------------------------------------------
     def restore(self, marker_values: Iterable[bytes], *, job_id: str | None) -> None:
@@ -105,7 +107,14 @@ class JournalCheckpoints:
         end = journal.end_offsets(offsets)
         # A replay takes only what the savepoint's runs in flight need, never production's later runs (design §9).
         keep = plan.needs if self.resumable else plan.needed_by_replay
-        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep)
+        fences = PartitionFences(self.writer.codec, plan.fences, topic=journal.topic)
+        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep, fences=fences)
+        if self.resumable:  # every start fences the attempts before it, a restore too
+            begin_attempt(self.writer, partitions=self.owned, job_id=job_id or "unknown", attempt=0,
+                          subtask=self.subtask, read_so_far=end, read_on=lambda start: read_recovery_index(
+                              journal, self.writer.codec, start, journal.end_offsets(start), keep=keep, fences=fences,
+                              index=self.index))
+        self._fenced(fences)
         self.restored = True
         self.last_restore_ms = (time.monotonic() - begun) * 1000
         log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
@@ -166,23 +175,31 @@ class JournalCheckpoints:
                         "its inputs' calls again", self.subtask)
             return
         begun = time.monotonic()
-        found = read_job_history(self.store, self.writer.codec, self.owned,
-                                 {job_id} | ({self.continue_job} if self.continue_job else set()))
-        attempt = found.last_attempt + 1
-        if found.found:
+        codec, job_ids = self.writer.codec, {job_id} | ({self.continue_job} if self.continue_job else set())
+        fences = PartitionFences(codec, topic=self.store.topic)
+        found = read_job_history(self.store, codec, self.owned, job_ids, fences=fences)
+        attempt, restarted, starts = found.last_attempt + 1, found.found, dict(found.starts)
+        begin_attempt(self.writer, partitions=self.owned, job_id=job_id, attempt=attempt, subtask=self.subtask,
+                      read_so_far=found.ends, read_on=lambda start: read_job_history(
+                          self.store, codec, self.owned, job_ids, fences=fences, start=start, history=found))
+        self._fenced(fences)
+        if restarted:
             self.index = found.index
             self.restored = True
             self.last_restore_ms = (time.monotonic() - begun) * 1000
             log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; job %s "
                      "restarted before its first completed checkpoint (attempt %d): the records of its earlier "
                      "attempts are reused", self.subtask, found.index.records_read - found.other_records,
-                     len(found.index), describe_partitions(found.starts), self.last_restore_ms / 1000, job_id,
+                     len(found.index), describe_partitions(starts), self.last_restore_ms / 1000, job_id,
                      attempt)
         else:
             log.info("subtask %d: fresh start of job %s, no checkpoint and no earlier attempt in the journal "
                      "(partitions %s); %d records of earlier jobs are not reused", self.subtask, job_id,
                      describe_partitions(self.owned), found.other_records)
-        write_attempt_records(self.writer, self.owned, job_id, attempt, self.subtask)
+
+    def _fenced(self, fences: PartitionFences) -> None:
+        self.earlier_attempt_records_ignored = fences.ignored_total
+        fences.report(self.subtask)
 
     # -- runs --------------------------------------------------------------------------------------
     def run_journal(self, group: int) -> RunJournal | None:
@@ -220,7 +237,8 @@ class JournalCheckpoints:
                 firsts.append((run.group, first))
         marker = build_marker(ends, firsts, self.index.floor_offsets())
         self.prunes.remember(checkpoint_id, marker)
-        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, self.index.unreplayed())
+        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, self.index.unreplayed(),
+                             self.writer.fences)
 
     def completed(self, checkpoint_id: int) -> int:
         """Delete the journal records this checkpoint made unnecessary; return how many."""

@@ -9,7 +9,10 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``in_flight`` — those runs, as (key digest, seq);
 * ``replaying`` — keys whose recovered history was not replayed yet at the barrier (a restore still under
   way, e.g. a key waiting for an input to come back), as (key digest, first seq still needed): a further
-  failure must find those records again, although they lie below ``ends``.
+  failure must find those records again, although they lie below ``ends``;
+* ``fences`` — the snapshotting attempt's fence in each partition (:mod:`.fencing`): a restore that reads
+  from after that attempt's marker still ignores records an older attempt delivered after it (absent in
+  markers of earlier versions: no fence).
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -44,7 +47,8 @@ def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
 
 def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends: Mapping[int, int],
                   in_flight: Mapping[int, list[tuple[str, int]]],
-                  replaying: Mapping[int, list[tuple[str, int]]] | None = None) -> bytes:
+                  replaying: Mapping[int, list[tuple[str, int]]] | None = None,
+                  fences: Mapping[int, int] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -52,6 +56,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "ends": {str(p): o for p, o in ends.items()},
         "in_flight": {str(p): [list(run) for run in runs] for p, runs in in_flight.items()},
         "replaying": {str(p): [list(key) for key in keys] for p, keys in (replaying or {}).items()},
+        "fences": {str(p): fence for p, fence in (fences or {}).items()},
     }).encode()
 
 
@@ -64,6 +69,7 @@ class RestorePlan:
     in_flight: set[tuple[str, int]] = field(default_factory=set)
     replaying: dict[str, int] = field(default_factory=dict)  # key digest -> first seq still needed
     topic_ids: set[str] = field(default_factory=set)
+    fences: dict[int, int] = field(default_factory=dict)  # partition -> the snapshotting attempt's fence
 
     @property
     def fresh(self) -> bool:
@@ -107,6 +113,8 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
                 plan.offsets[partition] = offset
                 plan.barrier_ends[partition] = marker["ends"][name]
                 plan.in_flight.update((digest, seq) for digest, seq in marker["in_flight"].get(name, []))
+                fence = marker.get("fences", {}).get(name, 0)
+                plan.fences[partition] = max(fence, plan.fences.get(partition, 0))
                 for digest, first_seq in marker.get("replaying", {}).get(name, []):
                     plan.replaying[digest] = min(first_seq, plan.replaying.get(digest, first_seq))
     return plan

@@ -7,12 +7,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.journal.fencing import PartitionFences
 from flink_agents_replay.journal.index import RecoveryIndex
 from flink_agents_replay.journal.store import JournalStore, StoredRecord
 from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import ATTEMPT_ACTION, parse_journal_key
+from flink_agents_replay.records.journal import ATTEMPT_ACTION, RecordKind, parse_journal_key
 
-__all__ = ["parse_stored_key", "read_recovery_index"]
+__all__ = ["decode_attempt_record", "parse_stored_key", "read_recovery_index"]
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,20 @@ def parse_stored_key(stored: StoredRecord) -> tuple[int, int, str, str, str]:
                              "writes to the journal topic") from None
 
 
+def decode_attempt_record(codec: RecordCodec, stored: StoredRecord, *, topic: str) -> dict:
+    """The payload of an attempt record read from ``topic`` (verified); a record with an attempt key but another
+    kind is refused."""
+    record = codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition,
+                          where=f"partition {stored.partition} offset {stored.offset}")
+    if record.kind != RecordKind.ATTEMPT.value:
+        raise SignatureError(f"journal record at partition {stored.partition} offset {stored.offset} has an attempt "
+                             f"key but kind {record.kind!r}")
+    return record.payload
+
+
 def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[int, int],
-                        end: Mapping[int, int], keep: RecordFilter | None = None) -> RecoveryIndex:
+                        end: Mapping[int, int], keep: RecordFilter | None = None, *,
+                        fences: PartitionFences | None = None, index: RecoveryIndex | None = None) -> RecoveryIndex:
     """Read ``[start[p], end[p])`` of each partition, verify every record, and index it by key.
 
     Records are verified and unpickled when their key first replays (:meth:`RecoveryIndex.history`).
@@ -40,17 +53,23 @@ def read_recovery_index(store: JournalStore, codec: RecordCodec, start: Mapping[
     the checkpoint already holds). A record that fails verification raises
     :class:`~flink_agents_replay.errors.SignatureError` when its key replays: a record is never used
     unverified, and never skipped silently.
+
+    ``fences`` (:mod:`.fencing`) ignores, and counts, records an earlier attempt delivered after a newer
+    attempt's marker; ``index`` continues an index read before (the read after this attempt's own markers).
     """
-    index = RecoveryIndex(codec, topic=store.topic)
+    index = RecoveryIndex(codec, topic=store.topic) if index is None else index
     begun = time.monotonic()
     for stored in store.read(start, end):
         index.records_read += 1
         _, seq, _, action, digest_of_key = parse_stored_key(stored)
-        if action == ATTEMPT_ACTION:
-            continue  # where a job started (another job's, in this range): no key's history
+        if action == ATTEMPT_ACTION:  # where an attempt started: no key's history, maybe a fence
+            if fences is not None:
+                fences.note_marker(stored, decode_attempt_record(codec, stored, topic=store.topic))
+            continue
         if keep is not None and not keep(stored.partition, stored.offset, digest_of_key, seq):
             continue  # a run the checkpoint already holds: never unpickled
-        index.add_raw(digest_of_key, stored)
+        if fences is None or fences.admits(stored):
+            index.add_raw(digest_of_key, stored)
     log.debug("read %d journal records from %d partitions in %.2f s", index.records_read, len(start),
               time.monotonic() - begun)
     return index

@@ -8,6 +8,9 @@
 
 In every mode, outputs leave the operator only after the records that produced them are acknowledged,
 and a *started* record (external side effects) is acknowledged before its call is made.
+
+Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
+:meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ class JournalWriter:
         self.max_record_bytes = max_record_bytes
         self._closed = False
         self._lock = threading.Lock()  # a write either lands before close() returns or is refused
+        self.fences: dict[int, int] = {}  # partition -> this attempt's fence there (0: none, e.g. a replay)
+
+    def begin_attempt(self, fences: Mapping[int, int]) -> None:
+        """This attempt's markers are acknowledged: stamp its fences on every record from now on."""
+        self.fences = dict(fences)
 
     def close(self) -> None:
         """Refuse every later write (runs abandoned on close may still be running)."""
@@ -72,11 +80,11 @@ class JournalWriter:
             return self.store.append(partition, record_key, value)
 
     def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, partition: int, fingerprint: str,
-               what: str) -> bytes:
-        """The record's bytes, signed for the store's topic and ``partition``; a record Kafka would refuse is a
-        :class:`JournalRecordTooLargeError` now."""
+               what: str, attempt: int = 0) -> bytes:
+        """The record's bytes, signed for the store's topic and ``partition`` and stamped with ``attempt``; a
+        record Kafka would refuse is a :class:`JournalRecordTooLargeError` now."""
         value = self.codec.encode(record_key, kind, payload, topic=self.store.topic, partition=partition,
-                                  fingerprint=fingerprint, what=what)
+                                  fingerprint=fingerprint, what=what, attempt=attempt)
         size = len(value) + len(record_key)
         if size + _FRAMING_BYTES > self.max_record_bytes:
             raise JournalRecordTooLargeError(
@@ -107,7 +115,7 @@ class RunJournal:
               what: str = "journal record", must_ack: bool = False) -> None:
         """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
         value = self._writer.encode(record_key, kind, payload, partition=self.partition, fingerprint=fingerprint,
-                                    what=what)
+                                    what=what, attempt=self._writer.fences.get(self.partition, 0))
         with self._lock:  # the first delivery must be the first record appended
             delivery = self._writer.append(self.partition, record_key, value, what)
             if self.first_delivery is None:

@@ -191,10 +191,13 @@ class RecordCodec:
         self._event_types = event_types or EventTypes()
 
     def encode(self, record_key: bytes, kind: str, payload: Any, *, topic: str, partition: int | None,
-               fingerprint: str = "", what: str = "journal record") -> bytes:
+               fingerprint: str = "", what: str = "journal record", attempt: int = 0) -> bytes:
         """Serialize ``payload`` (a record of ``kind``) and sign it for ``topic``, ``partition`` and ``record_key``
         (``partition=None``: for a reader that gets only the value); ``what`` names it in a
-        :class:`NotPicklableError`."""
+        :class:`NotPicklableError`.
+
+        ``attempt``: the writer's attempt number in the record's partition, header ``att`` (readers take
+        ``header.get("att", 0)``: earlier records have none); see :mod:`flink_agents_replay.journal.fencing`."""
         kind = getattr(kind, "value", kind)
         schema = self._schemas.get(kind)
         if schema is None:
@@ -204,7 +207,7 @@ class RecordCodec:
         except NotPicklableError as exc:
             raise NotPicklableError(f"{what}: {exc}") from exc
         header = json.dumps(
-            {"kind": kind, "producer": self.producer, "fp": fingerprint, "ts": round(time.time(), 3)},
+            {"kind": kind, "producer": self.producer, "fp": fingerprint, "ts": round(time.time(), 3), "att": attempt},
             separators=(",", ":"),
         ).encode()
         unsigned = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header + body

@@ -31,9 +31,9 @@ def _history(store: MemoryJournalStore, key: str = "k"):
     return read_recovery_index(store, RecordCodec(SIGNING_KEY, "op"), {KEY_GROUP: 0}, end).history(key_digest(key))
 
 
-def _run(agent, store, value="in", seq=1, memory=None, history=None):
+def _run(agent, store, value="in", seq=1, memory=None, history=None, writer=None):
     return execute_run(agent, RunInput("k", KEY_GROUP, seq, value), memory if memory is not None else {},
-                       history=history, journal=_writer(store).run_journal(KEY_GROUP))
+                       history=history, journal=(writer or _writer(store)).run_journal(KEY_GROUP))
 
 
 # -- failed calls ------------------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_attempt_records_tie_history_to_its_job():
     writer = _writer(store)
     _run(sharing_agent([]), store)  # an earlier job's records
     write_attempt_records(writer, [KEY_GROUP], "job-b", 0, 0)
-    _run(sharing_agent([]), store, value="b")
+    _run(sharing_agent([]), store, value="b", writer=writer)  # the attempt that wrote the record writes on
     codec = RecordCodec(SIGNING_KEY, "op")
     other = read_job_history(store, codec, [KEY_GROUP], {"job-c"})
     assert not other.found and other.other_records == len(store.records(KEY_GROUP)) - 1
