@@ -95,7 +95,8 @@ def late_records(bootstrap: str, topic: str) -> dict[int, int]:
         partitions = range(MAX_PARALLELISM)
         for stored in store.read(store.start_offsets(partitions), store.end_offsets(partitions)):
             if parse_journal_key(stored.key)[3] == "_attempt":
-                if codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition).payload.get("fences"):
+                marker = codec.decode(stored.key, stored.value, topic=topic, partition=stored.partition)
+                if marker.payload.get("fences"):
                     fence[stored.partition] = stored.offset + 1
             elif RecordCodec.peek_header(stored.value).get("att", 0) < fence.get(stored.partition, 0):
                 late[stored.partition] += 1
