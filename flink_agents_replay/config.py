@@ -88,6 +88,11 @@ class AgentConfig:
             instances per key, docs/design.md §8); ``False`` runs them in arrival order.
         order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
             its recorded history from there is invalidated and its waiting inputs run in arrival order.
+        recovered_history_expiry_s: how long, after a restore, a key's recovered journal history waits for
+            its recorded inputs to come back (a key none of whose inputs comes back: a non-replayable source, a
+            changed filter, a processing-time window upstream). Then it expires: counted
+            (``histories_expired``), logged, and its records no longer hold pruning back; such an input that
+            still comes back later runs again. The wait counts across further restores. Default 30 minutes.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
             a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
@@ -122,6 +127,7 @@ class AgentConfig:
     poll_interval_ms: int = 5
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
+    recovered_history_expiry_s: float = 1800.0
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
@@ -175,7 +181,7 @@ class AgentConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
-                     "close_timeout_s"):
+                     "close_timeout_s", "recovered_history_expiry_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
