@@ -9,7 +9,10 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``in_flight`` — those runs, as (key digest, seq);
 * ``replaying`` — keys whose recovered history was not replayed yet at the barrier (a restore still under
   way, e.g. a key waiting for an input to come back), as (key digest, first seq still needed): a further
-  failure must find those records again, although they lie below ``ends``.
+  failure must find those records again, although they lie below ``ends``;
+* ``replaying_since`` (optional, added in 0.2; readers without it ignore it) — per such key, since when
+  (epoch seconds) its history has waited for its inputs, so that the expiry of recovered histories
+  (:mod:`.checkpoints`) counts across further restores.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -44,7 +47,8 @@ def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
 
 def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends: Mapping[int, int],
                   in_flight: Mapping[int, list[tuple[str, int]]],
-                  replaying: Mapping[int, list[tuple[str, int]]] | None = None) -> bytes:
+                  replaying: Mapping[int, list[tuple[str, int]]] | None = None,
+                  replaying_since: Mapping[str, float] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -52,6 +56,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "ends": {str(p): o for p, o in ends.items()},
         "in_flight": {str(p): [list(run) for run in runs] for p, runs in in_flight.items()},
         "replaying": {str(p): [list(key) for key in keys] for p, keys in (replaying or {}).items()},
+        "replaying_since": dict(replaying_since or {}),
     }).encode()
 
 
@@ -63,6 +68,7 @@ class RestorePlan:
     barrier_ends: dict[int, int] = field(default_factory=dict)
     in_flight: set[tuple[str, int]] = field(default_factory=set)
     replaying: dict[str, int] = field(default_factory=dict)  # key digest -> first seq still needed
+    replaying_since: dict[str, float] = field(default_factory=dict)  # key digest -> waiting since (epoch s)
     topic_ids: set[str] = field(default_factory=set)
 
     @property
@@ -109,6 +115,7 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
                 plan.in_flight.update((digest, seq) for digest, seq in marker["in_flight"].get(name, []))
                 for digest, first_seq in marker.get("replaying", {}).get(name, []):
                     plan.replaying[digest] = min(first_seq, plan.replaying.get(digest, first_seq))
+        plan.replaying_since.update(marker.get("replaying_since", {}))
     return plan
 
 

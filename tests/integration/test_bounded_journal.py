@@ -268,6 +268,9 @@ def test_histories_whose_inputs_never_come_back_expire_and_pruning_moves_on(
 
             wait_until(client, pruned_to_end, "the journal to be pruned to its end", 30,
                        between=lambda: time.sleep(0.1))
+            # The REST metric fetcher reports a counter some time after it changed: poll it.
+            wait_until(client, lambda: _agent_metric(port_b, job_b, "histories_expired") is not None,
+                       "the histories_expired metric", 10)
             expired_metric = _agent_metric(port_b, job_b, "histories_expired")
             triggers = _completed_checkpoint_triggers(port_b, job_b)
     finally:
