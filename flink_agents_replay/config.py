@@ -9,6 +9,7 @@ Kafka settings follow confluent-kafka's idiom: a plain dict passed through to ev
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 from flink_agents_replay.engine import FingerprintPolicy
 from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
-from flink_agents_replay.kafka.settings import KafkaSettings
+from flink_agents_replay.kafka.settings import KafkaSettings, is_secret_setting
 from flink_agents_replay.replay.settings import ReplaySettings
 
-__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid"]
+__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid",
+           "job_signing_key", "read_signing_key_file"]
 
 #: Environment variable holding the journal signing key when the config does not.
 SIGNING_KEY_ENV = "FLINK_AGENTS_REPLAY_SIGNING_KEY"
@@ -134,6 +136,20 @@ class AgentConfig:
     output_topics: Sequence[str] = ()
     replay: ReplaySettings | None = None
 
+    def __repr__(self) -> str:
+        # Configs end up in logs and tracebacks: the signing key and Kafka secrets are never shown.
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "signing_key" and value is not None:
+                value = "***"
+            elif f.name == "kafka":
+                value = {name: "***" if is_secret_setting(name) else v for name, v in dict(value).items()}
+            shown.append(f"{f.name}={value!r}")
+        return f"AgentConfig({', '.join(shown)})"
+
+    __str__ = __repr__
+
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
         """Build from a plain dict; unknown names are an error that lists the known ones."""
@@ -204,6 +220,33 @@ class AgentConfig:
         """The signing key as bytes."""
         key = self.signing_key or b""
         return key.encode() if isinstance(key, str) else key
+
+
+def read_signing_key_file(path: str) -> str:
+    """The signing key kept in a file (its first line, surrounding whitespace removed): how a job takes the key
+    without it showing on a command line (``ps``). Errors name the file, never its content."""
+    try:
+        with open(path, encoding="utf-8") as key_file:
+            key = key_file.readline().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the signing key file {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the signing key file {path!r} is not UTF-8 text") from None
+    if len(key) < 16:
+        raise ConfigError(f"the signing key file {path!r} holds no key of at least 16 characters on its first line")
+    return key
+
+
+def job_signing_key(*, key_file: str | None, key: str | None) -> str | None:
+    """A job script's signing key: from ``--signing-key-file``, else ``--signing-key`` (with a warning: a
+    command line is visible to every user of the machine through ``ps``), else ``$FLINK_AGENTS_REPLAY_SIGNING_KEY``."""
+    if key_file:
+        return read_signing_key_file(key_file)
+    if key:
+        warnings.warn("--signing-key puts the journal signing key on the command line, where `ps` shows it to every "
+                      f"user of the machine: use --signing-key-file or ${SIGNING_KEY_ENV} instead", stacklevel=2)
+        return key
+    return os.environ.get(SIGNING_KEY_ENV)
 
 
 def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: str | None,

@@ -277,6 +277,7 @@ def test_histories_whose_inputs_never_come_back_expire_and_pruning_moves_on(
         outputs.close()
     log_b = operator_log()[lines_before:]
 
+    assert not [line for line in log_b if SIGNING_KEY in line], "the operator log shows the signing key"
     # The fault hit: B restored every key's history, the gone keys' included.
     restored = [m for m in map(_RESTORED.search, log_b) if m]
     assert [int(m[2]) for m in restored] == [len(KEYS)], log_b
