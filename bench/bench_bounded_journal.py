@@ -76,8 +76,10 @@ def agent_metric(port: int, job_id: str, name: str) -> int | None:
 
     for vertex in get(f"/jobs/{job_id}")["vertices"]:
         if vertex["name"].startswith("agent "):
-            metric = f"agent_{AGENT}.flink_agents_replay.{name}"
-            values = get(f"/jobs/{job_id}/vertices/{vertex['id']}/subtasks/metrics?get={metric}&agg=sum")
+            base = f"/jobs/{job_id}/vertices/{vertex['id']}/subtasks/metrics"
+            # Flink rewrites characters of the operator name in metric ids: find the id by its ending.
+            ids = [m["id"] for m in get(base) if m["id"].endswith(f".flink_agents_replay.{name}")]
+            values = get(f"{base}?get={ids[0]}&agg=sum") if ids else []
             return int(values[0]["sum"]) if values else None
     return None
 
