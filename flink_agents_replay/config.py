@@ -9,6 +9,7 @@ Kafka settings follow confluent-kafka's idiom: a plain dict passed through to ev
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 from flink_agents_replay.engine import FingerprintPolicy
 from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
-from flink_agents_replay.kafka.settings import KafkaSettings
+from flink_agents_replay.kafka.settings import KafkaSettings, is_secret_setting
 from flink_agents_replay.replay.settings import ReplaySettings
 
-__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid"]
+__all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid",
+           "job_signing_key", "read_signing_key_file"]
 
 #: Environment variable holding the journal signing key when the config does not.
 SIGNING_KEY_ENV = "FLINK_AGENTS_REPLAY_SIGNING_KEY"
@@ -90,6 +92,11 @@ class AgentConfig:
             instances per key, docs/design.md §8); ``False`` runs them in arrival order.
         order_restore_timeout_s: how long a key waits for a recorded input that does not come back; then
             its recorded history from there is invalidated and its waiting inputs run in arrival order.
+        recovered_history_expiry_s: how long, after a restore, a key's recovered journal history waits for
+            its recorded inputs to come back (a key none of whose inputs comes back: a non-replayable source, a
+            changed filter, a processing-time window upstream). Then it expires: counted
+            (``histories_expired``), logged, and its records no longer hold pruning back; such an input that
+            still comes back later runs again. The wait counts across further restores. Default 30 minutes.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
             a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
@@ -125,11 +132,28 @@ class AgentConfig:
     poll_interval_ms: int = 5
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
+    recovered_history_expiry_s: float = 1800.0
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
     output_topics: Sequence[str] = ()
     replay: ReplaySettings | None = None
+
+    def __repr__(self) -> str:
+        # Configs end up in logs and tracebacks: the signing key and Kafka secrets are never shown.
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "signing_key" and value is not None:
+                value = "***"
+            elif f.name == "verification_keys":
+                value = ["***" for _ in value]
+            elif f.name == "kafka":
+                value = {name: "***" if is_secret_setting(name) else v for name, v in dict(value).items()}
+            shown.append(f"{f.name}={value!r}")
+        return f"AgentConfig({', '.join(shown)})"
+
+    __str__ = __repr__
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
@@ -178,7 +202,7 @@ class AgentConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
-                     "close_timeout_s"):
+                     "close_timeout_s", "recovered_history_expiry_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -208,6 +232,33 @@ class AgentConfig:
     def verification_keys_bytes(self) -> tuple[bytes, ...]:
         """The older keys still accepted, as bytes."""
         return tuple(k.encode() if isinstance(k, str) else k for k in self.verification_keys)
+
+
+def read_signing_key_file(path: str) -> str:
+    """The signing key kept in a file (its first line, surrounding whitespace removed): how a job takes the key
+    without it showing on a command line (``ps``). Errors name the file, never its content."""
+    try:
+        with open(path, encoding="utf-8") as key_file:
+            key = key_file.readline().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the signing key file {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the signing key file {path!r} is not UTF-8 text") from None
+    if len(key) < 16:
+        raise ConfigError(f"the signing key file {path!r} holds no key of at least 16 characters on its first line")
+    return key
+
+
+def job_signing_key(*, key_file: str | None, key: str | None) -> str | None:
+    """A job script's signing key: from ``--signing-key-file``, else ``--signing-key`` (with a warning: a
+    command line is visible to every user of the machine through ``ps``), else ``$FLINK_AGENTS_REPLAY_SIGNING_KEY``."""
+    if key_file:
+        return read_signing_key_file(key_file)
+    if key:
+        warnings.warn("--signing-key puts the journal signing key on the command line, where `ps` shows it to every "
+                      f"user of the machine: use --signing-key-file or ${SIGNING_KEY_ENV} instead", stacklevel=2)
+        return key
+    return os.environ.get(SIGNING_KEY_ENV)
 
 
 def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: str | None,

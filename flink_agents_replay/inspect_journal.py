@@ -1,7 +1,9 @@
 """``flink-agents-replay inspect``: what a journal topic holds, for operators debugging a job.
 
 Reads only record keys and the unsigned part of record headers (kind, producer, time): no signing key
-is needed and no payload is ever unpickled.
+is needed and no payload is ever unpickled. A malformed record (truncated value, bad magic, a header that
+is not JSON) is listed with kind ``malformed``; a record whose key is not a journal key at all is reported
+as an error that names its partition and offset, never as a traceback.
 """
 
 from __future__ import annotations
@@ -73,10 +75,17 @@ def key_records(kafka_config: KafkaSettingsLike, topic: str, key: Any, key_type:
         now = time.time()
         found = []
         for stored in store.read({partition: summary.low}, {partition: summary.high}):
-            _, seq, _, action, record_digest = parse_journal_key(stored.key)
+            try:
+                _, seq, _, action, record_digest = parse_journal_key(stored.key)
+            except (AttributeError, ValueError, UnicodeDecodeError):
+                raise JournalError(f"the record at partition {partition} offset {stored.offset} of {topic!r} has key "
+                                   f"{stored.key!r:.80}, not a flink-agents-replay journal key: is {topic!r} a "
+                                   "journal topic, or does something else write to it?") from None
             if record_digest != digest:
                 continue
-            header = RecordCodec.peek_header(stored.value) or {}
+            header = RecordCodec.peek_header(stored.value)
+            if not isinstance(header, dict):
+                header = {"kind": "malformed"}
             created = header.get("ts")
             found.append(KeyRecord(stored.offset, seq, action, header.get("kind", "?"),
                                    None if created is None else max(0.0, now - created)))

@@ -72,7 +72,7 @@ COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reuse
             "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
             "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned",
-            "earlier_attempt_records_ignored")
+            "earlier_attempt_records_ignored", "histories_expired")
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
         for observer in self.observers:
             observer.checkpoint(checkpoint_id=checkpoint_id, subtask=self.subtask, partitions=self.owned)
-        return self.journal.snapshot(checkpoint_id, self.runs.in_flight())
+        in_flight = self.runs.in_flight()
+        expired = self.journal.expire_histories(in_flight)  # before the marker: expired records are not kept
+        if expired:
+            self.counters["histories_expired"].inc(expired)
+        return self.journal.snapshot(checkpoint_id, in_flight)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""

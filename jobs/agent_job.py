@@ -41,7 +41,8 @@ from pyflink.datastream.connectors.kafka import (
     KafkaSource,
 )
 
-from flink_agents_replay.config import SIGNING_KEY_ENV
+from flink_agents_replay.config import SIGNING_KEY_ENV, job_signing_key
+from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.kafka_topics import ensure_topics
@@ -66,8 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
     parser.add_argument("--orders-base-url", default=None,
                         help="order service root (default: the model URL without /v1, i.e. the stub service)")
-    parser.add_argument("--signing-key", default=os.environ.get(SIGNING_KEY_ENV),
-                        help=f"journal signing key, 16+ characters (default ${SIGNING_KEY_ENV})")
+    parser.add_argument("--signing-key-file", default=None,
+                        help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
+    parser.add_argument("--signing-key", default=None,
+                        help="the signing key itself: shows in `ps`; prefer --signing-key-file or the environment")
     parser.add_argument("--max-concurrent-runs", type=int, default=16, help="agent runs in flight per subtask")
     parser.add_argument("--durability", default="per_action", choices=["per_call", "per_action", "per_bundle"])
     parser.add_argument("--restart-attempts", type=int, default=10, help="fixed-delay restarts after a failure")
@@ -81,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--topic-partitions", type=int, default=2,
                         help="partitions of the input and output topics if this job creates them (default 2)")
     args = parser.parse_args(argv)
+    try:  # a bad key file is a usage error, reported without a traceback and without the key
+        args.signing_key = job_signing_key(key_file=args.signing_key_file, key=args.signing_key)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if not args.signing_key:
         parser.error(f"a journal signing key is needed: --signing-key or ${SIGNING_KEY_ENV} (16+ characters)")
     if args.parallelism < 1:

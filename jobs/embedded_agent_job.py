@@ -42,6 +42,8 @@ from pyflink.datastream.connectors.kafka import (
 )
 
 from flink_agents_replay import Agent, AgentOutput, Event, InputEvent, OutputEvent, Tool, action, connect_to_agent
+from flink_agents_replay.config import job_signing_key
+from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.flink_env import python_path
 from flink_agents_replay.local.jars import kafka_connector_jar
 
@@ -183,10 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--input-topic", help="read tickets from this topic (runs until cancelled)")
     source.add_argument("--inputs", type=int, help="write this many sample tickets to a new topic and process them")
     parser.add_argument("--output-topic", help="write replies here (exactly once); default: print them")
-    parser.add_argument("--signing-key", default=os.environ.get("FLINK_AGENTS_REPLAY_SIGNING_KEY"),
-                        help="journal signing key, 16+ characters (default $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
+    parser.add_argument("--signing-key-file", default=None,
+                        help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
+    parser.add_argument("--signing-key", default=None,
+                        help="the signing key itself: shows in `ps`; prefer --signing-key-file or the environment")
     parser.add_argument("--parallelism", type=int, default=2)
     args = parser.parse_args(argv)
+    try:  # a bad key file is a usage error, reported without a traceback and without the key
+        args.signing_key = job_signing_key(key_file=args.signing_key_file, key=args.signing_key)
+    except ConfigError as exc:
+        parser.error(str(exc))
 
     topic = args.input_topic
     if args.inputs is not None:

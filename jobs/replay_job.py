@@ -30,8 +30,14 @@ from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 
-from flink_agents_replay.config import SIGNING_KEY_ENV, default_capture_topic, default_journal_topic, default_uid
-from flink_agents_replay.errors import ReplayError
+from flink_agents_replay.config import (
+    SIGNING_KEY_ENV,
+    default_capture_topic,
+    default_journal_topic,
+    default_uid,
+    job_signing_key,
+)
+from flink_agents_replay.errors import ConfigError, ReplayError
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.local.jars import kafka_connector_jar
@@ -63,9 +69,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
     parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
     parser.add_argument("--orders-base-url", default=None)
-    parser.add_argument("--signing-key", default=os.environ.get(SIGNING_KEY_ENV),
-                        help=f"the production job's signing key (default ${SIGNING_KEY_ENV})")
+    parser.add_argument("--signing-key-file", default=None,
+                        help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
+    parser.add_argument("--signing-key", default=None,
+                        help="the signing key itself: shows in `ps`; prefer --signing-key-file or the environment")
     args = parser.parse_args(argv)
+    try:  # a bad key file is a usage error, reported without a traceback and without the key
+        args.signing_key = job_signing_key(key_file=args.signing_key_file, key=args.signing_key)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if not args.signing_key:
         parser.error(f"the capture is signed: give --signing-key or set ${SIGNING_KEY_ENV}")
     return args

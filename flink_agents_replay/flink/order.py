@@ -7,6 +7,11 @@ waits in the key's ``pending`` state. If the recorded input does not come back w
 ``order_restore_timeout_s`` (or a bounded input ends), the key's recorded history from there on is dropped
 and its waiting inputs run in arrival order.
 
+A recovered history can also expire at a snapshot (``recovered_history_expiry_s``, see
+:mod:`flink_agents_replay.journal.checkpoints`), also while its key waits here: the key then keeps waiting
+until its own deadline and gives up as above, so an input arriving meanwhile never overtakes the inputs
+already waiting.
+
 :class:`OrderRestoration` works on the operator's keyed state (``seq``, ``pending``,
 ``order_wait_deadline``) and timers, for the key the task thread is at; the recovery index comes from
 :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`.
@@ -29,6 +34,10 @@ log = logging.getLogger("flink_agents_replay.operator")
 
 #: Event-time timer fired by the final watermark of a bounded input (the end of the input).
 DRAIN_TIMER = 2**63 - 2
+
+#: What a key waits for when its recorded history expired during the wait: no input's digest, so nothing
+#: matches and the wait ends at its deadline.
+EXPIRED_HISTORY = "expired-history"
 
 
 class OrderRestoration:
@@ -58,10 +67,15 @@ class OrderRestoration:
     def recorded_next_input(self, key) -> str | None:
         """While a restore replays: the digest of the input the journal recorded as ``key``'s next one, or
         ``None`` when any input may run next (nothing recorded there, or order restoration is off)."""
-        if not (self.journal.restored and self.enabled):
+        if not self.enabled:
             return None
-        history = self.journal.index.history(key_digest(key))
-        return history.recorded_input((self.seq_state.value() or 0) + 1) if history is not None else None
+        expected = None
+        if self.journal.restored:
+            history = self.journal.index.history(key_digest(key))
+            expected = history.recorded_input((self.seq_state.value() or 0) + 1) if history is not None else None
+        if expected is None and self.journal.histories_expired and self.wait_state.value() is not None:
+            return EXPIRED_HISTORY  # waiting when its history expired: wait on, to the deadline
+        return expected
 
     def take_next(self, key, waiting: list[bytes], ctx) -> WaitingInput | None:
         """Remove and return the key's next waiting input (``waiting``: the key's ``pending`` state, encoded):

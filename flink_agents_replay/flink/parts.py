@@ -69,4 +69,4 @@ def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subt
                               subtask=subtask, resumable=mode.resumable,
                               accept_gap=config.accept_reexecution_after_gap or not mode.resumable,
                               accept_moved_from=config.accept_moved_journal_from, continue_job=config.continue_job,
-                              ack_timeout_s=config.ack_timeout_s)
+                              ack_timeout_s=config.ack_timeout_s, history_expiry_s=config.recovered_history_expiry_s)

@@ -13,6 +13,14 @@ reads, and the prune tracker. The operator calls it at each checkpoint hook and 
   yet replayed.
 * :meth:`~JournalCheckpoints.completed` / :meth:`~JournalCheckpoints.aborted`: prune below the completed
   checkpoint's marker; an aborted one prunes nothing.
+* :meth:`~JournalCheckpoints.expire_histories` (before each snapshot): a recovered history waits for its
+  key's inputs to come back, and holds its partition's pruning back meanwhile. An input that never comes
+  back (a non-replayable source, a changed filter, a processing-time window upstream) would hold it back
+  forever; so a key's history that made no progress for ``history_expiry_s`` expires: it is dropped
+  from the index, its records no longer lower the marker, and the next completed checkpoint prunes past
+  them. Its clock starts at the restore and restarts each time one of its runs is applied; the markers
+  carry it (``replaying_since``), so repeated failures do not keep a history alive. Never expired: keys
+  with a run in flight (now, or at the restored checkpoint: their input is keyed state and will run).
 
 A job that is never resumed from its own checkpoints (``resumable=False``: a replay, run again from the
 production savepoint each time) restores from another journal, read only (``restore_from``), takes only
@@ -67,12 +75,13 @@ class JournalCheckpoints:
             markers of that id restore when every owned partition reaches their end offsets.
         continue_job: an earlier job whose records a start without checkpoint reuses (see :mod:`.attempts`).
         ack_timeout_s: bound on the flush at a snapshot and on a run's first acknowledged offset.
+        history_expiry_s: how long a key's recovered history may make no progress before it expires.
     """
 
     def __init__(self, *, store: JournalStore | None, writer: JournalWriter | None, owned: range, subtask: int,
                  restore_from: JournalStore | None = None, resumable: bool = True, accept_gap: bool = False,
                  accept_moved_from: str | Sequence[str] | None = None, continue_job: str | None = None,
-                 ack_timeout_s: float = 60.0):
+                 ack_timeout_s: float = 60.0, history_expiry_s: float = 1800.0):
         self.store = store
         self.writer = writer
         self.restore_from = restore_from if restore_from is not None or not resumable else store
@@ -88,6 +97,10 @@ class JournalCheckpoints:
         self.restored = False  # True while recovered history is left to replay
         self.last_restore_ms: float | None = None
         self.earlier_attempt_records_ignored = 0  # fenced at this start (journal/fencing.py)
+        self.history_expiry_s = history_expiry_s
+        self.waiting_since: dict[str, float] = {}  # key digest -> since when its history waits (epoch s)
+        self.runs_restored_in_flight: set[str] = set()  # keys whose run was in flight at the restored checkpoint
+        self.histories_expired = 0  # keys whose recovered history expired in this attempt
 
     # -- restore -----------------------------------------------------------------------------------
     def restore(self, marker_values: Iterable[bytes], *, job_id: str | None) -> None:
@@ -116,6 +129,7 @@ class JournalCheckpoints:
                               index=self.index))
         self._fenced(fences)
         self.restored = True
+        self._start_expiry_clocks(plan.replaying_since, {digest for digest, _ in plan.in_flight})
         self.last_restore_ms = (time.monotonic() - begun) * 1000
         log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; "
                  "%d runs were in flight at the checkpoint", self.subtask, self.index.records_read, len(self.index),
@@ -186,6 +200,7 @@ class JournalCheckpoints:
         if restarted:
             self.index = found.index
             self.restored = True
+            self._start_expiry_clocks({}, set())
             self.last_restore_ms = (time.monotonic() - begun) * 1000
             log.info("subtask %d restored: read %d journal records for %d keys from partitions %s in %.2f s; job %s "
                      "restarted before its first completed checkpoint (attempt %d): the records of its earlier "
@@ -215,11 +230,43 @@ class JournalCheckpoints:
         the recovered journal (the restore is over)."""
         if not self.restored:
             return False
+        self.runs_restored_in_flight.discard(key_digest)
+        if key_digest in self.waiting_since:
+            self.waiting_since[key_digest] = time.time()  # progress: the key's inputs are coming back
         self.index.forget_if_empty(key_digest)
         if len(self.index):
             return False
         self.restored = False
         return True
+
+    # -- expiry of recovered histories ---------------------------------------------------------------
+    def _start_expiry_clocks(self, since: dict[str, float], in_flight: set[str]) -> None:
+        now = time.time()
+        self.waiting_since = {digest: min(since.get(digest, now), now) for digest in self.index.digests()}
+        self.runs_restored_in_flight = in_flight
+
+    def expire_histories(self, runs_in_flight: Iterable[RunInFlight]) -> int:
+        """Drop the recovered histories that made no progress for ``history_expiry_s`` (see the module
+        docstring); return how many keys expired. Called on the task thread before a snapshot."""
+        if not self.restored or not self.resumable:
+            return 0
+        busy = self.runs_restored_in_flight | {run.key_digest for run in runs_in_flight}
+        deadline = time.time() - self.history_expiry_s
+        stale = [d for d in self.index.digests() if d not in busy and self.waiting_since.get(d, 0.0) <= deadline]
+        if not stale:
+            return 0
+        records = sum(self.index.drop(digest) for digest in stale)
+        for digest in stale:
+            self.waiting_since.pop(digest, None)
+        self.histories_expired += len(stale)
+        log.warning("subtask %d: the recovered history of %d key%s expired (%d records): none of their recorded "
+                    "inputs came back for %.0f s (recovered_history_expiry_s); their records no longer hold "
+                    "the journal's pruning back, and such an input that still comes back runs again",
+                    self.subtask, len(stale), "" if len(stale) == 1 else "s", records, self.history_expiry_s)
+        if not len(self.index):
+            self.restored = False
+            log.info("subtask %d: recovered journal fully replayed or expired", self.subtask)
+        return len(stale)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, runs_in_flight: Iterable[RunInFlight]) -> bytes | None:
@@ -237,8 +284,11 @@ class JournalCheckpoints:
                 firsts.append((run.group, first))
         marker = build_marker(ends, firsts, self.index.floor_offsets())
         self.prunes.remember(checkpoint_id, marker)
-        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, self.index.unreplayed(),
-                             self.writer.fences)
+        unreplayed = self.index.unreplayed()
+        since = {digest: self.waiting_since[digest] for keys in unreplayed.values() for digest, _ in keys
+                 if digest in self.waiting_since}
+        return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, unreplayed,
+                             fences=self.writer.fences, replaying_since=since)
 
     def completed(self, checkpoint_id: int) -> int:
         """Delete the journal records this checkpoint made unnecessary; return how many."""

@@ -105,6 +105,16 @@ class RecoveryIndex:
         if history is not None and len(history) == 0:
             del self._keys[digest_of_key]
 
+    def digests(self) -> list[str]:
+        """The keys that still have recovered history (decoded or not yet)."""
+        return [*self._keys, *self._raw]
+
+    def drop(self, digest_of_key: str) -> int:
+        """Forget a key's whole recovered history (it expired); return how many records it held."""
+        raw = self._raw.pop(digest_of_key, None)
+        history = self._keys.pop(digest_of_key, None)
+        return (len(raw) if raw is not None else 0) + (len(history) if history is not None else 0)
+
     def floor_offsets(self) -> dict[int, int]:
         """Per partition, the first offset still needed by some key's unreplayed history."""
         floors: dict[int, int] = {}

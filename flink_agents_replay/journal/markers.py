@@ -13,6 +13,9 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``fences`` — the snapshotting attempt's fence in each partition (:mod:`.fencing`): a restore that reads
   from after that attempt's marker still ignores records an older attempt delivered after it (absent in
   markers of earlier versions: no fence).
+* ``replaying_since`` (optional, added in 0.3; readers without it ignore it) — per such key, since when
+  (epoch seconds) its history has waited for its inputs, so that the expiry of recovered histories
+  (:mod:`.checkpoints`) counts across further restores.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -48,7 +51,8 @@ def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
 def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends: Mapping[int, int],
                   in_flight: Mapping[int, list[tuple[str, int]]],
                   replaying: Mapping[int, list[tuple[str, int]]] | None = None,
-                  fences: Mapping[int, int] | None = None) -> bytes:
+                  fences: Mapping[int, int] | None = None,
+                  replaying_since: Mapping[str, float] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -57,6 +61,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "in_flight": {str(p): [list(run) for run in runs] for p, runs in in_flight.items()},
         "replaying": {str(p): [list(key) for key in keys] for p, keys in (replaying or {}).items()},
         "fences": {str(p): fence for p, fence in (fences or {}).items()},
+        "replaying_since": dict(replaying_since or {}),
     }).encode()
 
 
@@ -68,6 +73,7 @@ class RestorePlan:
     barrier_ends: dict[int, int] = field(default_factory=dict)
     in_flight: set[tuple[str, int]] = field(default_factory=set)
     replaying: dict[str, int] = field(default_factory=dict)  # key digest -> first seq still needed
+    replaying_since: dict[str, float] = field(default_factory=dict)  # key digest -> waiting since (epoch s)
     topic_ids: set[str] = field(default_factory=set)
     fences: dict[int, int] = field(default_factory=dict)  # partition -> the snapshotting attempt's fence
 
@@ -117,6 +123,7 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
                 plan.fences[partition] = max(fence, plan.fences.get(partition, 0))
                 for digest, first_seq in marker.get("replaying", {}).get(name, []):
                     plan.replaying[digest] = min(first_seq, plan.replaying.get(digest, first_seq))
+        plan.replaying_since.update(marker.get("replaying_since", {}))
     return plan
 
 

@@ -172,9 +172,13 @@ class KafkaSettings:
                 raise ConfigError(f"the {what} needs Kafka setting {name}={value}; remove {name} from the config")
 
     def __repr__(self) -> str:
-        shown = {name: "***" if any(marker in name.lower() for marker in _SECRET_MARKERS) else value
-                 for name, value in self.pairs}
+        shown = {name: "***" if is_secret_setting(name) else value for name, value in self.pairs}
         return f"KafkaSettings({shown})"
+
+
+def is_secret_setting(name: str) -> bool:
+    """Whether a Kafka client setting holds a secret (never shown in a repr, log line or message)."""
+    return any(marker in name.lower() for marker in _SECRET_MARKERS)
 
 
 #: What functions taking Kafka settings accept.

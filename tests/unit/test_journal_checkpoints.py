@@ -10,6 +10,7 @@ import pytest
 from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.errors import JournalGapError
+from flink_agents_replay.journal import checkpoints as checkpoints_module
 from flink_agents_replay.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
 from flink_agents_replay.journal.markers import encode_marker
 from flink_agents_replay.journal.memory_store import MemoryJournalStore
@@ -172,3 +173,88 @@ def test_without_a_journal_every_hook_is_a_no_op():
 
 def test_partitions_described_as_ranges():
     assert describe_partitions([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and describe_partitions([]) == "none"
+
+
+# --- expiry of recovered histories (recovered_history_expiry_s) -----------------------------------------------
+
+
+class Clock:
+    """Wall-clock seconds the test sets (the expiry clock is epoch time: markers carry it across restores)."""
+
+    def __init__(self, monkeypatch, now: float = 1_000_000.0):
+        self.now = now
+        monkeypatch.setattr(checkpoints_module.time, "time", lambda: self.now)
+
+
+def restored_after_barrier(keys_and_groups, in_flight=(), **options) -> tuple[JournalCheckpoints, bytes]:
+    """A restore whose journal holds one run per key written after the checkpoint's barrier (recovered history);
+    ``in_flight`` runs were under way at the barrier."""
+    production = make_checkpoints()
+    runs = [run_once(production, key, 1, group) for key, group in in_flight]
+    marker = marker_of(production, 1, runs)
+    for key, group in keys_and_groups:
+        run_once(production, key, 1, group)
+    restored = make_checkpoints(production.store, **options)
+    restored.restore([marker], job_id="job")
+    return restored, marker
+
+
+def test_a_history_whose_inputs_never_come_back_expires_and_the_marker_moves_past_it(monkeypatch):
+    clock = Clock(monkeypatch)
+    restored, _ = restored_after_barrier([("gone", 0), ("back", 1)], history_expiry_s=60)
+    ends = restored.store.end_offsets(OWNED)
+    pinned = json.loads(marker_of(restored, 2))
+    assert pinned["offsets"]["0"] < ends[0] and pinned["offsets"]["1"] < ends[1]
+    assert set(pinned["replaying_since"]) == {key_digest("gone"), key_digest("back")}
+
+    clock.now += 50
+    restored.history(key_digest("back"))  # "back"'s input came back: it replays and is applied (progress)
+    assert restored.run_applied(key_digest("back")) is False
+    clock.now += 11  # 61 s after the restore, 11 s after "back"'s progress
+    assert restored.expire_histories([]) == 1 and restored.histories_expired == 1
+    assert restored.history(key_digest("gone")) is None and restored.history(key_digest("back")) is not None
+    marker = json.loads(marker_of(restored, 3))
+    assert marker["offsets"]["0"] == ends[0], "partition 0 is no longer held back by the expired history"
+    assert marker["offsets"]["1"] < ends[1] and list(marker["replaying_since"]) == [key_digest("back")]
+    assert restored.expire_histories([]) == 0, "an expiry is counted once"
+    clock.now += 60
+    assert restored.expire_histories([]) == 1 and not restored.restored, "the last history expired: restore over"
+
+
+def test_keys_with_a_run_in_flight_never_expire(monkeypatch):
+    clock = Clock(monkeypatch)
+    restored, _ = restored_after_barrier([("running", 0), ("idle", 1)], in_flight=[("restored-run", 0)],
+                                         history_expiry_s=60)
+    assert restored.history(key_digest("restored-run")) is not None
+    clock.now += 61
+    running = RunInFlight(0, key_digest("running"), 2, None)
+    assert restored.expire_histories([running]) == 1
+    assert restored.history(key_digest("idle")) is None
+    assert restored.history(key_digest("running")) is not None, "a run in flight uses its history"
+    assert restored.history(key_digest("restored-run")) is not None, "its input is keyed state: it will run"
+
+
+def test_the_expiry_clock_counts_across_restores(monkeypatch):
+    clock = Clock(monkeypatch)
+    first, _ = restored_after_barrier([("gone", 0)], history_expiry_s=60)
+    clock.now += 40
+    marker = marker_of(first, 2)  # the key still waits at this checkpoint; then the job fails again
+    again = make_checkpoints(first.store, history_expiry_s=60)
+    again.restore([marker], job_id="job")
+    clock.now += 10
+    assert again.expire_histories([]) == 0
+    clock.now += 11  # 61 s since the first restore, 21 s since the second
+    assert again.expire_histories([]) == 1
+
+
+def test_markers_without_replaying_since_restore_with_the_clock_starting_at_the_restore(monkeypatch):
+    clock = Clock(monkeypatch)
+    first, _ = restored_after_barrier([("gone", 0)], history_expiry_s=60)
+    old = json.loads(marker_of(first, 2))
+    del old["replaying_since"]  # a marker written before the field existed
+    clock.now += 100
+    again = make_checkpoints(first.store, history_expiry_s=60)
+    again.restore([json.dumps(old).encode()], job_id="job")
+    assert again.expire_histories([]) == 0
+    clock.now += 60
+    assert again.expire_histories([]) == 1
