@@ -302,9 +302,10 @@ class RecordCodec:
         if magic != _MAGIC or version not in READABLE_VERSIONS:
             return None
         try:
-            return json.loads(value[_PREFIX.size:_PREFIX.size + header_length])
+            header = json.loads(value[_PREFIX.size:_PREFIX.size + header_length])
         except ValueError:
             return None
+        return header if isinstance(header, dict) else None
 
 
 def _check_key_group(record_key: bytes, partition: int, context: str) -> None:
