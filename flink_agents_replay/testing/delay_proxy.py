@@ -111,8 +111,8 @@ class DelayProxy:
                 pause = due - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)  # the injected delay itself
+                self.bytes_delayed += len(chunk)  # before sending: a test reads it once the reply arrived
                 client.sendall(chunk)
-                self.bytes_delayed += len(chunk)
         except OSError:
             pass
         _close(client, upstream)
