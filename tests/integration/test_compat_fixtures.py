@@ -24,6 +24,7 @@ import pytest
 from flink_agents_replay.flink_env import fresh_process_environment
 from flink_agents_replay.journal.transfer import load_topic
 from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.records.codec import SigningKeys
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import produce_inputs
@@ -48,8 +49,10 @@ def _load_fixture_topics(bootstrap: str, fixture: Path, description: dict) -> tu
     old_ids = {}
     for role, dump in description["dumps"].items():
         # The records keep the fixture's timestamps: no retention may delete them as too old.
+        # Under new names: records of envelope v3 on (signed for their topic) are re-signed with the fixture's key.
         loaded = load_topic({"bootstrap.servers": bootstrap}, path=fixture / dump, topic=names[role],
-                            config_overrides={"retention.ms": "-1"})
+                            config_overrides={"retention.ms": "-1"},
+                            signing_keys=SigningKeys(description["signing_key"].encode()))
         old_ids[role] = loaded.old_topic_id
     return names, old_ids["journal"]
 
