@@ -619,7 +619,8 @@ def _root_cause(block: list[str]) -> str:
     pemja = [line.split("<class '", 1)[1].replace("'>", "", 1) for line in block
              if line.startswith("Caused by: pemja.core.PythonException: <class '")]
     caused = [line.removeprefix("Caused by: ") for line in block if line.startswith("Caused by: ")]
-    cause = (python or pemja or caused or [line for line in block if line.strip()] or ["(no cause logged)"])[-1]
+    header = [line for line in block if line.strip() and not line.lstrip().startswith(("at ", "..."))][:1]
+    cause = (python or pemja or caused or header or ["(no cause logged)"])[-1]
     return re.sub(r"\b[0-9a-f]{16,}\b|T-\d+|\d+", "N", cause)[:220]
 
 
