@@ -667,11 +667,12 @@ class _CommittedReplies:
         from confluent_kafka import IsolationLevel, KafkaException
         from confluent_kafka.admin import OffsetSpec
 
-        futures = self._admin().list_offsets({tp: OffsetSpec.latest() for tp in self.partitions},
-                                             isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
+        admin = self._admin()  # referenced until the answers are in: a client collected earlier never answers
+        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in self.partitions},
+                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
         try:
-            return {tp.partition: future.result().offset for tp, future in futures.items()}
-        except KafkaException:
+            return {tp.partition: future.result(timeout=60).offset for tp, future in futures.items()}
+        except (KafkaException, TimeoutError):
             return None
 
     def read_to_committed_end(self, timeout_s: float = 120) -> list[dict]:
