@@ -833,7 +833,7 @@ def format_report(result: SoakResult) -> str:
     if every:
         lines.append(f"{'all':<19} {len(result.faults):>8}  {sum(f.hit for f in result.faults):>3}  {'':>25}  "
                      f"{sum(1 for f in result.faults if f.failed_over):>11}  "
-                     f"{statistics.median(every):.1f} / {max(every):.1f}")
+                     f"{f'{statistics.median(every):.1f} / {max(every):.1f}':>20}")
     lines.append("zombie deliveries   not measured (no fault leaves an older attempt alive; records carry no attempt)")
     lines += ["", "invariant                                   violations"]
     checks = [("every input answered exactly once", ("missing replies", "more than once", "never fed",
