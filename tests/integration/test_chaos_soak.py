@@ -13,6 +13,7 @@ restored job runs at the other parallelism, and calls were under way at kills an
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ SOAK = Path(__file__).resolve().parents[2] / "bench" / "chaos_soak.py"
 def _soak_module():
     spec = importlib.util.spec_from_file_location("chaos_soak", SOAK)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
