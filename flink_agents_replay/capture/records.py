@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flink_agents_replay.records.codec import CAPTURE_SIGNED_KEY
 from flink_agents_replay.records.journal import CallRecord
 
 __all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedRun", "capture_key",
@@ -31,7 +32,7 @@ __all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "Capt
 
 
 #: What capture records are signed with in place of their Kafka record key.
-SIGNED_KEY = b"flink-agents-replay/capture"
+SIGNED_KEY = CAPTURE_SIGNED_KEY
 
 
 @dataclass(frozen=True)

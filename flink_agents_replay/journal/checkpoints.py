@@ -121,12 +121,19 @@ class JournalCheckpoints:
         # A replay takes only what the savepoint's runs in flight need, never production's later runs (design §9).
         keep = plan.needs if self.resumable else plan.needed_by_replay
         fences = PartitionFences(self.writer.codec, plan.fences, topic=journal.topic)
-        self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep, fences=fences)
-        if self.resumable:  # every start fences the attempts before it, a restore too
+
+        def read_to_end() -> None:
+            self.index = read_recovery_index(journal, self.writer.codec, offsets, end, keep=keep, fences=fences)
+
+        def read_on(start) -> None:
+            read_recovery_index(journal, self.writer.codec, start, journal.end_offsets(start), keep=keep,
+                                fences=fences, index=self.index)
+
+        if not self.resumable:
+            read_to_end()
+        else:  # every start fences the attempts before it, a restore too
             begin_attempt(self.writer, partitions=self.owned, job_id=job_id or "unknown", attempt=0,
-                          subtask=self.subtask, read_so_far=end, read_on=lambda start: read_recovery_index(
-                              journal, self.writer.codec, start, journal.end_offsets(start), keep=keep, fences=fences,
-                              index=self.index))
+                          subtask=self.subtask, read_so_far=end, read_first=read_to_end, read_on=read_on)
         self._fenced(fences)
         self.restored = True
         self._start_expiry_clocks(plan.replaying_since, {digest for digest, _ in plan.in_flight})

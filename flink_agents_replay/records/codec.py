@@ -80,6 +80,9 @@ READABLE_VERSIONS = (1, 2, 3)
 #: Versions whose MAC binds the topic and partition too.
 _BOUND_VERSIONS = (3,)
 _MAGIC = b"FARJ"
+#: What capture records are signed with in place of their Kafka record key: a replay reads them through
+#: Flink's KafkaSource, which hands over only the value (the payload carries what identifies the record).
+CAPTURE_SIGNED_KEY = b"flink-agents-replay/capture"
 _PREFIX = struct.Struct(">4sBI")
 _MAC_SIZE = 32
 #: The partition a record is signed for when its reader cannot know it (capture records via KafkaSource).
@@ -128,10 +131,11 @@ class SigningKeys:
         if signed_version(value) not in _BOUND_VERSIONS:
             return value
         unsigned = value[:-_MAC_SIZE]
-        for bound_partition in (partition, None):
-            if self.verifies(value, topic=from_topic, partition=bound_partition, record_key=record_key):
+        # A journal record is signed for its Kafka key and partition; a capture record for CAPTURE_SIGNED_KEY.
+        for signed_key, bound_partition in ((record_key, partition), (record_key, None), (CAPTURE_SIGNED_KEY, None)):
+            if self.verifies(value, topic=from_topic, partition=bound_partition, record_key=signed_key):
                 return unsigned + self.sign(FORMAT_VERSION, unsigned, topic=to_topic, partition=bound_partition,
-                                            record_key=record_key)
+                                            record_key=signed_key)
         raise SignatureError(f"record at partition {partition} (key {record_key!r:.60}) of topic {from_topic!r} "
                              "does not verify with the given keys for that topic: not re-signed")
 
