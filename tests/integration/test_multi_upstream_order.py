@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from flink_agents_replay.testing.agents import logical_call_counts
+from flink_agents_replay.testing.counter import InvocationCounter
 from tests.harness.upstreams import (
     FailOnceAfterCheckpoint,
     FailOnceWhileWaiting,
@@ -34,6 +35,7 @@ HALF_ROUND_MS = KEYS * PERIOD_MS / 2  # the follower's delay: half-way between t
 LAG_MS = 1200.0  # test c: after the first failure the predecessors' instance is this far behind
 SIGNING_KEY = "test-signing-key-0123456789"
 TIMED_OUT = "order restore timed out"
+WAIT_SCENARIO_TRIES = 4
 
 
 def _config(bootstrap, **overrides):
@@ -137,11 +139,21 @@ def test_reversed_interleaving_repeats_calls_without_order_restoration(
 
 
 def test_checkpoint_while_a_key_waits_for_its_predecessor_then_a_second_failure_repeats_no_call(
-        kafka_bootstrap, new_topic, tmp_path, invocation_counter, operator_log):
-    inputs, outputs, record, calls = _run(kafka_bootstrap, new_topic, tmp_path, invocation_counter,
-                                          wait_then_fail=True)
-    assert invocation_counter.count("fault_fired") == 1, "the first failure was not injected"
-    assert invocation_counter.count("second_fault_fired") == 1, "no checkpoint completed while a key waited"
+        kafka_bootstrap, new_topic, tmp_path, operator_log):
+    # Whether a checkpoint completes while a key waits depends on when Flink triggers the first checkpoint after
+    # the restore relative to the lagging instance's barrier (aligned checkpoints hold the leading instance's
+    # inputs back until it arrives). A run in which that moment was missed proves nothing, so it is run again
+    # from scratch (at most WAIT_SCENARIO_TRIES times); every invariant below is checked on the run where it hit.
+    for attempt in range(WAIT_SCENARIO_TRIES):
+        work = tmp_path / f"try-{attempt}"
+        work.mkdir()
+        counter = InvocationCounter(work / "invocations.sqlite")
+        inputs, outputs, record, calls = _run(kafka_bootstrap, new_topic, work, counter, wait_then_fail=True)
+        assert counter.count("fault_fired") == 1, "the first failure was not injected"
+        if counter.count("second_fault_fired") == 1:
+            break
+    assert counter.count("second_fault_fired") == 1, (
+        f"in {WAIT_SCENARIO_TRIES} runs no checkpoint completed while a key waited")
     _check_setup(record)
     second = next(f for f in record.faults if f.name == "second")
     detail = json.loads(second.detail)
