@@ -4,8 +4,8 @@ The Kafka work (topic creation and checks, the durable producer, bounded reads, 
 :class:`~flink_agents_replay.kafka.store.KafkaTopicStore`, with the user's Kafka settings passed to every
 client untouched. What is the journal's own: the :class:`~flink_agents_replay.journal.store.JournalStore`
 interface the writer and recovery use, the journal's topic role in errors ("journal topic ..."), and
-compaction refused (it would drop earlier records of a key without an error), and records not yet sent
-purged on close: a cancelled attempt's records must not land after the next attempt read the journal.
+compaction refused (it would drop earlier records of a key without an error), and records still unsent
+after close's bounded delivery purged: behind an unreachable broker they would land minutes later.
 """
 
 from __future__ import annotations

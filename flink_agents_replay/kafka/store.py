@@ -16,8 +16,11 @@ When the broker fails underneath (docs/design.md, "infrastructure faults: the br
 * once one record failed, the store refuses every later append and flush (:class:`JournalError`): a
   checkpoint must never complete with a record missing behind it, so the attempt fails and Flink restores
   it with a new store;
-* :meth:`KafkaTopicStore.close` of a store whose role says so (the journal) purges what was not yet sent,
-  so a cancelled attempt's records do not land late, after the next attempt read the topic.
+* :meth:`KafkaTopicStore.close` first delivers what was appended, for a bounded time: a journal record
+  appended just before close is the outcome of a call already made, and dropping it would turn that call
+  into one in doubt, made again by the next attempt. What a store whose role says so (the journal) still
+  has unsent then is purged (the broker is away), so it cannot land minutes later; a record that does land
+  after the next attempt's marker is ignored by fencing (:mod:`flink_agents_replay.journal.fencing`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ __all__ = ["FILLER_KEY", "KafkaTopicStore", "TopicDelivery", "TopicRecord"]
 FILLER_KEY = b"_moved:filler"
 
 _READ_BATCH = 2000
-#: How long closing waits for the deliveries still queued (stores that flush on close), and for purge reports.
-_CLOSE_FLUSH_S = 10.0
+#: How long closing waits for the deliveries still queued; after it, a purging store drops the rest.
+_CLOSE_DELIVER_S = 5.0
+#: How long closing then waits for the purge reports (every delivery is reported, failed or not).
+_CLOSE_REPORT_S = 5.0
 
 
 class TopicRecord(NamedTuple):
@@ -115,7 +120,8 @@ class KafkaTopicStore:
 
     #: What :meth:`read` yields; a subclass may name another tuple type with the same four fields.
     record_type: Callable[[int, int, bytes, bytes], Any] = TopicRecord
-    #: Whether :meth:`close` drops records not yet sent (a cancelled attempt's) instead of delivering them.
+    #: Whether :meth:`close` drops the records still unsent after its bounded delivery (a cancelled attempt's
+    #: behind an unreachable broker) instead of leaving them to librdkafka's own timeout.
     purge_unsent_on_close: bool = False
 
     def __init__(self, *, settings: KafkaSettingsLike, topic: str, partitions: int, role: TopicRole,
@@ -244,14 +250,16 @@ class KafkaTopicStore:
         self.admin.delete_records(self.topic, offsets, self.role)
 
     def close(self) -> None:
-        """Stop the delivery thread; then purge what was not sent (:attr:`purge_unsent_on_close`) or deliver it
-        (bounded). Either way every delivery is reported, so no writer is left waiting for one."""
+        """Stop the delivery thread; deliver what was appended (bounded); then purge what is still unsent
+        (:attr:`purge_unsent_on_close`). Either way every delivery is reported, so no writer is left waiting."""
         self._closing.set()
         if self._poller is not None:
             self._poller.join(5)
-        if self._producer is None:
+        producer = self._producer
+        if producer is None:
             return
-        if self.purge_unsent_on_close:
+        remaining = producer.flush(_CLOSE_DELIVER_S)
+        if remaining and self.purge_unsent_on_close:
             # Queued records are dropped; records on the wire may still land (Kafka cannot take them back).
-            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-        self._producer.flush(_CLOSE_FLUSH_S)
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.flush(_CLOSE_REPORT_S)

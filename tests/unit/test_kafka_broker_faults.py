@@ -5,7 +5,7 @@
   outlived the 60 s ack wait, so a record given up on could still land minutes later).
 * librdkafka's log lines go to a Python logger, never to the terminal.
 * A store whose record failed refuses to go on (a checkpoint must not complete over a lost record), and the
-  journal purges its unsent records on close.
+  journal delivers on close, then purges what is still unsent.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class _FakeProducer:
         self.callbacks = []
         self.purged = None
         self.flushed = []
+        self.unsent = 0  # what a flush leaves undelivered (the broker is away)
 
     def produce(self, topic, value, key, partition, on_delivery):
         self.callbacks.append(on_delivery)
@@ -101,7 +102,7 @@ class _FakeProducer:
 
     def flush(self, timeout):
         self.flushed.append(timeout)
-        return 0
+        return self.unsent
 
     def purge(self, in_queue=True, in_flight=True, blocking=True):
         self.purged = (in_queue, in_flight)
@@ -140,13 +141,22 @@ def test_after_a_failed_delivery_the_store_refuses_appends_and_flushes(monkeypat
     store.close()
 
 
-def test_closing_the_journal_purges_unsent_records_and_reports_them(monkeypatch):
+def test_closing_the_journal_purges_what_it_could_not_deliver_and_reports_it(monkeypatch):
     store = _store(monkeypatch, purge=True)
     waiting = store.append(3, b"k", b"v")
+    store._producer.unsent = 1
     store.close()
     assert store._producer.purged == (True, True)
+    assert store._producer.flushed[0] == 5.0  # delivery was tried first, bounded
     with pytest.raises(JournalError, match="dropped unsent"):
         waiting.wait(0.1)  # reported at once: an abandoned writer is not left waiting ack_timeout_s
+
+
+def test_closing_the_journal_purges_nothing_it_delivered(monkeypatch):
+    store = _store(monkeypatch, purge=True)
+    store.append(3, b"k", b"v")
+    store.close()  # the fake's flush delivers everything
+    assert store._producer.purged is None and store._producer.flushed == [5.0]
 
 
 def test_other_stores_deliver_what_is_queued_on_close(monkeypatch):
