@@ -197,6 +197,9 @@ class ActionCalls:
         """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
         if self.context.journal is not None and resource.tracks_start:
             self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+            # The wait for that ack may outlast the operator's close: no call is made after it (the next attempt
+            # finds this one in doubt, and its policy decides there).
+            self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         self.note_retry(position, resource_name)
         token = _CALL_ID.set(call_id_prefix + self._call_id(position, resource_name, args_digest))
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),

@@ -41,7 +41,7 @@ from flink_agents_replay.engine.context import (
 )
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
 from flink_agents_replay.engine.history import KeyHistory
-from flink_agents_replay.errors import AgentDefinitionError, FingerprintMismatchError
+from flink_agents_replay.errors import AgentDefinitionError, FingerprintMismatchError, JournalError
 from flink_agents_replay.memory import Memory, private_copy
 from flink_agents_replay.records.journal import (
     ACCEPTED_ACTION,
@@ -115,6 +115,7 @@ def execute_run(
         outputs = run_events(context, Scope(agent, (agent.name,)), first, state, stats)
     except Exception as exc:
         if not report_failures or isinstance(exc, RunCancelled):
+            _settle(journal)
             raise
         # A reported failure (a replay: an unhandled CallBlocked, the new code's bug) ends the input: its
         # memory as before it, no output.
@@ -126,6 +127,20 @@ def execute_run(
         journal.acknowledge()  # outputs leave only after their records are acknowledged
     return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
                      list(context.blocked), context.input_digest, error)
+
+
+def _settle(journal: RunJournal | None) -> None:
+    """Before a run stops on an exception (a failure, or the operator closing): wait for the records it wrote.
+
+    Records queued since the last acknowledgement are the only trace of calls that were made; the next attempt
+    must find them (the store's close delivers for a few seconds only). If they cannot be acknowledged (the
+    broker is away), the run's own exception is the one to report."""
+    if journal is None:
+        return
+    try:
+        journal.acknowledge()
+    except JournalError as exc:
+        log.warning("a stopping run's journal records were not acknowledged: %s", exc)
 
 
 def _drop_if_another_input(context: RunContext, stats: RunStats) -> None:

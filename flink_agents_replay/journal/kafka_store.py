@@ -5,7 +5,7 @@ The Kafka work (topic creation and checks, the durable producer, bounded reads, 
 client untouched. What is the journal's own: the :class:`~flink_agents_replay.journal.store.JournalStore`
 interface the writer and recovery use, the journal's topic role in errors ("journal topic ..."), and
 compaction refused (it would drop earlier records of a key without an error), and records still unsent
-after close's bounded delivery purged: behind an unreachable broker they would land minutes later.
+after close's bounded delivery purged: behind an unreachable broker they could land up to ack_timeout_s later.
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ When the broker fails underneath (docs/design.md, "infrastructure faults: the br
   it with a new store;
 * :meth:`KafkaTopicStore.close` first delivers what was appended, for a bounded time: a journal record
   appended just before close is the outcome of a call already made, and dropping it would turn that call
-  into one in doubt, made again by the next attempt. What a store whose role says so (the journal) still
-  has unsent then is purged (the broker is away), so it cannot land minutes later; a record that does land
-  after the next attempt's marker is ignored by fencing (:mod:`flink_agents_replay.journal.fencing`).
+  into one in doubt, made again by the next attempt (runs also wait for their own records before they stop,
+  :mod:`flink_agents_replay.engine.run`). What a store whose role says so (the journal) still has unsent then
+  is purged (the broker is away), so it cannot land up to ``ack_timeout_s`` later; a record already on the
+  wire may still land, and one that lands after the next attempt's marker is ignored by fencing
+  (:mod:`flink_agents_replay.journal.fencing`).
 """
 
 from __future__ import annotations
@@ -251,7 +253,8 @@ class KafkaTopicStore:
 
     def close(self) -> None:
         """Stop the delivery thread; deliver what was appended (bounded); then purge what is still unsent
-        (:attr:`purge_unsent_on_close`). Either way every delivery is reported, so no writer is left waiting."""
+        (:attr:`purge_unsent_on_close`: every delivery is then reported, so no writer is left waiting; a store
+        that does not purge leaves the rest to ``message.timeout.ms``)."""
         self._closing.set()
         if self._poller is not None:
             self._poller.join(5)

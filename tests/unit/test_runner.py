@@ -367,3 +367,64 @@ def test_cancelled_run_stops_at_the_next_call_and_the_next_attempt_reuses_what_i
     result = execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, history=recover(store).history(key_digest("k1")),
                          journal=writer(store).run_journal(KEY_GROUP))
     assert sum(calls.values()) == 6 and result.stats.calls_reused + result.stats.actions_reused > 0
+
+
+class _WatchedDelivery:
+    """A delivery that notes being waited for, and may run a hook then (a close arriving meanwhile)."""
+
+    def __init__(self, inner, waited: list, on_wait=None):
+        self._inner, self._waited, self._on_wait = inner, waited, on_wait
+
+    def wait(self, timeout_s: float) -> int:
+        self._waited.append(self)
+        if self._on_wait is not None:
+            self._on_wait()
+        return self._inner.wait(timeout_s)
+
+
+class _WatchedStore(MemoryJournalStore):
+    """Every delivery it hands out is watched: ``deliveries`` and ``waited`` tell which were waited for."""
+
+    def __init__(self, partitions: int, on_wait=None):
+        super().__init__(partitions)
+        self.deliveries, self.waited, self.on_wait = [], [], on_wait
+
+    def append(self, partition: int, key: bytes, value: bytes):
+        delivery = _WatchedDelivery(super().append(partition, key, value), self.waited, self.on_wait)
+        self.deliveries.append(delivery)
+        return delivery
+
+
+def test_a_cancelled_run_waits_for_the_records_of_the_calls_it_made():
+    """Stopped at a boundary by a closing operator, a run's last call records may still be queued (per_action
+    acknowledges at completions): they are the only trace of calls that were made, so the run waits for them
+    before it stops, inside the operator's close_timeout_s, not leaving them to the store's bounded close."""
+    from flink_agents_replay.engine import RunCancelled
+
+    calls, store = Counter(), _WatchedStore(8)
+    with pytest.raises(RunCancelled):
+        execute_run(make_agent(calls), RunInput("k1", KEY_GROUP, 1, "a"), {},
+                    journal=writer(store).run_journal(KEY_GROUP), cancelled=lambda: sum(calls.values()) >= 3)
+    assert sum(calls.values()) == 3
+    assert store.deliveries and set(map(id, store.waited)) == set(map(id, store.deliveries))
+
+
+def test_a_run_cancelled_while_its_started_record_is_acknowledged_does_not_make_the_call():
+    """The operator closes while an external call waits for its 'started' record: the call must not be made
+    after the close (the next attempt finds it in doubt and its policy decides, alone)."""
+    from flink_agents_replay.engine import RunCancelled
+
+    closing = threading.Event()
+    invoked = []
+
+    class Sends(Agent):
+        @action(InputEvent)
+        def send(event, ctx):
+            ctx.send_event(OutputEvent(output=ctx.call("mail", event.input)))
+
+    agent = Sends(resources={"mail": Tool(lambda text: invoked.append(text) or "sent", side_effects="external")})
+    store = _WatchedStore(8, on_wait=closing.set)  # the close arrives while the run waits for an ack
+    with pytest.raises(RunCancelled, match="operator is closing"):
+        execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, journal=writer(store).run_journal(KEY_GROUP),
+                    cancelled=closing.is_set)
+    assert closing.is_set() and invoked == []
