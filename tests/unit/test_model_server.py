@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -216,6 +219,25 @@ def test_in_flight_counts_executions_under_way(server):
     thread.join(timeout=30)
     assert server.stats().in_flight == 0
 
+
+
+def test_a_caller_gone_before_its_reply_is_one_log_line_not_a_traceback(server, capsys, caplog):
+    """A killed TaskManager leaves its request behind: the reply's write fails, and the demo's terminal shows
+    one line of it, not the socket server's traceback."""
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "gone"}]}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"X-Stub-Delay-Ms: 300\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    caplog.set_level(logging.INFO, logger="flink_agents_replay.local.model_server")
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.sendall(request)
+    _wait_until(lambda: server.stats().in_flight == 1, "the request is executing")
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    client.close()
+    _wait_until(lambda: any("went away" in r.getMessage() for r in caplog.records), "the reply's failed write")
+    assert [r.getMessage() for r in caplog.records if "went away" in r.getMessage()] == [
+        "the client of POST /v1/chat/completions went away before its reply"]
+    assert "Traceback" not in capsys.readouterr().err
+    assert _chat(server, "still serving")  # the server goes on
 
 # --- delay --------------------------------------------------------------------------------------------------
 
