@@ -14,6 +14,11 @@ recovery and a random gap:
   job's fault gate, see ``soak_job.py``); the task fails and Flink restores the last checkpoint;
 * ``tm_kill``: SIGKILL of the TaskManager running the agent, calls under way; a new one replaces it once
   the job runs again;
+* ``tm_pause``: a zombie. SIGSTOP of the TaskManager running the agent, calls under way, until Flink declares
+  it lost (the default 30 s heartbeat timeout) and restores the job on the other one; then SIGCONT. The
+  resumed process finishes what it had under way and delivers journal records after the new attempt's
+  fences, which a tail of the journal (written apart from the package's reader) counts: the fault hit when
+  it found at least one. Then an exception in an action, so that a restore may read the range holding them;
 * ``broker_pause``: SIGSTOP of the broker for a random time, calls under way, then SIGCONT;
 * ``broker_restart``: the broker ended (SIGTERM or SIGKILL, seeded) and started again on the same port and data;
 * ``savepoint_rescale``: ``flink stop --savepointPath`` and ``flink run -s`` at the other parallelism (2 <-> 3).
@@ -33,9 +38,10 @@ this process and a SQLite file, the journal topic's watermarks):
 
 and that the faults hit: at least ``--min-faults`` of each kind took effect (the exception was raised, the
 TaskManager's process is gone, the broker's process was stopped / replaced, the restored job runs from the
-savepoint at the other parallelism), and calls were under way at kills and broker pauses. Zombie deliveries
-(records an older attempt delivers after the newer one read its recovery offsets) are *not measured*: no
-fault here leaves an older attempt alive (a paused TaskManager would), and records carry no attempt to tell.
+savepoint at the other parallelism, a paused TaskManager delivered records late), and calls were under way
+at kills and pauses. It reports how many late records restores read and ignored (the operator log): a
+restore reads them only when no checkpoint completed between their landing and the failure, so that count
+is reported, not asserted (``tests/integration/test_fencing_zombie.py`` arranges it deterministically).
 
 It prints the faults, the invariants with their violations (each with its evidence: ticket ids, counts),
 recovery times (fault cleared -> job running with a checkpoint completed after it) and the TaskManagers'
@@ -73,11 +79,12 @@ from flink_agents_replay.examples.support_triage import make_tickets  # noqa: E4
 from flink_agents_replay.testing.committed import poll_until  # noqa: E402
 
 JOB = Path(__file__).resolve().with_name("soak_job.py")
-FAULT_KINDS = ("action_exception", "tm_kill", "broker_pause", "broker_restart", "savepoint_rescale")
+FAULT_KINDS = ("action_exception", "tm_kill", "tm_pause", "broker_pause", "broker_restart", "savepoint_rescale")
 _IN, _OUT = "soak-tickets", "soak-replies"
 _SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 _JOB_ID = re.compile(r"JobID\s+([0-9a-f]{32})")
 _RECOVERY_TIMEOUT_S = 240.0
+_IGNORED = re.compile(r"subtask \d+: (\d+) records of an earlier attempt ignored")
 
 
 def _now() -> float:
@@ -96,6 +103,7 @@ class Fault:
     cleared_s: float | None = None
     recovery_s: float | None = None
     failed_over: bool | None = None
+    zombie_records: int | None = None  # tm_pause: records the resumed process delivered after the new fences
 
 
 @dataclass
@@ -119,6 +127,7 @@ class SoakResult:
     operator_log: Counter
     failover_causes: Counter
     seconds: float
+    zombie_records_ignored: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -135,14 +144,15 @@ class SoakResult:
 def run_soak(*, minutes: float, seed: int, feed_per_second: float = 4.0, customers: int = 24,
              model_delay_ms: int = 60, ledger_delay_ms: int = 150, gap_s: tuple[float, float] = (8.0, 20.0),
              broker_pause_s: tuple[float, float] = (10.0, 40.0), min_faults: int = 1, journal_bound: int = 2000,
+             kinds: tuple[str, ...] = FAULT_KINDS,
              say: Callable[[str], None] = print) -> SoakResult:
     """Run the soak (see the module docstring); everything it started is stopped before it returns or raises."""
     soak = _Soak(seed=seed, customers=customers, feed_per_second=feed_per_second, model_delay_ms=model_delay_ms,
                  ledger_delay_ms=ledger_delay_ms, broker_pause_s=broker_pause_s, say=say)
     try:
         soak.start()
-        soak.inject_faults(minutes * 60, gap_s, min_faults)
-        result = soak.finish(minutes, min_faults, journal_bound)
+        soak.inject_faults(minutes * 60, gap_s, min_faults, kinds)
+        result = soak.finish(minutes, min_faults, journal_bound, kinds)
         soak.failed = not result.ok
         return result
     finally:
@@ -183,7 +193,8 @@ class _Soak:
         self.agent_id = f"soak-{seed}"
         self.journal_topic = default_journal_topic(default_uid(self.agent_id))
         self.broker_up = threading.Event()
-        self.paused_pid: int | None = None
+        self.paused_pid: int | None = None  # the broker's, while paused
+        self.paused_taskmanager: int | None = None
         self.bootstrap = self.job_id = ""
         self.parallelism = 2
         self.faults: list[Fault] = []
@@ -226,22 +237,23 @@ class _Soak:
         return _JOB_ID.search(result.stdout + result.stderr).group(1)
 
     # -- faults --------------------------------------------------------------------------------------------
-    def inject_faults(self, seconds: float, gap_s: tuple[float, float], min_faults: int) -> None:
+    def inject_faults(self, seconds: float, gap_s: tuple[float, float], min_faults: int,
+                      kinds: tuple[str, ...] = FAULT_KINDS) -> None:
         """Faults from the seeded schedule until ``seconds`` have passed since the warm-up ended and every kind
         was injected ``min_faults`` times (a short run goes on for the last round, up to ``seconds`` longer)."""
         injectors = {"action_exception": self._action_exception, "tm_kill": self._tm_kill,
-                     "broker_pause": self._broker_pause, "broker_restart": self._broker_restart,
-                     "savepoint_rescale": self._savepoint_rescale}
+                     "tm_pause": self._tm_pause, "broker_pause": self._broker_pause,
+                     "broker_restart": self._broker_restart, "savepoint_rescale": self._savepoint_rescale}
         deadline = _now() + seconds
         schedule: list[str] = []
         while True:
             self._idle(self.rng.uniform(*gap_s))
             injected = Counter(f.kind for f in self.faults)
             if _now() >= deadline + seconds or (
-                    _now() >= deadline and all(injected[kind] >= min_faults for kind in FAULT_KINDS)):
+                    _now() >= deadline and all(injected[kind] >= min_faults for kind in kinds)):
                 break
             if not schedule:
-                schedule = list(FAULT_KINDS)
+                schedule = list(kinds)
                 self.rng.shuffle(schedule)
             fault = Fault(schedule.pop(0), _now() - self.begun)
             restored_before = self._restored_marker()
@@ -251,7 +263,7 @@ class _Soak:
             self.say(f"  {fault.detail}")
             if not self._await_recovery(fault, restored_before):
                 break
-            if fault.kind == "tm_kill":
+            if fault.kind == "tm_kill" or len(self.cluster.taskmanager_processes()) < 2:
                 replacement = self.cluster.start_taskmanager()
                 self.say(f"  replacement TaskManager {replacement.resource_id} (pid {replacement.pid}) registered")
 
@@ -271,18 +283,22 @@ class _Soak:
             return 0
 
     def _action_exception(self, fault: Fault) -> None:
+        fired = self._raise_in_action(fault.at_s)
+        fault.hit = fired is not None
+        fault.cleared_s = _now() - self.begun
+        fault.detail = f"raised in action book at {fired}" if fired else "the trigger was not taken within 90 s"
+
+    def _raise_in_action(self, tag: float) -> str | None:
+        """Make the next fault-gate call raise (see ``soak_job.py``); the ticket it raised at, None if not taken."""
         trigger = self.fault_dir / "raise-next"
-        trigger.write_text(str(fault.at_s))
+        trigger.write_text(str(tag))
         try:
             poll_until(lambda: not trigger.exists(), 90, "", interval_s=0.05)
         except TimeoutError:
             trigger.unlink(missing_ok=True)
         fired = sorted(self.fault_dir.glob("fired-*"), key=lambda p: p.stat().st_mtime)
-        fresh = [p for p in fired if p.read_text() == str(fault.at_s)]
-        fault.hit = bool(fresh)
-        fault.cleared_s = _now() - self.begun
-        fault.detail = (f"raised in action book at {fresh[0].name.removeprefix('fired-').rsplit('-', 1)[0]}" if fresh
-                        else "the trigger was not taken within 90 s")
+        fresh = [p for p in fired if p.read_text() == str(tag)]
+        return fresh[0].name.removeprefix("fired-").rsplit("-", 1)[0] if fresh else None
 
     def _tm_kill(self, fault: Fault) -> None:
         running_on = self.cluster.job_taskmanagers(self.job_id)
@@ -294,6 +310,57 @@ class _Soak:
         fault.hit = victim not in self.cluster.taskmanager_processes()
         fault.detail = (f"SIGKILL {victim} (pid {pid}, {running_on.get(victim, 0)} subtasks), "
                         f"{fault.calls_in_flight} calls under way")
+
+    def _tm_pause(self, fault: Fault) -> None:
+        """A zombie: the TaskManager running the agent stopped (SIGSTOP) until Flink declared it lost and restored
+        the job on the other one, then resumed. Its calls under way return and their journal records land after
+        the new attempt's fences; a tail of the journal, started before the pause, counts them. Then an
+        exception in an action, so that a restore reads the range holding them (whether it does depends on a
+        checkpoint completing in between: the operator log's "ignored" count says)."""
+        running_on = self.cluster.job_taskmanagers(self.job_id)
+        victim = max(running_on, key=running_on.get)
+        pid = self.cluster.taskmanager_processes()[victim]
+        tail = _LateJournalRecords(self.bootstrap, self.journal_topic, self.key_file.read_text().strip().encode(),
+                                   default_uid(self.agent_id))
+        tail.start()
+        try:
+            fault.calls_in_flight = self._calls_in_flight()
+            self.paused_taskmanager = pid
+            os.kill(pid, signal.SIGSTOP)
+            restored = self._restored_without(victim, timeout_s=180)
+            lost_after_s = _now() - self.begun - fault.at_s
+            os.kill(pid, signal.SIGCONT)
+            self.paused_taskmanager = None
+            fault.cleared_s = _now() - self.begun
+            try:
+                poll_until(lambda: tail.late > 0, 30, "", interval_s=0.1)
+            except TimeoutError:
+                pass
+            fault.zombie_records = tail.late
+        finally:
+            tail.stop()
+        fault.hit = restored and fault.zombie_records > 0
+        fault.detail = (f"SIGSTOP {victim} (pid {pid}, {running_on[victim]} subtasks), {fault.calls_in_flight} calls "
+                        f"under way; {'restored elsewhere' if restored else 'NOT restored elsewhere'} "
+                        f"{lost_after_s:.1f} s after the pause, SIGCONT; {fault.zombie_records} records delivered "
+                        f"late by the zombie{'' if _alive(pid) else ', which then exited'}")
+        if restored:
+            self._raise_in_action(fault.at_s)
+
+    def _restored_without(self, victim: str, *, timeout_s: float) -> bool:
+        def running_elsewhere() -> bool:
+            try:
+                subtasks = self.cluster.job_subtasks(self.job_id)
+            except Exception:  # noqa: BLE001 - REST answers during a failover are not conclusive
+                return False
+            return bool(subtasks) and all(t["status"] == "RUNNING" and t["taskmanager"] not in (None, victim)
+                                          for t in subtasks)
+
+        try:
+            self._wait(running_elsewhere, timeout_s, "the job restored on another TaskManager")
+            return True
+        except TimeoutError:
+            return False
 
     def _broker_pause(self, fault: Fault) -> None:
         pid = self.broker.status().pid
@@ -393,7 +460,8 @@ class _Soak:
         return True
 
     # -- finish and check ------------------------------------------------------------------------------------
-    def finish(self, minutes: float, min_faults: int, journal_bound: int) -> SoakResult:
+    def finish(self, minutes: float, min_faults: int, journal_bound: int,
+               kinds: tuple[str, ...] = FAULT_KINDS) -> SoakResult:
         self.feeder.stop()
         fed = self.feeder.delivered()
         if len(fed) != len(self.feeder.produced):
@@ -412,7 +480,7 @@ class _Soak:
         self.sampler.stop()
         self.cluster.flink_command("cancel", self.job_id, timeout_s=120)
         self._check(fed, rows, journal_final, journal_bound)
-        shortfalls = self._fault_shortfalls(min_faults)
+        shortfalls = self._fault_shortfalls(min_faults, kinds)
         model, ledger = self.model.stats(), self.ledger.stats()
         return SoakResult(
             minutes=minutes, seed=self.seed, tickets_fed=len(fed), replies=len(rows), faults=self.faults,
@@ -421,7 +489,7 @@ class _Soak:
             ledger_executions=ledger.executions, ledger_replays=ledger.idempotent_replays,
             model_requests=model.chat, model_repeated=model.repeated, operator_log=self._operator_log(),
             failover_causes=_failover_causes(self.cluster.log_dir),
-            seconds=_now() - self.begun, notes=self.notes)
+            seconds=_now() - self.begun, notes=self.notes, zombie_records_ignored=self._records_ignored())
 
     def _check(self, fed: list[dict], rows: list[dict], journal_final: int | None, journal_bound: int) -> None:
         expected, final_memory = _reference(fed, self.agent_id)
@@ -473,13 +541,13 @@ class _Soak:
         if self.ledger.stats().without_key:
             self.violations.append(f"ledger calls without an idempotency key: {self.ledger.stats().without_key}")
 
-    def _fault_shortfalls(self, min_faults: int) -> list[str]:
+    def _fault_shortfalls(self, min_faults: int, kinds: tuple[str, ...]) -> list[str]:
         shortfalls = []
         hits = Counter(f.kind for f in self.faults if f.hit)
-        for kind in FAULT_KINDS:
+        for kind in kinds:
             if hits[kind] < min_faults:
                 shortfalls.append(f"{kind}: {hits[kind]} hit, at least {min_faults} wanted")
-        for kind in ("tm_kill", "broker_pause"):
+        for kind in ("tm_kill", "tm_pause", "broker_pause"):
             hit = [f for f in self.faults if f.kind == kind and f.hit]
             if hit and not any(f.calls_in_flight for f in hit):
                 shortfalls.append(f"{kind}: no call was under way at any of them")
@@ -493,11 +561,18 @@ class _Soak:
                     "restarted before its first completed checkpoint": "restarted before its first completed"}
         return Counter({name: text.count(pattern) for name, pattern in patterns.items()})
 
+    def _records_ignored(self) -> int:
+        """Records of an earlier attempt that restores read and ignored (fenced), from the operator log."""
+        path = self.work / "operator.log"
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        return sum(int(found.group(1)) for found in _IGNORED.finditer(text))
+
     # -- stop --------------------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop everything started, whatever state it is in (a paused broker is resumed first)."""
-        if self.paused_pid is not None:
-            _signal(self.paused_pid, signal.SIGCONT)
+        for pid in (self.paused_pid, self.paused_taskmanager):
+            if pid is not None:
+                _signal(pid, signal.SIGCONT)
         for thread in (self.sampler, self.feeder):
             if thread is not None:
                 thread.stop()
@@ -695,6 +770,55 @@ class _CommittedReplies:
 # -- threads -------------------------------------------------------------------------------------------------
 
 
+class _LateJournalRecords(threading.Thread):
+    """Tails the journal topic from its end as it is at the start and counts *late* records: records an older
+    attempt delivered after a newer attempt's fence in their partition. Written apart from the package's
+    reader: an attempt record with ``fences`` at offset m sets the partition's fence to m + 1, and every
+    other record carries its writer's fence in header ``att``."""
+
+    def __init__(self, bootstrap: str, topic: str, signing_key: bytes, producer: str):
+        from confluent_kafka import Consumer, TopicPartition
+
+        from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+        from flink_agents_replay.records.codec import RecordCodec
+
+        super().__init__(name="soak-late-records", daemon=True)
+        self.topic = topic
+        self.codec = RecordCodec(signing_key, producer)
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "soak-late-records",
+                                  "enable.auto.commit": False, "logger": LIBRDKAFKA_LOGGER})
+        partitions = sorted(self.consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        self.consumer.assign([TopicPartition(topic, p, end) for p, end in ends.items()])
+        self.fences: dict[int, int] = {}
+        self.late = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        from flink_agents_replay.records.codec import RecordCodec
+        from flink_agents_replay.records.journal import parse_journal_key
+
+        try:
+            while not self.halt.is_set():
+                message = self.consumer.poll(0.2)
+                if message is None or message.error() is not None:
+                    continue
+                partition, offset = message.partition(), message.offset()
+                if parse_journal_key(message.key())[3] == "_attempt":
+                    marker = self.codec.decode(message.key(), message.value(), topic=self.topic, partition=partition)
+                    if marker.payload.get("fences"):
+                        self.fences[partition] = offset + 1
+                elif (RecordCodec.peek_header(message.value()) or {}).get("att", 0) < self.fences.get(partition, 0):
+                    self.late += 1
+        finally:
+            self.consumer.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=30)
+
+
+
 class _Feeder(threading.Thread):
     """Writes tickets at a steady rate, keyed by customer (a customer's tickets keep their order), and
     records which were delivered. Its producer waits out broker outages (no delivery timeout in practice)."""
@@ -834,7 +958,10 @@ def format_report(result: SoakResult) -> str:
         lines.append(f"{'all':<19} {len(result.faults):>8}  {sum(f.hit for f in result.faults):>3}  {'':>25}  "
                      f"{sum(1 for f in result.faults if f.failed_over):>11}  "
                      f"{f'{statistics.median(every):.1f} / {max(every):.1f}':>20}")
-    lines.append("zombie deliveries   not measured (no fault leaves an older attempt alive; records carry no attempt)")
+    late = [f.zombie_records for f in result.faults if f.zombie_records is not None]
+    lines.append(f"zombie deliveries   {sum(late)} records delivered late by resumed TaskManagers (per pause: "
+                 f"{', '.join(map(str, late)) or '-'}); {result.zombie_records_ignored} records of earlier attempts "
+                 "ignored by restores")
     lines += ["", "invariant                                   violations"]
     checks = [("every input answered exactly once", ("missing replies", "more than once", "never fed",
                                                     "not every input", "not delivered")),
@@ -878,12 +1005,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journal-bound", type=int, default=2000,
                         help="most unpruned journal records allowed once idle at the end (default 2000)")
     parser.add_argument("--broker-pause-s", type=float, nargs=2, default=(10.0, 40.0), metavar=("MIN", "MAX"))
+    parser.add_argument("--kinds", nargs="+", choices=FAULT_KINDS, default=list(FAULT_KINDS),
+                        help="the fault kinds to inject (default: all)")
     parser.add_argument("--gap-s", type=float, nargs=2, default=(8.0, 20.0), metavar=("MIN", "MAX"),
                         help="seconds between a recovery and the next fault (default 8 20)")
     args = parser.parse_args(argv)
     result = run_soak(minutes=args.minutes, seed=args.seed, feed_per_second=args.feed_per_second,
                       customers=args.customers, min_faults=args.min_faults, journal_bound=args.journal_bound,
-                      broker_pause_s=tuple(args.broker_pause_s), gap_s=tuple(args.gap_s))
+                      broker_pause_s=tuple(args.broker_pause_s), gap_s=tuple(args.gap_s), kinds=tuple(args.kinds))
     print(format_report(result))
     return 0 if result.ok else 1
 

@@ -2,12 +2,14 @@
 
 The soak starts its own broker (it pauses and restarts it) and its own two-TaskManager cluster, so it uses
 none of the suite's fixtures. It injects at least one fault of each kind — an exception in an action, SIGKILL
-of a TaskManager, broker SIGSTOP/SIGCONT, broker restart, stop-with-savepoint and restore at the other
+of a TaskManager, SIGSTOP of a TaskManager until the job runs elsewhere and SIGCONT (a zombie), broker
+SIGSTOP/SIGCONT, broker restart, stop-with-savepoint and restore at the other
 parallelism — and then checks, on what it recorded outside Flink: every input answered exactly once
 (read_committed), replies and final memory equal to a failure-free run, each logical ledger call executed
 once and no model request executed twice, the journal bounded. It also proves the faults hit (see
 ``_fault_shortfalls`` there): the exception was raised, the processes were killed / stopped / replaced, the
-restored job runs at the other parallelism, and calls were under way at kills and broker pauses.
+restored job runs at the other parallelism, the zombie delivered records after the new attempt's fences, and
+calls were under way at kills and pauses.
 """
 
 from __future__ import annotations
