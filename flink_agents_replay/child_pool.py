@@ -70,7 +70,10 @@ class ChildCallPool:
         """Run every function, concurrently where threads are free; their outcomes in order."""
         tasks = [_Task(function) for function in functions]
         for task in tasks[1:]:  # the caller starts with the first one itself
-            self._executor.submit(task.run_if_unclaimed)
+            try:
+                self._executor.submit(task.run_if_unclaimed)
+            except RuntimeError:  # shut down (the operator is closing): the caller runs the rest itself
+                break
         for task in tasks:
             task.run_if_unclaimed()
         for task in tasks:
@@ -78,7 +81,7 @@ class ChildCallPool:
         return [task.outcome for task in tasks]
 
     def shutdown(self) -> None:
-        """Stop accepting calls; queued offers are dropped (their callers run them)."""
+        """Stop accepting calls; queued offers are dropped and later ones refused (their callers run them)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

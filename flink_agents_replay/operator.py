@@ -147,15 +147,26 @@ class ActionExecutionOperator(KeyedProcessFunction):
         run of this attempt still calls or journals when the next attempt of the task reads the journal: an
         abandoned run can no longer journal (the journal is closed right after).
         """
-        if getattr(self, "runs", None) is not None:
-            self.runs.close()
-            log.info("subtask %d closing: %s", self.subtask, describe_stats(self.totals))
-        if getattr(self, "journal", None) is not None:
-            self.journal.close()
-        for observer in getattr(self, "observers", ()):
-            observer.close()
-        if getattr(self, "mode", None) is not None:
-            self.mode.close()
+        try:
+            if getattr(self, "runs", None) is not None:
+                self.runs.close()
+                log.info("subtask %d closing: %s", self.subtask, describe_stats(self.totals))
+        finally:
+            self._release_clients()
+
+    def _release_clients(self) -> None:
+        """Close the journal, the observers and the mode, each whatever the others did (no client leaks)."""
+        closers = [getattr(getattr(self, "journal", None), "close", None)]
+        closers += [observer.close for observer in getattr(self, "observers", ())]
+        closers.append(getattr(getattr(self, "mode", None), "close", None))
+        errors = []
+        for close in filter(None, closers):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - close the others, then raise the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     # -- checkpoint hooks --------------------------------------------------------------------------
     def initialize_state(self, values: list[bytes]) -> None:

@@ -288,3 +288,17 @@ def test_nested_fan_out_on_a_pool_smaller_than_the_fan_out_finishes_and_reuses_e
     assert summary(replayed) == summary(result)
     assert 0 < sum(calls.values()) < 32 and set(calls.values()) == {1}
     pool.shutdown()
+
+
+def test_a_fan_out_after_the_pool_shut_down_runs_in_the_calling_thread():
+    """A closing operator shuts the sub-agent pool while parent runs still finish their calls under way: a
+    fan-out then must not fail the parent's action (a failure would be journaled and retried under new ids),
+    its callers run the children themselves."""
+    pool = ChildCallPool(2)
+    pool.shutdown()
+    caller = threading.current_thread()
+    ran_on = []
+    outcomes = pool.run_all([lambda n=n: ran_on.append(threading.current_thread()) or n for n in range(3)])
+    assert [outcome.error for outcome in outcomes] == [None, None, None]
+    assert [outcome.value for outcome in outcomes] == [0, 1, 2]
+    assert ran_on == [caller] * 3
