@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -84,13 +84,14 @@ def machine_note() -> str:
 
 # -- the benchmark agent ---------------------------------------------------------------------------
 def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_action: int = 1,
-                result_bytes: int = 200) -> Any:
+                result_bytes: int = 200, sync_flush: bool = False) -> Any:
     """An agent of ``actions`` chained actions with ``calls_per_action`` calls each.
 
     The tool is a plain function that sleeps ``call_delay_s`` (the stand-in for a model or an API: I/O
     that releases the GIL) and returns a string of about ``result_bytes`` bytes. The first action writes
-    one memory path; the last emits one OutputEvent, so every input produces exactly one output.
-    Defined inside a function so that cloudpickle ships the classes by value.
+    one memory path; the last emits one OutputEvent, so every input produces exactly one output, carrying
+    the time its run began (``began``). With ``sync_flush`` the worker's journal imitates flink-agents
+    (:func:`install_sync_flush`). Defined inside a function so that cloudpickle ships the classes by value.
     """
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
     from flink_agents_replay.resources import Tool
@@ -109,12 +110,16 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
         last = index == actions - 1
 
         def step(event, ctx):
+            began = time.time() if index == 0 else event.began  # the run's start, for its latency
+            if sync_flush:
+                install_sync_flush()
             text = event.input["key"] if index == 0 else event.text
             for call in range(calls_per_action):
                 text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|{index}|{call}|{text[:40]}")
             if index == 0:
                 ctx.memory.set("last", text[:64])
-            ctx.send_event(OutputEvent(output={"seq": ctx.seq}) if last else Step(text=text))
+            ctx.send_event(OutputEvent(output={"seq": ctx.seq, "began": began}) if last
+                           else Step(text=text, began=began))
 
         step.__name__ = step.__qualname__ = f"step{index}"
         return action(InputEvent if index == 0 else Step)(step)
@@ -122,6 +127,70 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
     namespace = {f"step{i}": make_action(i) for i in range(actions)}
     agent_type = type("BenchAgent", (Agent,), namespace)
     return agent_type(name=name, resources={"tool": Tool(tool, side_effects="none")})
+
+
+def install_sync_flush() -> None:
+    """Make every journal write in this process flush the producer synchronously, as flink-agents does for
+    each action state write (a baseline: not a mode of this package). Idempotent; called by the worker."""
+    from flink_agents_replay.journal.writer import JournalWriter
+
+    if getattr(JournalWriter.append, "sync_flush", False):
+        return
+    original = JournalWriter.append
+
+    def append(self, partition, record_key, value, what):
+        delivery = original(self, partition, record_key, value, what)
+        self.store.flush(self.ack_timeout_s)
+        return delivery
+
+    append.sync_flush = True
+    JournalWriter.append = append
+
+
+def producer_statistics(path: str) -> dict[str, Any]:
+    """Kafka settings that make every producer of the job append librdkafka's statistics to ``path`` (JSON
+    lines, every 500 ms), read back by :func:`read_producer_statistics`."""
+    def on_statistics(raw: str) -> None:
+        if '"type":"producer"' in raw.replace(" ", ""):
+            with open(path, "a") as handle:
+                handle.write(raw.replace("\n", " ") + "\n")
+
+    return {"statistics.interval.ms": 500, "stats_cb": on_statistics}
+
+
+@dataclass
+class ProduceStats:
+    """What the journal's producer sent (librdkafka statistics, cumulative): records, Produce requests, bytes."""
+
+    records: int = 0
+    requests: int = 0
+    record_bytes: int = 0  # keys and values
+    wire_bytes: int = 0  # everything sent to the brokers
+
+    def per(self, records_per_run: int) -> tuple[float, float, float]:
+        """(Produce requests, record bytes, wire bytes) per run of ``records_per_run`` records."""
+        runs = self.records / records_per_run if self.records else float("nan")
+        return self.requests / runs, self.record_bytes / runs, self.wire_bytes / runs
+
+
+def read_producer_statistics(path: str) -> ProduceStats:
+    """The last statistics of the busiest producer in ``path`` (the journal's), or zeros without any."""
+    import json
+
+    last: dict[str, dict] = {}
+    try:
+        with open(path) as handle:
+            for line in handle:
+                stats = json.loads(line)
+                last[stats["name"]] = stats
+    except OSError:
+        return ProduceStats()
+    if not last:
+        return ProduceStats()
+    stats = max(last.values(), key=lambda s: s.get("txmsgs", 0))
+    brokers = stats.get("brokers", {}).values()
+    return ProduceStats(stats.get("txmsgs", 0), sum(b.get("req", {}).get("Produce", 0) for b in brokers),
+                        stats.get("txmsg_bytes", 0), sum(b.get("txbytes", 0) for b in brokers))
 
 
 def agent_config(bootstrap: str, **overrides: Any) -> dict:
@@ -170,8 +239,9 @@ def produce_bench_inputs(bootstrap: str, keys: int, runs: int) -> str:
 
 
 def _stamp(output) -> tuple:
-    """(key, seq, emission time): added right after the agent operator, fused into its Python operator."""
-    return (output.key, output.seq, time.time())
+    """(key, seq, emission time, run began): added right after the agent operator, fused into its Python operator."""
+    began = output.output.get("began") if isinstance(output.output, dict) else None
+    return (output.key, output.seq, time.time(), began)
 
 
 def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mapping[str, Any], runs: int, *,
@@ -203,11 +273,12 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
         rows = list(itertools.islice(results, runs))
     if len(rows) != runs:
         raise RuntimeError(f"expected {runs} outputs, got {len(rows)}")
-    stamps = sorted(t for _, _, t in rows)
+    stamps = sorted(t for _, _, t, _ in rows)
     # The first `concurrency` runs start together and end together: measuring from the first output would
     # count that first wave's outputs without its time. The window starts at the end of the first wave.
     start = min(int(config.get("max_concurrent_runs", 8)) - 1, len(stamps) // 4)
-    return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]))
+    latencies = sorted(t - began for _, _, t, began in rows if began is not None and t >= stamps[start])
+    return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]), latencies=latencies)
 
 
 @dataclass
@@ -218,6 +289,7 @@ class JobResult:
     start: int  # index of the output the measured window starts at (the end of the first wave of runs)
     flink_cpu_s: float = float("nan")  # the Flink JVM: task thread, embedded Python, agent threads, librdkafka
     broker_cpu_s: float = float("nan")  # the local Kafka broker (NaN for an external one)
+    latencies: list[float] = field(default_factory=list)  # sorted: run began -> its output left (window's runs)
 
     @property
     def runs(self) -> int:
@@ -304,6 +376,13 @@ class CpuSampler:
         if len(self.samples) < 2:
             return float("nan"), float("nan")
         return at(end, 1) - at(start, 1), at(end, 2) - at(start, 2)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of sorted ``values`` (nearest rank), NaN when empty."""
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
 # -- tables ----------------------------------------------------------------------------------------

@@ -1,130 +1,173 @@
 """Journal overhead: throughput of one agent with the journal off vs on, in each durability mode.
 
 One subtask (parallelism 1), ``max_concurrent_runs`` 8 (the default), an agent of 2 chained actions with
-1 call each (2 call records + 2 completion records per run), calls of 0 ms and 20 ms. Each variant is
-its own MiniCluster job over an *unbounded* Kafka input, stopped after the last output; throughput is
-measured from the end of the first wave of runs (the 8th output) to the last output (job start-up
-excluded), from emission times taken inside the job. Variants run back to back in one process,
-interleaved over rounds (the order rotates), and the overhead is the throughput lost against the
+1 call each (2 call records + 2 completion records per run, plus the accepted record: 5), calls of 0, 20
+and 200 ms. Each variant is its own MiniCluster job over an *unbounded* Kafka input, stopped after the last
+output; throughput is measured from the end of the first wave of runs (the 8th output) to the last output
+(job start-up excluded), from emission times taken inside the job. Variants run back to back in one
+process, interleaved over rounds (the order rotates), and the overhead is the throughput lost against the
 journal-off job of the same call time: ``1 - runs/s / journal-off runs/s``.
 
-Extra variants ``+linger0`` pass ``linger.ms=0`` to the journal's Kafka producer (through the ``kafka``
-settings): librdkafka's default ``linger.ms`` of 5 ms delays every acknowledged journal write.
+Variants: journal off; ``sync flush`` (the flink-agents baseline: a synchronous producer flush after every
+journal write, :func:`_harness.install_sync_flush`); the durability modes ``per_call``, ``per_action``,
+``per_run`` (the default) and ``at_checkpoint``; and (full run) ``per_run`` with librdkafka's ``linger.ms``
+at 0, 1 and 20 ms instead of its default 5 ms. Besides throughput: Flink CPU per run and per journaled
+record (against journal off), the journal producer's Produce requests and bytes per run (librdkafka
+statistics), and run latency (first action began -> output left the operator) p50/p99.
 
-    .venv/bin/python bench/bench_journal_overhead.py --quick     # one round, ~2 minutes
-    .venv/bin/python bench/bench_journal_overhead.py             # 2 rounds, ~7 minutes
+    .venv/bin/python bench/bench_journal_overhead.py --quick     # one round, 0 and 20 ms, ~4 minutes
+    .venv/bin/python bench/bench_journal_overhead.py             # 2 rounds, 0/20/200 ms, ~20 minutes
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import _harness as h
 
-# name -> config overrides
+#: Records a run journals: accepted, 2 calls, 2 completions.
+RECORDS_PER_RUN = 5
+# name -> config overrides ("sync_flush" is the baseline agent's switch, names with a dot are Kafka settings)
 VARIANTS = {
     "journal off": {"journal_enabled": False},
+    "sync flush": {"durability": "per_call", "sync_flush": True},
     "per_call": {"durability": "per_call"},
     "per_action": {"durability": "per_action"},
-    "per_bundle": {"durability": "per_bundle"},
+    "per_run": {"durability": "per_run"},
+    "at_checkpoint": {"durability": "at_checkpoint"},
 }
-LINGER0_VARIANTS = {
-    "per_action+linger0": {"durability": "per_action", "linger.ms": 0},
-    "per_bundle+linger0": {"durability": "per_bundle", "linger.ms": 0},
-}
-# rough throughput of a durability mode relative to journal-off, to size the first job of a variant
-_GUESS = {"per_call": 0.3, "per_action": 0.4, "per_bundle": 0.6}
+LINGER_VARIANTS = {f"per_run+linger{ms}": {"durability": "per_run", "linger.ms": ms} for ms in (0, 1, 20)}
+# rough throughput of a variant relative to journal-off, to size its first job
+_GUESS = {"sync flush": 0.1, "per_call": 0.3, "per_action": 0.4}
 
 
-def _config(bootstrap: str, overrides: dict, concurrency: int, poll_interval_ms: int) -> dict:
+def _config(bootstrap: str, overrides: dict, concurrency: int, poll_interval_ms: int, stats_path: str) -> dict:
     overrides = dict(overrides)
+    overrides.pop("sync_flush", None)
     kafka_extra = {k: overrides.pop(k) for k in list(overrides) if "." in k}
     config = h.agent_config(bootstrap, max_concurrent_runs=concurrency, poll_interval_ms=poll_interval_ms,
                             **overrides)
-    config["kafka"] = {**config["kafka"], **kafka_extra}
+    config["kafka"] = {**config["kafka"], **kafka_extra, **h.producer_statistics(stats_path)}
     return config
+
+
+def _job_size(name: str, overrides: dict, previous: list[h.JobResult], delay_ms: float, concurrency: int,
+              target_s: float) -> int:
+    """Inputs for a job of about ``target_s`` measured seconds: from the variant's measured rate, else a guess."""
+    if previous:
+        return max(60, int(target_s * sum(r.runs for r in previous) / sum(r.seconds for r in previous)))
+    ideal = 600 if delay_ms == 0 else concurrency * 1000 / (2 * delay_ms + 5)
+    return max(60, int(target_s * ideal * _GUESS.get(name, _GUESS.get(overrides.get("durability"), 1.0))))
+
+
+@dataclass
+class Measured:
+    """One job of one variant: its timing and what its journal producer sent."""
+
+    job: h.JobResult
+    produced: h.ProduceStats
+
+
+def _run_variant(bootstrap: str, name: str, overrides: dict, delay_ms: float, runs: int, args, label: str) -> Measured:
+    topic = h.produce_bench_inputs(bootstrap, args.keys, runs)
+    agent = h.bench_agent(label, call_delay_s=delay_ms / 1000, sync_flush=bool(overrides.get("sync_flush")))
+    stats_path = os.path.join(tempfile.mkdtemp(prefix="far-bench-stats-"), "producer.jsonl")
+    config = _config(bootstrap, overrides, args.concurrency, args.poll_interval_ms, stats_path)
+    job = h.timed_agent_job(bootstrap, topic, agent, config, runs, checkpoint_interval_ms=args.checkpoint_interval_ms)
+    return Measured(job, h.read_producer_statistics(stats_path))
+
+
+def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measured]) -> list:
+    """A table row: throughput against journal off, CPU, what was produced, latency."""
+    jobs, base_jobs = [m.job for m in results], [m.job for m in base]
+    runs, seconds = sum(r.runs for r in jobs), sum(r.seconds for r in jobs)
+    base_rate = sum(r.runs for r in base_jobs) / sum(r.seconds for r in base_jobs)
+    off = name == "journal off"
+    per_round = [(1 - (r.runs / r.seconds) / (b.runs / b.seconds)) * 100 for r, b in zip(jobs, base_jobs, strict=True)]
+    spread = f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 and not off else ""
+    flink_cpu = sum(r.flink_cpu_s for r in jobs) / runs * 1000
+    base_cpu = sum(r.flink_cpu_s for r in base_jobs) / sum(r.runs for r in base_jobs) * 1000
+    latencies = sorted(t for r in jobs for t in r.latencies)
+    base_latencies = sorted(t for r in base_jobs for t in r.latencies)
+    produced = h.ProduceStats(*(sum(getattr(m.produced, f) for m in results)
+                                for f in ("records", "requests", "record_bytes", "wire_bytes")))
+    requests, record_bytes, _ = produced.per(RECORDS_PER_RUN)
+    return [name, delay_ms, runs, runs / seconds, "-" if off else f"{(1 - runs / seconds / base_rate) * 100:.1f}",
+            spread, flink_cpu, "-" if off else f"{(flink_cpu - base_cpu) * 1000 / RECORDS_PER_RUN:.0f}",
+            sum(r.broker_cpu_s for r in jobs) / runs * 1000, "-" if off else requests,
+            "-" if off else record_bytes, h.percentile(latencies, 0.5) * 1000, h.percentile(latencies, 0.99) * 1000,
+            "-" if off else f"{(h.percentile(latencies, 0.5) - h.percentile(base_latencies, 0.5)) * 1000:.1f}"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short round, no linger.ms=0 variants (~2 min)")
+    parser.add_argument("--quick", action="store_true", help="one short round, 0 and 20 ms, no linger variants")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2, --quick 1)")
     parser.add_argument("--seconds", type=float, help="target measured seconds per job (default 6, --quick 2.5)")
-    parser.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 20.0], help="call times (ms)")
+    parser.add_argument("--delays-ms", type=float, nargs="+", help="call times (ms; default 0 20 200, --quick 0 20)")
     parser.add_argument("--concurrency", type=int, default=8, help="max_concurrent_runs (default 8)")
     parser.add_argument("--keys", type=int, default=32, help="distinct keys in the input (default 32)")
     parser.add_argument("--poll-interval-ms", type=int, default=5, help="operator poll_interval_ms (default 5)")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)")
-    parser.add_argument("--no-linger0", action="store_true", help="skip the linger.ms=0 variants")
+    parser.add_argument("--no-linger", action="store_true", help="skip the linger.ms variants")
+    parser.add_argument("--variants", nargs="+", help="only these variants (journal off is always measured)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
     target_s = args.seconds or (2.5 if args.quick else 6.0)
+    delays = args.delays_ms or ([0.0, 20.0] if args.quick else [0.0, 20.0, 200.0])
     variants = dict(VARIANTS)
-    if not (args.quick or args.no_linger0):
-        variants.update(LINGER0_VARIANTS)
+    if not (args.quick or args.no_linger):
+        variants.update(LINGER_VARIANTS)
+    if args.variants:
+        variants = {n: v for n, v in variants.items() if n in args.variants or n == "journal off"}
 
     print(h.machine_note())
     print(f"# {rounds} round(s), concurrency {args.concurrency}, {args.keys} keys, poll {args.poll_interval_ms} ms, "
           f"checkpoints every {args.checkpoint_interval_ms} ms, ~{target_s:g} s measured per job", flush=True)
-    measured: dict[tuple[str, float], list[h.JobResult]] = defaultdict(list)
+    measured: dict[tuple[str, float], list[Measured]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
-        warm = h.produce_bench_inputs(bootstrap, args.keys, 100)
-        h.timed_agent_job(bootstrap, warm, h.bench_agent("warmup", call_delay_s=0.0),
-                          _config(bootstrap, {}, args.concurrency, args.poll_interval_ms), 100,
-                          checkpoint_interval_ms=args.checkpoint_interval_ms)
+        _run_variant(bootstrap, "warm-up", {}, 0.0, 100, args, "warmup")
         print(f"# warm-up job done at {time.monotonic() - began:.0f} s", flush=True)
         names = list(variants)
         for round_index in range(rounds):
             order = names[round_index % len(names):] + names[:round_index % len(names)]
-            for delay_ms in args.delays_ms:
+            for delay_ms in delays:
                 for name in order:
-                    previous = measured[(name, delay_ms)]
-                    if previous:
-                        runs = int(target_s * sum(r.runs for r in previous) / sum(r.seconds for r in previous))
-                    else:  # first job of this variant: a rough guess (later rounds use the measured rate)
-                        ideal = 600 if delay_ms == 0 else args.concurrency * 1000 / (2 * delay_ms + 5)
-                        runs = int(target_s * ideal * _GUESS.get(variants[name].get("durability"), 1.0))
-                    runs = max(runs, 60)
-                    topic = h.produce_bench_inputs(bootstrap, args.keys, runs)
-                    agent = h.bench_agent(f"overhead{round_index}", call_delay_s=delay_ms / 1000)
-                    config = _config(bootstrap, variants[name], args.concurrency, args.poll_interval_ms)
-                    result = h.timed_agent_job(bootstrap, topic, agent, config, runs,
-                                               checkpoint_interval_ms=args.checkpoint_interval_ms)
-                    measured[(name, delay_ms)].append(result)
-                    print(f"# round {round_index + 1} {name:>20} {delay_ms:4g} ms: {result.runs:5d} runs in "
-                          f"{result.seconds:6.2f} s = {result.runs / result.seconds:7.1f} runs/s, CPU/run: Flink "
-                          f"{result.flink_cpu_s / result.runs * 1000:.2f} ms, broker "
-                          f"{result.broker_cpu_s / result.runs * 1000:.2f} ms "
+                    previous = [m.job for m in measured[(name, delay_ms)]]
+                    runs = _job_size(name, variants[name], previous, delay_ms, args.concurrency, target_s)
+                    m = _run_variant(bootstrap, name, variants[name], delay_ms, runs, args, f"overhead{round_index}")
+                    measured[(name, delay_ms)].append(m)
+                    r = m.job
+                    print(f"# round {round_index + 1} {name:>18} {delay_ms:4g} ms: {r.runs:5d} runs in "
+                          f"{r.seconds:6.2f} s = {r.runs / r.seconds:7.1f} runs/s, CPU/run: Flink "
+                          f"{r.flink_cpu_s / r.runs * 1000:.2f} ms, broker {r.broker_cpu_s / r.runs * 1000:.2f} ms, "
+                          f"{m.produced.requests} Produce requests for {m.produced.records} records "
                           f"[{time.monotonic() - began:.0f} s, load {h.load1():.1f}]", flush=True)
 
-    rows = []
-    for delay_ms in args.delays_ms:
-        base = measured[("journal off", delay_ms)]
-        base_rate = sum(r.runs for r in base) / sum(r.seconds for r in base)
-        for name in names:
-            results = measured[(name, delay_ms)]
-            runs, seconds = sum(r.runs for r in results), sum(r.seconds for r in results)
-            overhead = (1 - (runs / seconds) / base_rate) * 100
-            per_round = [(1 - (r.runs / r.seconds) / (b.runs / b.seconds)) * 100
-                         for r, b in zip(results, base, strict=True)]
-            spread = (f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 and name != "journal off"
-                      else "")
-            flink_cpu = sum(r.flink_cpu_s for r in results) / runs * 1000
-            broker_cpu = sum(r.broker_cpu_s for r in results) / runs * 1000
-            rows.append([name, delay_ms, runs, seconds, runs / seconds,
-                         "-" if name == "journal off" else f"{overhead:.1f}", spread, flink_cpu, broker_cpu])
+    rows = [_row(name, delay_ms, measured[(name, delay_ms)], measured[("journal off", delay_ms)])
+            for delay_ms in delays for name in names]
     h.print_table(
-        f"Journal overhead: 1 subtask, max_concurrent_runs={args.concurrency}, 2 actions x 1 call per run, "
-        f"{rounds} interleaved round(s)",
-        ["variant", "call ms", "runs", "seconds", "runs/s", "overhead vs journal-off (%)", "per-round range (%)",
-         "Flink CPU ms/run", "broker CPU ms/run"],
+        f"Journal overhead: 1 subtask, max_concurrent_runs={args.concurrency}, 2 actions x 1 call per run "
+        f"({RECORDS_PER_RUN} records), {rounds} interleaved round(s)",
+        ["variant", "call ms", "runs", "runs/s", "lost vs off (%)", "per-round (%)", "Flink CPU ms/run",
+         "Flink CPU us/record", "broker CPU ms/run", "Produce req/run", "bytes/run", "latency p50 ms",
+         "p99 ms", "p50 added ms"],
         rows)
-    print("overhead = throughput lost against the journal-off job of the same call time: 1 - runs/s / off runs/s")
-    print("CPU ms/run = CPU time of the process between the first and the last output, per run (2 cores in all)")
+    print("lost vs off = throughput lost against the journal-off job of the same call time: 1 - runs/s / off runs/s")
+    print("CPU = CPU time of the process between the first and the last output (2 cores in all); us/record = Flink "
+          "CPU per run above journal off, per journaled record")
+    print("Produce req/run, bytes/run = the journal producer's Produce requests and record bytes (keys + values) "
+          "per run (librdkafka statistics)")
+    print("latency = first action began -> output left the operator, for the runs in the measured window")
 
 
 if __name__ == "__main__":
     main()
+
+

@@ -110,25 +110,53 @@ def raw_consume(bootstrap: str, topic: str, start: dict[int, int], end: dict[int
     """The ceiling: the store's consumer settings and loop shape, touching key and value only."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "auto.offset.reset": "error"})
-    remaining = {p: end[p] for p in start if start[p] < end[p]}
+    remaining = {p: (start[p], end[p]) for p in start if start[p] < end[p]}  # partition -> (next, end)
     count = size = 0
     try:
         consumer.assign([TopicPartition(topic, p, start[p]) for p in remaining])
         while remaining:
-            for message in consumer.consume(2000, timeout=0.5):
+            left = sum(stop - offset for offset, stop in remaining.values())
+            for message in consumer.consume(max(1, min(2000, left)), timeout=0.5):
                 if message.error():
                     raise RuntimeError(str(message.error()))
                 partition, offset = message.partition(), message.offset()
-                stop = remaining.get(partition)
-                if stop is None or offset >= stop:
+                bounds = remaining.get(partition)
+                if bounds is None or offset >= bounds[1]:
                     continue
                 count += 1
                 size += len(message.key()) + len(message.value())
-                if offset + 1 >= stop:
+                if offset + 1 >= bounds[1]:
                     del remaining[partition]
+                else:
+                    remaining[partition] = (offset + 1, bounds[1])
     finally:
         consumer.close()
     return count
+
+
+def restore_sizes(store: KafkaJournalStore, codec: RecordCodec, end: dict[int, int], sizes: list[int],
+                  repeats: int) -> None:
+    """Print how long a restore's read takes for ``sizes`` records (the last ones of every partition): the fixed
+    cost is what a restore that reads a handful of records pays."""
+    rows = []
+    for size in sizes:
+        share = {p: min(end[p], -(-size // len(end))) for p in end}  # ceil(size / partitions) each
+        while sum(share.values()) > size:  # trim to exactly ``size``
+            p = max(share, key=share.get)
+            share[p] -= 1
+        start = {p: end[p] - share[p] for p in end}
+        timings = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            index = read_recovery_index(store, codec, start, end)
+            timings.append(time.perf_counter() - t0)
+            if index.records_read != size:
+                raise RuntimeError(f"read {index.records_read} records, expected {size}")
+        timings.sort()
+        rows.append([size, timings[len(timings) // 2] * 1000, timings[0] * 1000, timings[-1] * 1000])
+    h.print_table(f"Restore read by size: read_recovery_index of the last N records of {len(end)} partitions "
+                  f"(a fresh consumer each, {repeats} times)",
+                  ["records", "median ms", "min ms", "max ms"], rows)
 
 
 def main() -> None:
@@ -137,6 +165,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, help="journal records to write (default 200000, --quick 50000)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, --quick 1)")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of read_recovery_index")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[0, 100, 1000, 100_000],
+                        help="restore sizes for the by-size table (default 0 100 1000 100000)")
     args = parser.parse_args()
     records = args.records or (50_000 if args.quick else 200_000)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -186,6 +216,7 @@ def main() -> None:
                 print(f"# round {round_index + 1} {name:>32}: {count:,} records in {seconds:.2f} s = "
                       f"{count / seconds:,.0f} records/s", flush=True)
 
+        restore_sizes(store, codec, end, [n for n in args.sizes if n <= written], repeats=5 if args.quick else 9)
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()

@@ -62,7 +62,10 @@ class AgentConfig:
         max_concurrent_runs: keys whose runs execute at once per subtask.
         max_concurrent_child_calls: threads per subtask running sub-agent calls of ``ctx.call_agents``
             besides the calling actions themselves (a separate pool: children never wait for run slots).
-        durability: when journal records are acknowledged (``per_call``, ``per_action``, ``per_bundle``).
+        durability: when the outputs of a run may leave (:mod:`flink_agents_replay.journal.writer`): ``per_run``
+            (default: once its records are acknowledged; any sink), ``at_checkpoint`` (at once, the checkpoint
+            flushes; for an exactly-once sink), or ``per_action`` / ``per_call`` (also waiting at every action or
+            call: fewer calls made again after a crash, slower). ``per_bundle`` is an old name of ``per_run``.
         journal_enabled: ``False`` runs without a journal (nothing is reused after a failure).
         fingerprint_policy: reuse of records written by other action code (``reuse``, ``re-execute``, ``fail``);
             default ``reuse``, and ``re-execute`` in a replay (the point of a replay is to run the new code).
@@ -116,7 +119,7 @@ class AgentConfig:
     max_parallelism: int = 128
     max_concurrent_runs: int = 8
     max_concurrent_child_calls: int = 8
-    durability: Durability = Durability.PER_ACTION
+    durability: Durability = Durability.PER_RUN
     journal_enabled: bool = True
     fingerprint_policy: FingerprintPolicy | None = None
     accept_reexecution_after_gap: bool = False

@@ -273,7 +273,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         def execute() -> RunResult:
             return execute_run(self.agent, run, memory, history=history, journal=journal,
                                fingerprint_policy=self.config.fingerprint_policy, cancelled=self.runs.closing.is_set,
-                               child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures)
+                               child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures,
+                               acknowledge=False)  # group commit: the slot is free at once (RunPool.done)
 
         self.runs.submit(key, RunInFlight(group, digest, seq, journal), execute)
         self._schedule_check(ctx)

@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--signing-key", default=None,
                         help="the signing key itself: shows in `ps`; prefer --signing-key-file or the environment")
     parser.add_argument("--max-concurrent-runs", type=int, default=16, help="agent runs in flight per subtask")
-    parser.add_argument("--durability", default="per_action", choices=["per_call", "per_action", "per_bundle"])
+    parser.add_argument("--durability", default="per_run",
+                        choices=["per_run", "at_checkpoint", "per_action", "per_call", "per_bundle"])
     parser.add_argument("--restart-attempts", type=int, default=10, help="fixed-delay restarts after a failure")
     parser.add_argument("--restart-delay-ms", type=int, default=1000)
     parser.add_argument("--transactional-id-prefix", default=None,

@@ -87,6 +87,7 @@ def execute_run(
     child_pool: ChildCallPool | None = None,
     gate: CallGate | None = None,
     report_failures: bool = False,
+    acknowledge: bool = True,
 ) -> RunResult:
     """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
 
@@ -96,6 +97,10 @@ def execute_run(
     ``gate`` decides whether each call is made for real (:mod:`.gate`; default: always). With
     ``report_failures`` an exception from the agent ends the run with ``RunResult.error`` set, the memory as
     it was and no outputs, instead of propagating (a replay reports failed runs in its diff).
+
+    With ``acknowledge`` the run waits for its records before it returns (its outputs may then leave). The
+    operator passes ``False``: the run's slot is free at once, and it releases the outputs when
+    :meth:`RunJournal.outputs_may_leave` says so (group commit, :mod:`flink_agents_replay.journal.writer`).
     """
     context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
                          cancelled=cancelled or _never, digest_of_key=key_digest(run.key),
@@ -123,7 +128,7 @@ def execute_run(
         outputs, error = [], f"{type(exc).__name__}: {exc}"
     if history is not None:
         history.drop_through_seq(run.seq)
-    if journal is not None:
+    if journal is not None and acknowledge:
         journal.acknowledge()  # outputs leave only after their records are acknowledged
     return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
                      list(context.blocked), context.input_digest, error)

@@ -82,11 +82,19 @@ class RunPool:
         return key in self._runs
 
     def done(self, key: Any, *, wait_for_it: bool = False) -> bool:
-        """Whether ``key``'s run has ended (``wait_for_it``: wait until it has)."""
-        future = self._runs[key].future
-        if wait_for_it:
-            future.exception()
-        return future.done()
+        """Whether ``key``'s run has ended and its outputs may leave (``wait_for_it``: wait until then).
+
+        A run frees its slot when it returns; its outputs may leave once the durability mode says so
+        (:meth:`~flink_agents_replay.journal.writer.RunJournal.outputs_may_leave`, asked without waiting). A
+        run that raised is done at once: :meth:`finished` raises its exception.
+        """
+        running = self._runs[key]
+        if wait_for_it and running.future.exception() is None and running.run.journal is not None:
+            running.run.journal.acknowledge()
+        if not running.future.done():
+            return False
+        journal = running.run.journal
+        return journal is None or running.future.exception() is not None or journal.outputs_may_leave()
 
     def finished(self, key: Any) -> RunResult:
         """The key's ended run, taken out of the runs under way (an action's exception fails the task here)."""

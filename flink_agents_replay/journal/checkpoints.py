@@ -8,9 +8,9 @@ reads, and the prune tracker. The operator calls it at each checkpoint hook and 
   (records the checkpoint needs already deleted), and read the owned partitions into a
   :class:`~.index.RecoveryIndex`. Without a marker: :meth:`~JournalCheckpoints.start_without_checkpoint`
   (attempt records, :mod:`.attempts`).
-* :meth:`~JournalCheckpoints.snapshot` (``snapshot_state``): flush, then the marker: per owned partition
-  the next offset, lowered to the first record of every run in flight and of every recovered history not
-  yet replayed.
+* :meth:`~JournalCheckpoints.snapshot` (``snapshot_state``): wait for the records the barrier covers, then
+  the marker: per owned partition the next offset, lowered to the first record of every run in flight and
+  of every recovered history not yet replayed.
 * :meth:`~JournalCheckpoints.completed` / :meth:`~JournalCheckpoints.aborted`: prune below the completed
   checkpoint's marker; an aborted one prunes nothing.
 * :meth:`~JournalCheckpoints.expire_histories` (before each snapshot): a recovered history waits for its
@@ -280,7 +280,7 @@ class JournalCheckpoints:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
         if self.store is None or not self.resumable:  # a replay is run again from the savepoint, not resumed
             return None
-        self.store.flush(self.ack_timeout_s)
+        self.writer.acknowledge_appended(self.ack_timeout_s)  # what the barrier covers; not later appends
         ends = self.store.end_offsets(self.owned)
         in_flight: dict[int, list[tuple[str, int]]] = {}
         firsts = []

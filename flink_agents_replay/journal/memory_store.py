@@ -17,6 +17,9 @@ class _Done(Delivery):
     def wait(self, timeout_s: float) -> int:
         return self.offset
 
+    def done(self) -> bool:
+        return True
+
 
 class MemoryJournalStore(JournalStore):
     """Keeps every partition as a list; deleted records become ``None`` below the low watermark."""

@@ -29,6 +29,10 @@ class Delivery(ABC):
     def wait(self, timeout_s: float) -> int:
         """Block until the store acknowledged the record; return its offset or raise ``JournalError``."""
 
+    @abstractmethod
+    def done(self) -> bool:
+        """Whether the store has answered (acknowledged or failed): :meth:`wait` then returns at once."""
+
 
 class JournalStore(ABC):
     """Partitioned append-only log with per-partition offsets."""
@@ -51,6 +55,9 @@ class JournalStore(ABC):
     @abstractmethod
     def flush(self, timeout_s: float) -> None:
         """Wait until every appended record is acknowledged (raise ``JournalError`` on failure)."""
+
+    def check_deliveries(self) -> None:  # noqa: B027 - optional: an in-memory store never fails a record
+        """Raise ``JournalError`` if an appended record failed (checked after waiting for later ones)."""
 
     @abstractmethod
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:

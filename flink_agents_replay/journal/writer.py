@@ -1,13 +1,26 @@
-"""Writing journal records with the configured durability.
+"""Writing journal records with the configured durability: group commit, acknowledged off the critical path.
 
-* ``per_call``: every record is acknowledged before the action goes on. Fewest repeats after a
-  crash, one broker round trip per call.
-* ``per_action`` (default): an action's completion is acknowledged before the next action starts;
-  call records travel asynchronously in between.
-* ``per_bundle``: a run's records are acknowledged together, before its outputs leave the operator.
+Every run of a subtask appends to one shared producer, which batches the records of all of them
+(librdkafka's ``linger.ms``/``batch.size``). A run waits for an acknowledgement only where the
+guarantee needs one; the modes differ in where that is (docs/design.md, "durability modes"):
 
-In every mode, outputs leave the operator only after the records that produced them are acknowledged,
-and a *started* record (external side effects) is acknowledged before its call is made.
+* ``per_run`` (default): no run ever waits on its own. A run's outputs leave the operator once its
+  records are acknowledged, which the operator checks without blocking (:meth:`RunJournal.outputs_may_leave`):
+  the run's slot is free for the next input while the acknowledgement travels. Suits any sink, including a
+  non-transactional one: no output is seen outside before the journal holds what produced it.
+* ``at_checkpoint``: outputs leave at once; the checkpoint's snapshot flushes the journal, so a checkpoint
+  never completes with a record missing behind it. Suits an exactly-once (transactional) sink, which
+  publishes outputs only when that checkpoint completes: an output of a run whose records were lost in a
+  crash is aborted with its transaction. With a non-transactional sink an output could be seen and then
+  produced differently by the re-executed run.
+* ``per_action`` / ``per_call``: an action's completion / every record is acknowledged before the run
+  goes on, then as ``per_run``. Fewer calls made again after a crash, a broker round trip per action or call.
+
+In every mode a *started* record (external side effects) is acknowledged before its call is made.
+Acknowledgements come in partition order (an idempotent producer), so that wait also covers every
+earlier record of the key group. After a crash, a call whose record was not yet acknowledged is made
+again by the next attempt (with the same idempotency key, ``ctx.call_id``); the counters
+``calls_executed`` against a failure-free run, and a service that honours the key, tell how many.
 
 Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
 :meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.
@@ -17,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +60,12 @@ class Durability(str, enum.Enum):
 
     PER_CALL = "per_call"
     PER_ACTION = "per_action"
-    PER_BUNDLE = "per_bundle"
+    PER_RUN = "per_run"
+    AT_CHECKPOINT = "at_checkpoint"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Durability | None:
+        return cls.PER_RUN if value == "per_bundle" else None  # 0.2's name of per_run
 
 
 class JournalWriter:
@@ -62,6 +81,7 @@ class JournalWriter:
         self._closed = False
         self._lock = threading.Lock()  # a write either lands before close() returns or is refused
         self.fences: dict[int, int] = {}  # partition -> this attempt's fence there (0: none, e.g. a replay)
+        self._last: dict[int, Delivery] = {}  # partition -> its last record appended
 
     def begin_attempt(self, fences: Mapping[int, int]) -> None:
         """This attempt's markers are acknowledged: stamp its fences on every record from now on."""
@@ -77,7 +97,23 @@ class JournalWriter:
         with self._lock:
             if self._closed:
                 raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
-            return self.store.append(partition, record_key, value)
+            delivery = self._last[partition] = self.store.append(partition, record_key, value)
+            return delivery
+
+    def acknowledge_appended(self, timeout_s: float) -> None:
+        """Wait until every record appended so far is acknowledged (what a checkpoint barrier covers).
+
+        Not a flush of the producer: under saturation the runs keep appending, and a flush would wait for those
+        records too, possibly never finding the queue empty. Kafka acknowledges a partition's records in order
+        (an idempotent producer), so waiting for each partition's last record is enough; an earlier one that
+        failed is reported by :meth:`JournalStore.check_deliveries`.
+        """
+        with self._lock:
+            last = list(self._last.values())
+        deadline = time.monotonic() + timeout_s
+        for delivery in last:
+            delivery.wait(max(0.0, deadline - time.monotonic()))
+        self.store.check_deliveries()
 
     def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, partition: int, fingerprint: str,
                what: str, attempt: int = 0) -> bytes:
@@ -134,6 +170,18 @@ class RunJournal:
             pending, self._pending = self._pending, []
         for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
+
+    def acknowledged(self) -> bool:
+        """Whether every record written so far is acknowledged, without waiting (``JournalError`` if one failed)."""
+        with self._lock:
+            while self._pending and self._pending[0].done():
+                self._pending.pop(0).wait(0)  # raises if it failed
+            return not self._pending
+
+    def outputs_may_leave(self) -> bool:
+        """Whether the run's outputs may leave the operator now, by the durability mode (never waits): at once
+        with ``at_checkpoint`` (the snapshot flushes), else once its records are acknowledged."""
+        return self._writer.durability is Durability.AT_CHECKPOINT or self.acknowledged()
 
     def first_offset(self, timeout_s: float) -> int | None:
         """Offset of the run's first record (waits for its acknowledgement), or None if none was written."""

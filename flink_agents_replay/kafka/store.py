@@ -82,6 +82,10 @@ class TopicDelivery:
             self.offset = message.offset()
         self._done.set()
 
+    def done(self) -> bool:
+        """Whether Kafka has answered (acknowledged or failed)."""
+        return self._done.is_set()
+
     def wait(self, timeout_s: float) -> int:
         """Block until Kafka acknowledged the record; return its offset or raise ``JournalError``."""
         if not self._done.wait(timeout_s):
@@ -175,19 +179,19 @@ class KafkaTopicStore:
         if self.failed_delivery is None:
             self.failed_delivery = error
 
-    def _refuse_after_failure(self) -> None:
-        """Raise if a record failed: what is appended after it would lie behind a gap."""
+    def check_deliveries(self) -> None:
+        """Raise ``JournalError`` if a record failed: what is appended after it would lie behind a gap."""
         if self.failed_delivery is not None:
             raise JournalError(f"{describe_failed_delivery(self.role, self.failed_delivery)}; this attempt writes no "
                                "further records (Flink restores it)")
 
     def append(self, partition: int, key: bytes, value: bytes) -> TopicDelivery:
         """Append asynchronously; the returned delivery confirms it."""
-        self._refuse_after_failure()
+        self.check_deliveries()
         producer = self._get_producer()
         delivery = TopicDelivery(self.role, self._delivery_failed)
         while True:
-            self._refuse_after_failure()  # a full queue drains by failing too, when the broker is gone
+            self.check_deliveries()  # a full queue drains by failing too, when the broker is gone
             try:
                 producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivery._complete)
                 return delivery
@@ -202,7 +206,7 @@ class KafkaTopicStore:
         if remaining:
             raise JournalError(f"{remaining} records of the {self.role.label} were not acknowledged by Kafka within "
                                f"{timeout_s:.0f} s")
-        self._refuse_after_failure()
+        self.check_deliveries()
 
     # -- offsets, reading, pruning -----------------------------------------------------------------
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
@@ -229,7 +233,10 @@ class KafkaTopicStore:
         make_record = self.record_type
         deadline_idle = time.monotonic() + self.timeout_s
         while remaining:
-            messages = consumer.consume(_READ_BATCH, timeout=0.5)
+            # consume() returns when it has the number asked for, else at its timeout: asking for no more than
+            # the records left makes a short read take what fetching them takes, not the timeout.
+            left = sum(end - start for start, end in remaining.values())
+            messages = consumer.consume(max(1, min(_READ_BATCH, left)), timeout=0.5)
             if not messages and time.monotonic() > deadline_idle:
                 raise JournalError(f"reading {self.role.label} {self.topic!r} stalled for {self.timeout_s:.0f} s "
                                    f"with partitions {sorted(remaining)} unfinished")
@@ -246,6 +253,8 @@ class KafkaTopicStore:
                     yield make_record(partition, offset, message.key(), message.value())
                 if offset + 1 >= bounds[1]:
                     del remaining[partition]  # later messages of a finished partition are skipped above
+                else:
+                    remaining[partition] = (offset + 1, bounds[1])
 
     def delete_before(self, offsets: Mapping[int, int]) -> None:
         """Delete every record below ``offsets[p]`` in each partition (asynchronous)."""

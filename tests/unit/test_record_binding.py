@@ -195,6 +195,9 @@ class _Refused(Delivery):
     def wait(self, timeout_s: float) -> int:
         raise JournalError("Kafka rejected a record of the capture topic: MSG_SIZE_TOO_LARGE")
 
+    def done(self) -> bool:
+        return True
+
 
 class _RefusingStore(MemoryJournalStore):
     """Kafka refuses every record whose value is larger than ``limit`` bytes (as a broker's max.message.bytes)."""

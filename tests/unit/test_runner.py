@@ -381,6 +381,9 @@ class _WatchedDelivery:
             self._on_wait()
         return self._inner.wait(timeout_s)
 
+    def done(self) -> bool:
+        return self._inner.done()
+
 
 class _WatchedStore(MemoryJournalStore):
     """Every delivery it hands out is watched: ``deliveries`` and ``waited`` tell which were waited for."""
