@@ -44,6 +44,7 @@ def main() -> None:
     measured: dict[tuple[bool, int], list[tuple[int, float]]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
+        h.warm_up_broker(bootstrap, 15 if args.quick else 30)
         warm = h.produce_bench_inputs(bootstrap, 16, 100)
         h.timed_agent_job(bootstrap, warm, h.bench_agent("warmup", call_delay_s=0.0, actions=1),
                           h.agent_config(bootstrap), 100, checkpoint_interval_ms=args.checkpoint_interval_ms)

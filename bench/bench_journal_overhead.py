@@ -48,7 +48,6 @@ _GUESS = {"sync flush": 0.1, "per_call": 0.3, "per_action": 0.4}
 
 def _config(bootstrap: str, overrides: dict, concurrency: int, poll_interval_ms: int, stats_path: str) -> dict:
     overrides = dict(overrides)
-    overrides.pop("sync_flush", None)
     kafka_extra = {k: overrides.pop(k) for k in list(overrides) if "." in k}
     config = h.agent_config(bootstrap, max_concurrent_runs=concurrency, poll_interval_ms=poll_interval_ms,
                             **overrides)
@@ -132,7 +131,8 @@ def main() -> None:
     measured: dict[tuple[str, float], list[Measured]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
-        _run_variant(bootstrap, "warm-up", {}, 0.0, 100, args, "warmup")
+        h.warm_up_broker(bootstrap, 15 if args.quick else 30)
+        _run_variant(bootstrap, "warm-up", {}, 0.0, 300, args, "warmup")
         print(f"# warm-up job done at {time.monotonic() - began:.0f} s", flush=True)
         names = list(variants)
         for round_index in range(rounds):

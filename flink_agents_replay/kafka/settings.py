@@ -23,7 +23,9 @@ Two more things hold for every client, because a broker can fail underneath a ru
   the back of a failed and restored attempt. The user may set it shorter, never longer.
 * *librdkafka logs through Python logging* (logger :data:`LIBRDKAFKA_LOGGER`, confluent-kafka's ``logger``
   setting), not onto the terminal: a broker that is down for a while makes librdkafka print a line per
-  reconnect to stderr otherwise. A user's own ``logger`` setting is kept.
+  reconnect to stderr otherwise. Its reports of transient connection trouble, which it retries by itself,
+  are demoted to INFO (an application without logging set up shows none of them). A user's own ``logger``
+  setting is kept.
 """
 
 from __future__ import annotations
@@ -49,6 +51,25 @@ COMMITTED_READER_SETTINGS: Mapping[str, Any] = {"isolation.level": "read_committ
 DELIVERY_TIMEOUT_SETTINGS = ("message.timeout.ms", "delivery.timeout.ms")
 #: Where librdkafka's own log lines go (every client of this package; level mapped from syslog by confluent-kafka).
 LIBRDKAFKA_LOGGER = logging.getLogger("flink_agents_replay.kafka.librdkafka")
+#: librdkafka facilities of transient connection trouble it retries by itself ("Connect to ... failed", "Failed
+#: to acquire idempotence PID ... retrying"): logged at INFO. Whatever does not recover reaches the package as a
+#: failed delivery or request within its timeout, and is reported there, in terms of the job.
+TRANSIENT_FACILITIES = frozenset({"FAIL", "GETPID", "REQTMOUT", "DISCONNECT", "BROKERFAIL", "RETRY", "THROTTLE"})
+
+
+class _TransientAtInfo(logging.Filter):
+    """Demotes librdkafka's records of :data:`TRANSIENT_FACILITIES` to INFO (confluent-kafka logs
+    ``"%s [%s] %s"`` with the facility first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (record.levelno > logging.INFO and isinstance(args, tuple) and args
+                and args[0] in TRANSIENT_FACILITIES):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+LIBRDKAFKA_LOGGER.addFilter(_TransientAtInfo())
 
 # Names whose values are secrets: never shown by repr (settings end up in logs and tracebacks).
 _SECRET_MARKERS = ("password", "secret", "sasl.jaas.config", "ssl.key.pem", "oauthbearer.config")

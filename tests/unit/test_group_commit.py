@@ -126,13 +126,13 @@ def test_per_bundle_is_the_old_name_of_per_run():
         Durability("per_nothing")
 
 
-def _pool() -> RunPool:
+def _pool(max_runs: int = 1, slot_wait_timeout_s: float = 1.0) -> RunPool:
     class _Counter:
         def inc(self, n: int = 1) -> None:
             pass
 
-    return RunPool(max_runs=1, max_child_calls=1, slot_wait_timeout_s=1.0, close_timeout_s=1.0, subtask=0,
-                   counters={"runs_abandoned": _Counter()})
+    return RunPool(max_runs=max_runs, max_child_calls=1, slot_wait_timeout_s=slot_wait_timeout_s,
+                   close_timeout_s=1.0, subtask=0, counters={"runs_abandoned": _Counter()})
 
 
 def test_a_finished_run_frees_its_slot_before_its_records_are_acknowledged():

@@ -215,3 +215,44 @@ def test_clients_at_a_dead_broker_print_nothing_on_stderr_and_log_through_python
     logged = int(result.stdout.rsplit("logged ", 1)[1])
     assert logged > 0  # the connection failures reached the logger...
     assert result.stderr == ""  # ...and nothing reached the terminal
+
+
+_UNCONFIGURED_LOGGING = r"""
+import sys
+from confluent_kafka import Producer
+from flink_agents_replay.kafka import KafkaSettings
+
+producer = Producer(KafkaSettings.of({"bootstrap.servers": sys.argv[1]}).producer_config(durable=True,
+                                                                                        ack_timeout_s=1.5))
+producer.produce("t", b"x")
+print("undelivered", producer.flush(2.5))
+"""
+
+
+def test_an_application_without_logging_set_up_sees_no_transient_connection_lines():
+    """Python's last-resort handler prints WARNING and above of a logger nobody configured: librdkafka's retried
+    connection failures (FAIL, GETPID) must not reach the terminal that way; they are logged at INFO."""
+    import subprocess
+    import sys
+
+    from flink_agents_replay.local.processes import free_port
+
+    result = subprocess.run([sys.executable, "-c", _UNCONFIGURED_LOGGING, f"127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "undelivered 0" in result.stdout, result.stderr  # timed out, reported
+    assert result.stderr == ""
+
+
+def test_transient_librdkafka_facilities_are_demoted_to_info_and_others_kept():
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    LIBRDKAFKA_LOGGER.addHandler(handler)
+    try:
+        LIBRDKAFKA_LOGGER.error("%s [%s] %s", "FAIL", "rdkafka#producer-1", "Connect to ipv4#127.0.0.1:1 failed")
+        LIBRDKAFKA_LOGGER.warning("%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "Configuration property ignored")
+    finally:
+        LIBRDKAFKA_LOGGER.removeHandler(handler)
+    assert [(r.args[0], r.levelname) for r in records] == [("FAIL", "INFO"), ("CONFWARN", "WARNING")]
