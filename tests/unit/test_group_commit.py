@@ -135,16 +135,21 @@ def _pool(max_runs: int = 1, slot_wait_timeout_s: float = 1.0) -> RunPool:
                    close_timeout_s=1.0, subtask=0, counters={"runs_abandoned": _Counter()})
 
 
+def _submit_run(pool: RunPool, store: _HeldStore) -> None:
+    """Submit key k1's run of the two-step agent, journaling per_run into ``store`` and not waiting at its end."""
+    journal = JournalWriter(store, RecordCodec(SIGNING_KEY, "op"), "per_run").run_journal(KEY_GROUP)
+    pool.submit("k1", RunInFlight(KEY_GROUP, "d1", 1, journal),
+                lambda: execute_run(_agent(), RunInput("k1", KEY_GROUP, 1, "x"), {}, journal=journal,
+                                    acknowledge=False))
+
+
 def test_a_finished_run_frees_its_slot_before_its_records_are_acknowledged():
     """With one slot, the next key's run starts while the first run's acknowledgements are in flight; the first
     run's outputs leave only once they arrive."""
     store = _HeldStore(answer_on_wait=False)
-    journal = JournalWriter(store, RecordCodec(SIGNING_KEY, "op"), "per_run").run_journal(KEY_GROUP)
     pool = _pool()
     try:
-        pool.submit("k1", RunInFlight(KEY_GROUP, "d1", 1, journal),
-                    lambda: execute_run(_agent(), RunInput("k1", KEY_GROUP, 1, "x"), {}, journal=journal,
-                                        acknowledge=False))
+        _submit_run(pool, store)
         second: Future = Future()
         pool.submit("k2", RunInFlight(KEY_GROUP, "d2", 1, None), lambda: second.set_result("ran") or None)
         assert second.result(timeout=5) == "ran"  # the only slot was free again
@@ -158,12 +163,9 @@ def test_a_finished_run_frees_its_slot_before_its_records_are_acknowledged():
 
 def test_draining_waits_for_the_acknowledgements():
     store = _HeldStore(answer_on_wait=True)
-    journal = JournalWriter(store, RecordCodec(SIGNING_KEY, "op"), "per_run").run_journal(KEY_GROUP)
     pool = _pool()
     try:
-        pool.submit("k1", RunInFlight(KEY_GROUP, "d1", 1, journal),
-                    lambda: execute_run(_agent(), RunInput("k1", KEY_GROUP, 1, "x"), {}, journal=journal,
-                                        acknowledge=False))
+        _submit_run(pool, store)
         assert pool.done("k1", wait_for_it=True)
         assert all(d.done() for d in store.deliveries) and len(store.deliveries) == 4
     finally:
