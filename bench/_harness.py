@@ -287,7 +287,8 @@ def _stamp(output) -> tuple:
 
 
 def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mapping[str, Any], runs: int, *,
-                    checkpoint_interval_ms: int | None = 1000) -> JobResult:
+                    checkpoint_interval_ms: int | None = 1000,
+                    flink_config: Mapping[str, str] | None = None) -> JobResult:
     """Run ``agent`` on an *unbounded* Kafka input of ``runs`` inputs until ``runs`` outputs arrived.
 
     Returns the sorted emission times (wall clock, taken in the job as each output leaves the agent
@@ -295,7 +296,7 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
     end of the first wave of runs (the ``max_concurrent_runs``-th output) to the last output.
     The input is unbounded so that every variant runs the same steady-state code path: at the end of a
     *bounded* input the operator drains the remaining runs inside the final watermark, a different
-    path, and the job's start-up and shutdown would count too.
+    path, and the job's start-up and shutdown would count too. ``flink_config``: further Flink options.
     """
     import itertools
 
@@ -308,7 +309,7 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
 
     prepare_journal_topic(config)
     env = create_environment(parallelism=1, checkpoint_interval_ms=checkpoint_interval_ms,
-                             jars=[kafka_connector_jar()])
+                             jars=[kafka_connector_jar()], config=flink_config)
     keyed = keyed_json_inputs(env, bootstrap, input_topic)
     stamped = connect_to_agent(keyed, agent, config).map(_stamp, output_type=Types.PICKLED_BYTE_ARRAY())
     with stamped.execute_and_collect(f"bench {agent.name}") as results, CpuSampler() as cpu:

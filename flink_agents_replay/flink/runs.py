@@ -1,13 +1,21 @@
-"""The operator's runs under way: a thread pool, run slots, and what closing does with runs that hang.
+"""The operator's runs under way: a thread pool, run slots, a bounded queue, and what closing does with runs that hang.
 
 Runs of different keys execute concurrently, at most ``max_runs`` at once per subtask: a run holds a slot
-from its submission until it ends, and a submission that finds every slot taken for ``slot_wait_timeout_s``
-fails the task (:class:`~flink_agents_replay.errors.RunSlotTimeoutError`: a call probably hangs). Sub-agent
-calls never wait for a run slot: they have a pool of their own (:mod:`flink_agents_replay.child_pool`).
+from its start until it ends. A submission that finds no slot free joins a FIFO queue and returns, so the task
+thread goes on (applying finished runs, letting a checkpoint barrier through) instead of blocking on a slot.
+The backpressure to the source is :meth:`RunPool.hold_back`: once more than ``max_waiting_inputs`` (default
+``QUEUE_FACTOR * max_runs``) inputs wait (queued runs, and inputs held behind their key's run), each next input
+waits for a run to end; when none ends for ``slot_wait_timeout_s`` the task fails
+(:class:`~flink_agents_replay.errors.RunSlotTimeoutError`: a call probably hangs).
 
-Closing (cancellation, failover, stop-with-savepoint) stops every run at its next action or call boundary
-and waits up to ``close_timeout_s`` for the calls under way; runs still calling then are abandoned, counted
-(``runs_abandoned``) and logged as in doubt: waiting longer would outlast Flink's
+Queued runs are started on the task thread only (:meth:`RunPool.submit`, :meth:`RunPool.done`,
+:meth:`RunPool.hold_back`), never by a worker whose run just ended: once the task thread fails or closes,
+nothing starts a new run, so no call of this attempt runs after the next attempt has begun. Sub-agent calls
+never wait for a run slot: they have a pool of their own (:mod:`flink_agents_replay.child_pool`).
+
+Closing (cancellation, failover, stop-with-savepoint) drops the queued runs unstarted, stops every run at its
+next action or call boundary and waits up to ``close_timeout_s`` for the calls under way; runs still calling
+then are abandoned, counted (``runs_abandoned``) and logged as in doubt: waiting longer would outlast Flink's
 ``task.cancellation.timeout``, which kills the TaskManager.
 """
 
@@ -15,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +34,21 @@ from flink_agents_replay.engine import RunResult
 from flink_agents_replay.errors import RunSlotTimeoutError
 from flink_agents_replay.journal.checkpoints import RunInFlight
 
-__all__ = ["RunPool"]
+__all__ = ["QUEUE_FACTOR", "RunPool"]
 
 log = logging.getLogger("flink_agents_replay.operator")
+
+#: Default inputs that may wait, per slot (``max_waiting_inputs``): enough to cover a burst of idle keys.
+QUEUE_FACTOR = 4
 
 
 @dataclass
 class _Running:
-    """A run submitted to the pool: which input it is and where it journals, and its future result."""
+    """A run submitted to the pool: which input it is and where it journals; its future once it has started."""
 
     run: RunInFlight
-    future: Future
+    execute: Callable[[], RunResult]
+    future: Future | None = None
 
 
 class RunPool:
@@ -44,30 +57,69 @@ class RunPool:
     Args:
         max_runs: runs at once (``max_concurrent_runs``).
         max_child_calls: sub-agent calls at once (``max_concurrent_child_calls``).
-        slot_wait_timeout_s: how long a submission waits for a free slot.
+        slot_wait_timeout_s: how long :meth:`hold_back` waits for a run to end.
         close_timeout_s: how long closing waits for calls under way.
         subtask: this subtask's index (thread names, log lines).
         counters: the operator's counters (``runs_abandoned``).
+        max_waiting: inputs that may wait before the next one is held back (``max_waiting_inputs``; default
+            ``QUEUE_FACTOR * max_runs``).
     """
 
     def __init__(self, *, max_runs: int, max_child_calls: int, slot_wait_timeout_s: float, close_timeout_s: float,
-                 subtask: int, counters: Mapping[str, Any]):
+                 subtask: int, counters: Mapping[str, Any], max_waiting: int | None = None):
         self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
         self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
         self.slots = threading.BoundedSemaphore(max_runs)
         self.closing = threading.Event()
         self.max_runs = max_runs
+        self.max_waiting = QUEUE_FACTOR * max_runs if max_waiting is None else max_waiting
         self.slot_wait_timeout_s = slot_wait_timeout_s
         self.close_timeout_s = close_timeout_s
         self.subtask = subtask
         self.counters = counters
         self._runs: dict[Any, _Running] = {}
+        self._queued: deque[Any] = deque()
 
     def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult]) -> None:
-        """Run ``execute`` for ``key`` once a slot is free (it is released when the run ends)."""
-        if not self.slots.acquire(timeout=self.slot_wait_timeout_s):
+        """Queue ``execute`` for ``key`` and start what free slots allow (never blocks: see :meth:`hold_back`)."""
+        self._runs[key] = _Running(run, execute)
+        self._queued.append(key)
+        self.start_queued()
+
+    def hold_back(self, inputs_waiting: int) -> None:
+        """Backpressure: with more than ``max_waiting`` inputs waiting (queued runs plus ``inputs_waiting``, the
+        operator's inputs held behind their key's run), wait for a run to end before the next input is taken.
+
+        Raises:
+            RunSlotTimeoutError: no run ended within ``slot_wait_timeout_s`` (a call probably hangs).
+        """
+        self.start_queued()
+        if len(self._queued) + inputs_waiting <= self.max_waiting:
+            return
+        under_way = [r.future for r in self._runs.values() if r.future is not None and not r.future.done()]
+        if not under_way:  # every run has ended: applying them (the task thread's timers) frees what waits
+            return
+        ended, _ = wait(under_way, timeout=self.slot_wait_timeout_s, return_when=FIRST_COMPLETED)
+        if not ended:
             raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
                                       f"(max_concurrent_runs={self.max_runs}); a call may hang")
+        self.start_queued()
+
+    def start_queued(self, *, wait_s: float = 0.0) -> int:
+        """Start queued runs, oldest first, while a slot is free (waiting up to ``wait_s`` for the first); the count.
+
+        Call it on the task thread only (see the module docstring).
+        """
+        started = 0
+        while self._queued and not self.closing.is_set():
+            if not self.slots.acquire(timeout=wait_s if started == 0 else 0):  # timeout 0: do not block
+                break
+            self._start(self._runs[self._queued.popleft()])
+            started += 1
+        return started
+
+    def _start(self, running: _Running) -> None:
+        execute = running.execute
 
         def in_slot() -> RunResult:
             try:
@@ -75,26 +127,39 @@ class RunPool:
             finally:
                 self.slots.release()
 
-        self._runs[key] = _Running(run, self.pool.submit(in_slot))
+        running.future = self.pool.submit(in_slot)
 
     def has(self, key: Any) -> bool:
-        """Whether ``key`` has a run under way in this attempt (after a restore it has none until resubmitted)."""
+        """Whether ``key`` has a run queued or under way in this attempt (after a restore: none until resubmitted)."""
         return key in self._runs
 
     def done(self, key: Any, *, wait_for_it: bool = False) -> bool:
         """Whether ``key``'s run has ended and its outputs may leave (``wait_for_it``: wait until then).
 
-        A run frees its slot when it returns; its outputs may leave once the durability mode says so
-        (:meth:`~flink_agents_replay.journal.writer.RunJournal.outputs_may_leave`, asked without waiting). A
-        run that raised is done at once: :meth:`finished` raises its exception.
+        Starts queued runs first. A run frees its slot when it returns; its outputs may leave once the
+        durability mode says so (:meth:`~flink_agents_replay.journal.writer.RunJournal.outputs_may_leave`, asked
+        without waiting). A run that raised is done at once: :meth:`finished` raises its exception.
         """
+        self.start_queued()
         running = self._runs[key]
-        if wait_for_it and running.future.exception() is None and running.run.journal is not None:
+        if running.future is None:
+            if not wait_for_it:
+                return False
+            self._start_through(key)
+        future = running.future
+        if wait_for_it and future.exception() is None and running.run.journal is not None:
             running.run.journal.acknowledge()
-        if not running.future.done():
+        if not future.done():
             return False
         journal = running.run.journal
-        return journal is None or running.future.exception() is not None or journal.outputs_may_leave()
+        return journal is None or future.exception() is not None or journal.outputs_may_leave()
+
+    def _start_through(self, key: Any) -> None:
+        """Start queued runs in order, waiting for slots, until ``key``'s has started (draining a bounded input)."""
+        while self._runs[key].future is None:
+            if not self.start_queued(wait_s=self.slot_wait_timeout_s):
+                raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
+                                          f"(max_concurrent_runs={self.max_runs}); a call may hang")
 
     def finished(self, key: Any) -> RunResult:
         """The key's ended run, taken out of the runs under way (an action's exception fails the task here)."""
@@ -106,15 +171,18 @@ class RunPool:
             raise RuntimeError(f"the run of key {key!r} ended with {type(exc).__name__}: {exc}") from exc
 
     def in_flight(self) -> list[RunInFlight]:
-        """The runs under way (what a checkpoint marker must keep readable)."""
+        """The runs queued or under way (what a checkpoint marker must keep readable)."""
         return [running.run for running in self._runs.values()]
 
     def close(self) -> None:
-        """Stop every run at its next boundary; wait a bounded time for calls under way; abandon the rest."""
+        """Drop queued runs; stop every run at its next boundary; wait a bounded time for calls under way."""
         self.closing.set()
+        self._queued.clear()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.child_pool.shutdown()
-        futures = {running.future: key for key, running in self._runs.items()}
+        # A future the shutdown cancelled never started, and wait() would not count it as done (CPython).
+        futures = {running.future: key for key, running in self._runs.items()
+                   if running.future is not None and not running.future.cancelled()}
         _, hung = wait(futures, timeout=self.close_timeout_s)
         if hung:
             self.counters["runs_abandoned"].inc(len(hung))
