@@ -1,10 +1,10 @@
 """Concurrent runs: throughput with 200 ms calls at max_concurrent_runs = 1, 8, 32 on one subtask.
 
-One subtask (parallelism 1), an agent of 1 action with 1 call that sleeps 200 ms, twice as many keys
-as run slots (at least 16) so every slot has work. The ideal is ``concurrency / 0.2 s``: every slot
-busy with a call all the time. Each point is its own MiniCluster job over an *unbounded* Kafka input,
+One subtask (parallelism 1), an agent of 1 action with 1 call that sleeps 200 ms (``--call-ms``), twice as
+many keys as run slots (at least 16) so every slot has work. The ideal is ``concurrency / call time``: every
+slot busy with a call all the time. Each point is its own MiniCluster job over an *unbounded* Kafka input,
 measured from the end of the first wave of runs to the last output (start-up excluded); points run back
-to back in one process, interleaved over rounds. The journal is on (``per_action``, the default) unless
+to back in one process, interleaved over rounds. The journal is on (``per_run``, the default) unless
 ``--journal off``; ``--journal both`` measures both side by side.
 
     .venv/bin/python bench/bench_concurrency.py --quick     # journal on, one round, ~2 minutes
@@ -78,7 +78,7 @@ def main() -> None:
         per_round = [r.runs / r.seconds / ideal * 100 for r in results]
         spread = f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 else ""
         flink_cpu = sum(r.flink_cpu_s for r in results)
-        rows.append(["per_action" if enabled else "off", concurrency, runs, seconds, runs / seconds, ideal,
+        rows.append(["per_run" if enabled else "off", concurrency, runs, seconds, runs / seconds, ideal,
                      f"{runs / seconds / ideal * 100:.1f}", spread, flink_cpu / runs * 1000,
                      f"{flink_cpu / seconds * 100:.0f}"])
     h.print_table(
