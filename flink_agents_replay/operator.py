@@ -112,7 +112,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
                             close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters,
-                            max_waiting=self.config.max_waiting_inputs)
+                            max_waiting=self.config.max_waiting_inputs,
+                            poll_interval_s=self.config.poll_interval_ms / 1000)
         self.mode = parts.job_mode(self.config, max_parallelism=self.max_parallelism)
         self.mode.open(owned=self.owned, subtask=self.subtask, counters=self.counters)
         self.observers = parts.observers(self.config, key_type=self.key_type, max_parallelism=self.max_parallelism,

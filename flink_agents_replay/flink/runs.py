@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,22 +64,28 @@ class RunPool:
         counters: the operator's counters (``runs_abandoned``).
         max_waiting: inputs that may wait before the next one is held back (``max_waiting_inputs``; default
             ``QUEUE_FACTOR * max_runs``).
+        poll_interval_s: how often the operator's timers check a key's run (``poll_interval_ms``).
     """
 
     def __init__(self, *, max_runs: int, max_child_calls: int, slot_wait_timeout_s: float, close_timeout_s: float,
-                 subtask: int, counters: Mapping[str, Any], max_waiting: int | None = None):
+                 subtask: int, counters: Mapping[str, Any], max_waiting: int | None = None,
+                 poll_interval_s: float = 0.005):
         self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
         self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
         self.slots = threading.BoundedSemaphore(max_runs)
         self.closing = threading.Event()
         self.max_runs = max_runs
         self.max_waiting = QUEUE_FACTOR * max_runs if max_waiting is None else max_waiting
+        self.poll_interval_s = poll_interval_s
         self.slot_wait_timeout_s = slot_wait_timeout_s
         self.close_timeout_s = close_timeout_s
         self.subtask = subtask
         self.counters = counters
         self._runs: dict[Any, _Running] = {}
         self._queued: deque[Any] = deque()
+        # Inputs taken over the bound and runs ended since it was reached (hold_back), under _run_ended.
+        self._run_ended = threading.Condition()
+        self._taken_over_bound = self._ended_over_bound = 0
 
     def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult]) -> None:
         """Queue ``execute`` for ``key`` and start what free slots allow (never blocks: see :meth:`hold_back`)."""
@@ -87,22 +94,33 @@ class RunPool:
         self.start_queued()
 
     def hold_back(self, inputs_waiting: int) -> None:
-        """Backpressure: with more than ``max_waiting`` inputs waiting (queued runs plus ``inputs_waiting``, the
-        operator's inputs held behind their key's run), wait for a run to end before the next input is taken.
+        """Backpressure: while more than ``max_waiting`` inputs wait (queued runs plus ``inputs_waiting``, the
+        operator's inputs held behind their key's run), each input taken over that bound needs a run to have
+        ended since the bound was reached, so inputs come in no faster than runs end.
+
+        A run that has ended frees what waits behind it only once its key's timer applies it, and timers run
+        only after this returns: while one waits to be applied, this waits at most ``poll_interval_s`` (the
+        input then still owes its run end to the next one), so no slot idles behind a blocked task thread.
 
         Raises:
             RunSlotTimeoutError: no run ended within ``slot_wait_timeout_s`` (a call probably hangs).
         """
         self.start_queued()
-        if len(self._queued) + inputs_waiting <= self.max_waiting:
-            return
-        under_way = [r.future for r in self._runs.values() if r.future is not None and not r.future.done()]
-        if not under_way:  # every run has ended: applying them (the task thread's timers) frees what waits
-            return
-        ended, _ = wait(under_way, timeout=self.slot_wait_timeout_s, return_when=FIRST_COMPLETED)
-        if not ended:
-            raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
-                                      f"(max_concurrent_runs={self.max_runs}); a call may hang")
+        with self._run_ended:
+            if len(self._queued) + inputs_waiting <= self.max_waiting:
+                self._taken_over_bound = self._ended_over_bound = 0
+                return
+            self._taken_over_bound += 1
+            deadline = time.monotonic() + self.slot_wait_timeout_s
+            while self._ended_over_bound < self._taken_over_bound:
+                if any(r.future is not None and r.future.done() for r in self._runs.values()):
+                    self._run_ended.wait(self.poll_interval_s)  # let the timers apply it
+                    break
+                if not any(r.future is not None for r in self._runs.values()):
+                    break  # nothing under way that could end
+                if not self._run_ended.wait(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                    raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
+                                              f"(max_concurrent_runs={self.max_runs}); a call may hang")
         self.start_queued()
 
     def start_queued(self, *, wait_s: float = 0.0) -> int:
@@ -126,6 +144,9 @@ class RunPool:
                 return execute()
             finally:
                 self.slots.release()
+                with self._run_ended:
+                    self._ended_over_bound += 1
+                    self._run_ended.notify_all()
 
         running.future = self.pool.submit(in_slot)
 

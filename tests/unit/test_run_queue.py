@@ -175,3 +175,37 @@ def test_max_waiting_inputs_is_checked_and_reaches_the_pool():
         assert _pool().max_waiting == QUEUE_FACTOR
     finally:
         pool.close()
+
+
+def test_a_run_that_ended_while_the_task_thread_was_elsewhere_lets_one_input_in_over_the_bound():
+    pool, first, second = _pool(slot_wait_timeout_s=30), _Runs(), _Runs()
+    try:
+        first.submit(pool, "k1", hold=True)
+        second.submit(pool, "k2", hold=True)  # queued, and runs once k1 has ended
+        pool.hold_back(inputs_waiting=QUEUE_FACTOR - 1)  # at the bound: nothing owed
+        first.release.set()
+        wait([pool._runs["k1"].future], timeout=5)
+        assert pool.done("k1") and pool.finished("k1") is None  # applied by its timer; k2 now runs
+        began = time.monotonic()
+        pool.hold_back(inputs_waiting=QUEUE_FACTOR + 1)  # over it: k1's end pays for this input
+        assert time.monotonic() - began < 1.0 and pool._taken_over_bound == pool._ended_over_bound == 1
+    finally:
+        first.release.set()
+        second.release.set()
+        pool.close()
+
+
+def test_over_the_bound_an_ended_run_awaiting_its_timer_does_not_block_the_task_thread():
+    """Its key's timer (which applies it and starts what waits behind it) runs only once the input returns."""
+    pool, runs = _pool(slot_wait_timeout_s=30), _Runs()
+    try:
+        runs.submit(pool, "k1")
+        runs.submit(pool, "k2", hold=True)
+        wait([pool._runs["k1"].future], timeout=5)
+        pool._ended_over_bound = 0  # as if k1 ended before the bound was reached: no credit
+        began = time.monotonic()
+        pool.hold_back(inputs_waiting=10 * QUEUE_FACTOR)  # k1 ended, not applied: back within poll_interval_s
+        assert time.monotonic() - began < 1.0 and pool._taken_over_bound == 1 and pool._ended_over_bound == 0
+    finally:
+        runs.release.set()
+        pool.close()
