@@ -4,8 +4,8 @@ Runs of different keys execute concurrently, at most ``max_runs`` at once per su
 from its start until it ends. A submission that finds no slot free joins a FIFO queue and returns, so the task
 thread goes on (applying finished runs, letting a checkpoint barrier through) instead of blocking on a slot.
 The backpressure to the source is :meth:`RunPool.hold_back`: once more than ``max_waiting_inputs`` (default
-``QUEUE_FACTOR * max_runs``) inputs wait (queued runs, and inputs held behind their key's run), each next input
-waits for a run to end; when none ends for ``slot_wait_timeout_s`` the task fails
+``QUEUE_FACTOR * max_runs``) inputs wait (queued runs, and inputs held behind their key's run), inputs come in
+no faster than runs end; when none ends for ``slot_wait_timeout_s`` the task fails
 (:class:`~flink_agents_replay.errors.RunSlotTimeoutError`: a call probably hangs).
 
 Queued runs are started on the task thread only (:meth:`RunPool.submit`, :meth:`RunPool.done`,

@@ -43,12 +43,16 @@ class _Runs:
         pool.submit(key, RunInFlight(0, key, 1, None), execute)
 
 
+def _k1_held_then_k2_k3_queued(pool: RunPool, runs: _Runs) -> None:
+    runs.submit(pool, "k1", hold=True)  # takes the only slot until runs.release
+    runs.submit(pool, "k2")
+    runs.submit(pool, "k3")
+
+
 def test_a_submission_without_a_free_slot_queues_and_returns():
     pool, runs = _pool(), _Runs()
     try:
-        runs.submit(pool, "k1", hold=True)
-        for key in ("k2", "k3"):
-            runs.submit(pool, key)  # returns at once: with the old blocking slot this waited 5 s and failed
+        _k1_held_then_k2_k3_queued(pool, runs)  # returns at once: a blocking slot waited 5 s and failed
         assert pool.has("k2") and not pool.done("k2") and runs.started == ["k1"]
         assert [r.seq for r in pool.in_flight()] == [1, 1, 1]  # queued runs are in the checkpoint's runs in flight
     finally:
@@ -59,9 +63,7 @@ def test_a_submission_without_a_free_slot_queues_and_returns():
 def test_queued_runs_start_in_order_on_the_task_thread_only():
     pool, runs = _pool(), _Runs()
     try:
-        runs.submit(pool, "k1", hold=True)
-        runs.submit(pool, "k2")
-        runs.submit(pool, "k3")
+        _k1_held_then_k2_k3_queued(pool, runs)
         runs.release.set()
         wait([pool._runs["k1"].future], timeout=5)  # k1 has ended and freed its slot
         assert runs.started == ["k1"]  # the worker that ran k1 started nothing
@@ -122,9 +124,7 @@ def test_a_hold_back_does_not_wait_when_every_run_has_ended():
 def test_draining_starts_the_queue_through_the_waited_key():
     pool, runs = _pool(), _Runs()
     try:
-        runs.submit(pool, "k1", hold=True)
-        runs.submit(pool, "k2")
-        runs.submit(pool, "k3")
+        _k1_held_then_k2_k3_queued(pool, runs)
         runs.release.set()
         assert pool.done("k3", wait_for_it=True)
         assert runs.started == ["k1", "k2", "k3"]  # in order, not k3 first
