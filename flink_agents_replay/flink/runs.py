@@ -99,8 +99,10 @@ class RunPool:
         ended since the bound was reached, so inputs come in no faster than runs end.
 
         A run that has ended frees what waits behind it only once its key's timer applies it, and timers run
-        only after this returns: while one waits to be applied, this waits at most ``poll_interval_s`` (the
-        input then still owes its run end to the next one), so no slot idles behind a blocked task thread.
+        only after this returns: while one may be applied (its outputs may leave), this waits at most
+        ``poll_interval_s`` (the input then still owes its run end to the next one), so no slot idles behind a
+        blocked task thread. A run whose records are still being acknowledged is not such a run: counting it
+        would take inputs in at any rate while a slow broker acknowledges.
 
         Raises:
             RunSlotTimeoutError: no run ended within ``slot_wait_timeout_s`` (a call probably hangs).
@@ -113,15 +115,26 @@ class RunPool:
             self._taken_over_bound += 1
             deadline = time.monotonic() + self.slot_wait_timeout_s
             while self._ended_over_bound < self._taken_over_bound:
-                if any(r.future is not None and r.future.done() for r in self._runs.values()):
+                if any(self._may_apply(r) for r in self._runs.values()):
                     self._run_ended.wait(self.poll_interval_s)  # let the timers apply it
                     break
                 if not any(r.future is not None for r in self._runs.values()):
                     break  # nothing under way that could end
-                if not self._run_ended.wait(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
                                               f"(max_concurrent_runs={self.max_runs}); a call may hang")
+                # woken by a run's end; the poll interval also sees acknowledgements arrive
+                self._run_ended.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
         self.start_queued()
+
+    @staticmethod
+    def _may_apply(running: _Running) -> bool:
+        """Whether the run has ended and its outputs may leave (the durability mode's check, without waiting)."""
+        future = running.future
+        if future is None or not future.done():
+            return False
+        journal = running.run.journal
+        return journal is None or future.exception() is not None or journal.outputs_may_leave()
 
     def start_queued(self, *, wait_s: float = 0.0) -> int:
         """Start queued runs, oldest first, while a slot is free (waiting up to ``wait_s`` for the first); the count.
@@ -167,13 +180,9 @@ class RunPool:
             if not wait_for_it:
                 return False
             self._start_through(key)
-        future = running.future
-        if wait_for_it and future.exception() is None and running.run.journal is not None:
+        if wait_for_it and running.future.exception() is None and running.run.journal is not None:
             running.run.journal.acknowledge()
-        if not future.done():
-            return False
-        journal = running.run.journal
-        return journal is None or future.exception() is not None or journal.outputs_may_leave()
+        return self._may_apply(running)
 
     def _start_through(self, key: Any) -> None:
         """Start queued runs in order, waiting for slots, until ``key``'s has started (draining a bounded input)."""

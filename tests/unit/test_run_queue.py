@@ -209,3 +209,33 @@ def test_over_the_bound_an_ended_run_awaiting_its_timer_does_not_block_the_task_
     finally:
         runs.release.set()
         pool.close()
+
+
+class _Acknowledgements:
+    """A run journal whose records are acknowledged when the test says so."""
+
+    def __init__(self) -> None:
+        self.arrived = False
+
+    def outputs_may_leave(self) -> bool:
+        return self.arrived
+
+    def acknowledge(self) -> None:
+        self.arrived = True
+
+
+def test_over_the_bound_a_run_awaiting_its_acknowledgements_lets_no_input_in():
+    """A slow broker: runs end, their records are still travelling; taking inputs in then would end backpressure
+    (tests/integration/test_broker_faults.py's slow broker read every input at once)."""
+    pool, acks = _pool(slot_wait_timeout_s=30), _Acknowledgements()
+    try:
+        pool.submit("k1", RunInFlight(0, "k1", 1, acks), lambda: None)
+        wait([pool._runs["k1"].future], timeout=5)
+        pool._ended_over_bound = 0  # k1 ended before the bound was reached: no credit
+        threading.Timer(0.3, lambda: setattr(acks, "arrived", True)).start()
+        began = time.monotonic()
+        pool.hold_back(inputs_waiting=10 * QUEUE_FACTOR)
+        assert time.monotonic() - began >= 0.25 and acks.arrived  # it waited for them, not poll_interval_s
+        assert pool.done("k1")
+    finally:
+        pool.close()
