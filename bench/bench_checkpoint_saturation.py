@@ -6,16 +6,14 @@ backpressured from its first seconds; a checkpoint is triggered every second. Ea
 Flink's own (``end_to_end_duration``: trigger to the last acknowledgement), read from the MiniCluster's REST
 API while the job runs. Variants:
 
-* ``aligned`` / ``unaligned`` / ``aligned+debloat``: aligned checkpoints, unaligned ones
-  (``execution.checkpointing.unaligned.enabled``), aligned ones with network buffer debloating
-  (``taskmanager.network.memory.buffer-debloat.enabled``);
-* each with ``max_waiting_inputs`` at its default (4 per slot: the operator queues runs and keeps applying
-  finished ones) and at 0 (``no queue``: it takes no input while it waits for a slot, as before the queue).
+``aligned`` / ``unaligned`` / ``aligned+debloat``: aligned checkpoints, unaligned ones
+(``execution.checkpointing.unaligned.enabled``), aligned ones with network buffer debloating
+(``taskmanager.network.memory.buffer-debloat.enabled``).
 
 The target is a checkpoint within 2 x the call time.
 
-    .venv/bin/python bench/bench_checkpoint_saturation.py --quick   # 200 ms only, ~4 minutes
-    .venv/bin/python bench/bench_checkpoint_saturation.py           # 200 ms and 1 s, ~15 minutes
+    .venv/bin/python bench/bench_checkpoint_saturation.py --quick   # 200 ms only, ~2 minutes
+    .venv/bin/python bench/bench_checkpoint_saturation.py           # 200 ms and 1 s, ~8 minutes
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ CHECKPOINTING = {
     "unaligned": {"execution.checkpointing.unaligned.enabled": "true"},
     "aligned+debloat": {"taskmanager.network.memory.buffer-debloat.enabled": "true"},
 }
-QUEUEING = {"queue": {}, "no queue": {"max_waiting_inputs": 0}}
 
 
 @dataclass
@@ -94,10 +91,10 @@ class Measured:
     checkpoints: Checkpoints
 
 
-def _run_variant(bootstrap: str, checkpointing: str, queueing: str, call_ms: float, runs: int, args) -> Measured:
+def _run_variant(bootstrap: str, checkpointing: str, call_ms: float, runs: int, args) -> Measured:
     topic = h.produce_bench_inputs(bootstrap, args.keys, runs)
     agent = h.bench_agent("saturation", call_delay_s=call_ms / 1000, actions=1)
-    config = h.agent_config(bootstrap, max_concurrent_runs=args.concurrency, **QUEUEING[queueing])
+    config = h.agent_config(bootstrap, max_concurrent_runs=args.concurrency)
     port = free_port()
     flink_config = {"rest.port": str(port), "web.checkpoints.history": "1000",
                     "execution.checkpointing.timeout": "10 min", **CHECKPOINTING[checkpointing]}
@@ -130,12 +127,12 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 2)
     seconds = args.seconds or (10.0 if args.quick else 20.0)
     call_times = args.call_ms or ([200.0] if args.quick else [200.0, 1000.0])
-    names = [(c, q) for c in CHECKPOINTING for q in QUEUEING]
+    names = list(CHECKPOINTING)
 
     print(h.machine_note())
     print(f"# {rounds} round(s), concurrency {args.concurrency}, {args.keys} keys, 1 action x 1 call, "
           f"a checkpoint every 1000 ms, ~{seconds:g} s per job at the ideal rate", flush=True)
-    measured: dict[tuple[str, str, float], list[Measured]] = defaultdict(list)
+    measured: dict[tuple[str, float], list[Measured]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
         h.warm_up_broker(bootstrap, 15 if args.quick else 30)
@@ -143,17 +140,16 @@ def main() -> None:
             order = names[round_index % len(names):] + names[:round_index % len(names)]
             for call_ms in call_times:
                 runs = int(seconds * args.concurrency * 1000 / call_ms)
-                for checkpointing, queueing in order:
-                    m = _run_variant(bootstrap, checkpointing, queueing, call_ms, runs, args)
-                    measured[(checkpointing, queueing, call_ms)].append(m)
+                for checkpointing in order:
+                    m = _run_variant(bootstrap, checkpointing, call_ms, runs, args)
+                    measured[(checkpointing, call_ms)].append(m)
                     d = m.checkpoints.durations_ms
-                    print(f"# round {round_index + 1} {checkpointing:>15} {queueing:>8} {call_ms:5g} ms: "
+                    print(f"# round {round_index + 1} {checkpointing:>15} {call_ms:5g} ms: "
                           f"{m.job.runs / m.job.seconds:6.1f} runs/s, {len(d)} checkpoints, max "
                           f"{max(d, default=float('nan')):.0f} ms [{time.monotonic() - began:.0f} s, "
                           f"load {h.load1():.1f}]", flush=True)
 
-    rows = [_row(f"{c}, {q}", call_ms, measured[(c, q, call_ms)], args.concurrency)
-            for call_ms in call_times for c, q in names]
+    rows = [_row(c, call_ms, measured[(c, call_ms)], args.concurrency) for call_ms in call_times for c in names]
     h.print_table(
         f"Checkpoints under saturation: 1 subtask, max_concurrent_runs={args.concurrency}, {args.keys} keys, "
         f"input filled beforehand, {rounds} interleaved round(s)",

@@ -10,11 +10,10 @@ journal-off job of the same call time: ``1 - runs/s / journal-off runs/s``.
 
 Variants: journal off; ``sync flush`` (the flink-agents baseline: a synchronous producer flush after every
 journal write, :func:`_harness.install_sync_flush`); the durability modes ``per_call``, ``per_action``,
-``per_run`` (the default) and ``at_checkpoint``; ``per_run, no queue`` (``max_waiting_inputs`` 0: the task
-thread takes no input while it waits for a run slot, as before the run queue); and (full run) ``per_run``
-with librdkafka's ``linger.ms`` at 0, 1 and 20 ms instead of its default 5 ms. Besides throughput: Flink CPU
-per run and per journaled record (against journal off), the journal producer's Produce requests and bytes per
-run (librdkafka statistics), and run latency (first action began -> output left the operator) p50/p99.
+``per_run`` (the default) and ``at_checkpoint``; and (full run) ``per_run`` with librdkafka's ``linger.ms``
+at 0, 1 and 20 ms instead of its default 5 ms. Besides throughput: Flink CPU per run and per journaled
+record (against journal off), the journal producer's Produce requests and bytes per run (librdkafka
+statistics), and run latency (first action began -> output left the operator) p50/p99.
 
     .venv/bin/python bench/bench_journal_overhead.py --quick     # one round, 0 and 20 ms, ~4 minutes
     .venv/bin/python bench/bench_journal_overhead.py             # 2 rounds, 0/20/200 ms, ~20 minutes
@@ -41,8 +40,6 @@ VARIANTS = {
     "per_action": {"durability": "per_action"},
     "per_run": {"durability": "per_run"},
     "at_checkpoint": {"durability": "at_checkpoint"},
-    # the operator before the run queue: no input taken while it waits for a slot
-    "per_run, no queue": {"durability": "per_run", "max_waiting_inputs": 0},
 }
 LINGER_VARIANTS = {f"per_run+linger{ms}": {"durability": "per_run", "linger.ms": ms} for ms in (0, 1, 20)}
 # rough throughput of a variant relative to journal-off, to size its first job

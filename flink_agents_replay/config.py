@@ -60,10 +60,6 @@ class AgentConfig:
         uid: the operator's uid (default ``flink-agents-replay/<agent name>``). Changing it breaks restores.
         max_parallelism: key groups and journal partitions; pinned, because changing it breaks restores.
         max_concurrent_runs: keys whose runs execute at once per subtask.
-        max_waiting_inputs: inputs a subtask takes in while every run slot is busy (runs queued for a slot,
-            inputs held behind their key's run) before each next input waits for a run to end: the
-            backpressure to the source. Default ``4 * max_concurrent_runs``; 0 takes no input while waiting
-            for a slot.
         max_concurrent_child_calls: threads per subtask running sub-agent calls of ``ctx.call_agents``
             besides the calling actions themselves (a separate pool: children never wait for run slots).
         durability: when the outputs of a run may leave (:mod:`flink_agents_replay.journal.writer`): ``per_run``
@@ -84,8 +80,7 @@ class AgentConfig:
             dump``/``load`` (which keeps offsets and prints the old id): a restore accepts such a checkpoint
             when every owned partition reaches the checkpoint's end offsets. Default: a different topic id is
             refused (a deleted and recreated journal).
-        slot_wait_timeout_s: how long an input held back (backpressure) waits for any run to end before
-            the task fails.
+        slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
         close_timeout_s: how long closing the operator (cancel, failover) waits for calls under way; runs still
             calling then are abandoned, counted (``runs_abandoned``) and their calls are in doubt. Keep it well
             below Flink's ``task.cancellation.timeout`` (180 s), past which Flink kills the TaskManager.
@@ -123,7 +118,6 @@ class AgentConfig:
     uid: str | None = None
     max_parallelism: int = 128
     max_concurrent_runs: int = 8
-    max_waiting_inputs: int | None = None
     max_concurrent_child_calls: int = 8
     durability: Durability = Durability.PER_RUN
     journal_enabled: bool = True
@@ -210,11 +204,6 @@ class AgentConfig:
         for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_waiting_inputs is not None and (isinstance(self.max_waiting_inputs, bool)
-                                                    or not isinstance(self.max_waiting_inputs, int)
-                                                    or self.max_waiting_inputs < 0):
-            raise ConfigError(f"max_waiting_inputs must be a whole number of at least 0, got "
-                              f"{self.max_waiting_inputs!r}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
                      "close_timeout_s", "recovered_history_expiry_s"):
             if getattr(self, name) <= 0:

@@ -105,15 +105,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._declare_state(runtime_context)
         self._create_metrics(runtime_context)
         self.totals = RunStats()
-        # Inputs this attempt held in ``pending`` behind their key's run and not yet started (the backpressure
-        # bound, :meth:`RunPool.hold_back`); inputs restored in ``pending`` are not counted.
-        self.inputs_waiting = 0
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
-                            close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters,
-                            max_waiting=self.config.max_waiting_inputs,
-                            poll_interval_s=self.config.poll_interval_ms / 1000)
+                            close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters)
         self.mode = parts.job_mode(self.config, max_parallelism=self.max_parallelism)
         self.mode.open(owned=self.owned, subtask=self.subtask, counters=self.counters)
         self.observers = parts.observers(self.config, key_type=self.key_type, max_parallelism=self.max_parallelism,
@@ -203,28 +198,20 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
-        self._accept(ctx.get_current_key(), value, ctx)
-        self.runs.hold_back(self.inputs_waiting)  # backpressure, without blocking on a slot while few inputs wait
-        yield from ()
-
-    def _accept(self, key, value, ctx) -> None:
-        """Start the input's run, or hold the input in the key's ``pending`` state behind its run in flight."""
+        key = ctx.get_current_key()
         waiting = self.mode.admit(value, ctx.timestamp(), self._accepted_seq)
         if waiting is None:  # the restored state already holds this input
             return
         if self.in_flight_state.value() is not None:
-            self._hold(waiting)  # one run per key: wait, in order
+            self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
             return
         if self.order.recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
-            self._hold(waiting)
+            self.pending_state.add(encode_waiting(waiting))
             self._start_next(key, ctx)
             return
         self._start(key, waiting, ctx)
-
-    def _hold(self, waiting: WaitingInput) -> None:
-        self.pending_state.add(encode_waiting(waiting))
-        self.inputs_waiting += 1
+        yield from ()
 
     def on_timer(self, timestamp, ctx):
         key = ctx.get_current_key()
@@ -255,8 +242,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if len(kept) != len(waiting):
             self.pending_state.update(kept)
         chosen = self.order.take_next(key, kept, ctx)
-        taken = len(waiting) - len(kept) + (chosen is not None)
-        self.inputs_waiting = max(0, self.inputs_waiting - taken)  # restored inputs were never counted
         if chosen is not None:
             self._start(key, chosen, ctx)
 

@@ -152,7 +152,6 @@ def test_a_finished_run_frees_its_slot_before_its_records_are_acknowledged():
         _submit_run(pool, store)
         second: Future = Future()
         pool.submit("k2", RunInFlight(KEY_GROUP, "d2", 1, None), lambda: second.set_result("ran") or None)
-        pool.start_queued(wait_s=5)  # what the task thread's next timer does
         assert second.result(timeout=5) == "ran"  # the only slot was free again
         assert not pool.done("k1")
         for delivery in store.deliveries:
