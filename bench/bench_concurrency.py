@@ -29,19 +29,24 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="max_concurrent_runs values")
     parser.add_argument("--call-ms", type=float, default=200.0, help="call time (default 200 ms)")
     parser.add_argument("--journal", choices=["on", "off", "both"], help="default: both; --quick: on")
+    parser.add_argument("--adaptive-poll", action="store_true",
+                        help="also measure per_run with an adaptive check interval (an experiment patched into the "
+                             "worker, _harness.install_adaptive_poll)")
     parser.add_argument("--poll-interval-ms", type=int, default=5, help="operator poll_interval_ms (default 5)")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
     target_s = args.seconds or (4.0 if args.quick else 8.0)
     journal = args.journal or ("on" if args.quick else "both")
-    modes = {"on": [True], "off": [False], "both": [True, False]}[journal]
+    modes = {"on": ["per_run"], "off": ["off"], "both": ["per_run", "off"]}[journal]
+    if args.adaptive_poll:
+        modes.insert(1, "per_run, adaptive poll")
     call_s = args.call_ms / 1000
 
     print(h.machine_note())
     print(f"# {rounds} round(s), {args.call_ms:g} ms calls, poll {args.poll_interval_ms} ms, checkpoints every "
           f"{args.checkpoint_interval_ms} ms, ~{target_s:g} s per job at the ideal rate", flush=True)
-    measured: dict[tuple[bool, int], list[tuple[int, float]]] = defaultdict(list)
+    measured: dict[tuple[str, int], list[h.JobResult]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
         h.warm_up_broker(bootstrap, 15 if args.quick else 30)
@@ -49,41 +54,43 @@ def main() -> None:
         h.timed_agent_job(bootstrap, warm, h.bench_agent("warmup", call_delay_s=0.0, actions=1),
                           h.agent_config(bootstrap), 100, checkpoint_interval_ms=args.checkpoint_interval_ms)
         print(f"# warm-up job done at {time.monotonic() - began:.0f} s", flush=True)
-        points = [(enabled, c) for c in args.concurrency for enabled in modes]
+        points = [(mode, c) for c in args.concurrency for mode in modes]
         for round_index in range(rounds):
             order = points[round_index % len(points):] + points[:round_index % len(points)]
-            for enabled, concurrency in order:
+            for mode, concurrency in order:
                 ideal = concurrency / call_s
                 keys = max(2 * concurrency, 16)
                 # at least two waves of every key, so the measured span is not one wave's start-to-end
                 runs = max(int(target_s * ideal), 2 * keys, 20)
                 topic = h.produce_bench_inputs(bootstrap, keys, runs)
-                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1)
-                config = h.agent_config(bootstrap, journal_enabled=enabled, max_concurrent_runs=concurrency,
-                                        poll_interval_ms=args.poll_interval_ms)
+                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1,
+                                      adaptive_poll=mode.endswith("adaptive poll"))
+                config = h.agent_config(bootstrap, journal_enabled=mode != "off", max_concurrent_runs=concurrency,
+                                        poll_interval_ms=args.poll_interval_ms,
+                                        adaptive_poll=mode.endswith("adaptive poll"))
                 result = h.timed_agent_job(bootstrap, topic, agent, config, runs,
                                            checkpoint_interval_ms=args.checkpoint_interval_ms)
-                measured[(enabled, concurrency)].append(result)
-                print(f"# round {round_index + 1} journal {'on ' if enabled else 'off'} concurrency {concurrency:3d}: "
+                measured[(mode, concurrency)].append(result)
+                print(f"# round {round_index + 1} {mode:>22} concurrency {concurrency:3d}: "
                       f"{result.runs:5d} runs in {result.seconds:6.2f} s = {result.runs / result.seconds:6.1f} runs/s "
                       f"({result.runs / result.seconds / ideal * 100:.0f} % of ideal), Flink CPU "
                       f"{result.flink_cpu_s / result.seconds * 100:.0f} % of a core "
                       f"[{time.monotonic() - began:.0f} s, load {h.load1():.1f}]", flush=True)
 
     rows = []
-    for enabled, concurrency in points:
-        results = measured[(enabled, concurrency)]
+    for mode, concurrency in points:
+        results = measured[(mode, concurrency)]
         runs, seconds = sum(r.runs for r in results), sum(r.seconds for r in results)
         ideal = concurrency / call_s
         per_round = [r.runs / r.seconds / ideal * 100 for r in results]
         spread = f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 else ""
         flink_cpu = sum(r.flink_cpu_s for r in results)
-        rows.append(["per_run" if enabled else "off", concurrency, runs, seconds, runs / seconds, ideal,
+        rows.append([mode, concurrency, runs, seconds, runs / seconds, ideal,
                      f"{runs / seconds / ideal * 100:.1f}", spread, flink_cpu / runs * 1000,
                      f"{flink_cpu / seconds * 100:.0f}"])
     h.print_table(
         f"Concurrent runs: 1 subtask, 1 action x 1 call of {args.call_ms:g} ms per run, {rounds} interleaved round(s)",
-        ["journal", "concurrency", "runs", "seconds", "runs/s", "ideal runs/s", "% of ideal", "per-round range (%)",
+        ["variant", "concurrency", "runs", "seconds", "runs/s", "ideal runs/s", "% of ideal", "per-round range (%)",
          "Flink CPU ms/run", "Flink CPU (% of a core)"],
         rows)
     print(f"ideal = concurrency / {call_s:g} s (every slot always inside a call); Flink CPU = CPU time of the "
