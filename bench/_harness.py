@@ -413,29 +413,39 @@ def _cpu_seconds(pid: int | None) -> float:
         return float("nan")
 
 
-class CpuSampler:
-    """Samples the CPU time of the Flink JVM (PyFlink's gateway child) and of a local broker child at 20 Hz.
+class BackgroundLoop:
+    """A daemon thread running :meth:`_run` from ``__enter__`` to ``__exit__``, which sets ``_stop`` and joins it."""
 
-    Linux only (``/proc``); elsewhere every figure is NaN.
-    """
-
-    def __init__(self, interval_s: float = 0.05):
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, float, float]] = []
+    def __init__(self, name: str):
         self._stop = threading.Event()
-        me = os.getpid()
-        kids = {pid: _cmdline(pid) for pid in _children(me)}
-        self.flink_pid = next((p for p, c in kids.items() if "PythonGatewayServer" in c), None)
-        self.broker_pid = next((p for p, c in kids.items() if "kafka.Kafka" in c), None)
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> CpuSampler:
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class CpuSampler(BackgroundLoop):
+    """Samples the CPU time of the Flink JVM (PyFlink's gateway child) and of a local broker child at 20 Hz.
+
+    Linux only (``/proc``); elsewhere every figure is NaN.
+    """
+
+    def __init__(self, interval_s: float = 0.05):
+        super().__init__("cpu-sampler")
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float]] = []
+        me = os.getpid()
+        kids = {pid: _cmdline(pid) for pid in _children(me)}
+        self.flink_pid = next((p for p, c in kids.items() if "PythonGatewayServer" in c), None)
+        self.broker_pid = next((p for p, c in kids.items() if "kafka.Kafka" in c), None)
 
     def _run(self) -> None:
         while True:

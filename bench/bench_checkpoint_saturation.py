@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -46,23 +45,14 @@ class Checkpoints:
     persisted_bytes: int = 0  # in-flight data written by unaligned checkpoints (largest)
 
 
-class CheckpointWatcher:
+class CheckpointWatcher(h.BackgroundLoop):
     """Polls ``/jobs/<id>/checkpoints`` of the one job a MiniCluster runs, in a thread, until stopped."""
 
     def __init__(self, port: int, interval_s: float = 0.2):
+        super().__init__("checkpoint-watcher")
         self.base = f"http://127.0.0.1:{port}"
         self.interval_s = interval_s
         self.seen = Checkpoints()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> CheckpointWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _get(self, path: str) -> dict:
         with urllib.request.urlopen(self.base + path, timeout=2) as answer:
