@@ -63,11 +63,11 @@ def main() -> None:
                 # at least two waves of every key, so the measured span is not one wave's start-to-end
                 runs = max(int(target_s * ideal), 2 * keys, 20)
                 topic = h.produce_bench_inputs(bootstrap, keys, runs)
+                adaptive = mode.endswith("adaptive poll")  # the agent installs the patch, the topic scopes it
                 agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1,
-                                      adaptive_poll=mode.endswith("adaptive poll"))
+                                      adaptive_poll=adaptive)
                 config = h.agent_config(bootstrap, journal_enabled=mode != "off", max_concurrent_runs=concurrency,
-                                        poll_interval_ms=args.poll_interval_ms,
-                                        adaptive_poll=mode.endswith("adaptive poll"))
+                                        poll_interval_ms=args.poll_interval_ms, adaptive_poll=adaptive)
                 result = h.timed_agent_job(bootstrap, topic, agent, config, runs,
                                            checkpoint_interval_ms=args.checkpoint_interval_ms)
                 measured[(mode, concurrency)].append(result)
