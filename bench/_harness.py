@@ -115,7 +115,7 @@ def machine_note() -> str:
 
 # -- the benchmark agent ---------------------------------------------------------------------------
 def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_action: int = 1,
-                result_bytes: int = 200, sync_flush: bool = False, adaptive_poll: bool = False) -> Any:
+                result_bytes: int = 200, sync_flush: bool = False) -> Any:
     """An agent of ``actions`` chained actions with ``calls_per_action`` calls each.
 
     The tool is a plain function that sleeps ``call_delay_s`` (the stand-in for a model or an API: I/O
@@ -144,8 +144,6 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
             began = time.time() if index == 0 else event.began  # the run's start, for its latency
             if sync_flush:
                 install_sync_flush()
-            if adaptive_poll:
-                install_adaptive_poll()
             text = event.input["key"] if index == 0 else event.text
             for call in range(calls_per_action):
                 text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|{index}|{call}|{text[:40]}")
@@ -187,43 +185,6 @@ def install_sync_flush() -> None:
 
     append.sync_flush = True
     JournalWriter.append = append
-
-
-#: In the journal topic of a job whose operator checks its runs at an adaptive interval (:func:`install_adaptive_poll`).
-ADAPTIVE_POLL_TOPIC_MARK = "-adaptivepoll-"
-#: The longest check interval of the adaptive-poll experiment (ms).
-ADAPTIVE_POLL_MAX_MS = 100
-
-
-def install_adaptive_poll() -> None:
-    """An experiment, not a mode of this package: the operator of a job whose journal topic is named with
-    :data:`ADAPTIVE_POLL_TOPIC_MARK` checks a key's run every ``max(poll_interval_ms, age / 10)`` (at most
-    :data:`ADAPTIVE_POLL_MAX_MS`), age counted from the run's submission: a run is noticed at most ~10 % of its
-    time late, and a 1 s run is checked ~50 times instead of 200.
-
-    Called by the worker; idempotent; other jobs' operators keep the fixed interval (see :func:`install_sync_flush`).
-    """
-    from flink_agents_replay.operator import ActionExecutionOperator
-
-    if getattr(ActionExecutionOperator._schedule_check, "adaptive", False):
-        return
-    fixed_check, submit = ActionExecutionOperator._schedule_check, ActionExecutionOperator._submit
-
-    def _submit(self, key, seq, waiting, ctx):
-        if ADAPTIVE_POLL_TOPIC_MARK in self.config.journal_topic:
-            self.__dict__.setdefault("_submitted_ms", {})[key] = ctx.timer_service().current_processing_time()
-        return submit(self, key, seq, waiting, ctx)
-
-    def _schedule_check(self, ctx):
-        submitted = self.__dict__.get("_submitted_ms", {}).get(ctx.get_current_key())
-        if submitted is None:
-            return fixed_check(self, ctx)
-        now = ctx.timer_service().current_processing_time()
-        delay = max(self.config.poll_interval_ms, min(ADAPTIVE_POLL_MAX_MS, (now - submitted) // 10))
-        ctx.timer_service().register_processing_time_timer(now + delay)
-
-    _schedule_check.adaptive = True
-    ActionExecutionOperator._submit, ActionExecutionOperator._schedule_check = _submit, _schedule_check
 
 
 def producer_statistics(path: str) -> dict[str, Any]:
@@ -274,10 +235,8 @@ def read_producer_statistics(path: str) -> ProduceStats:
 
 def agent_config(bootstrap: str, **overrides: Any) -> dict:
     """A config dict for the benchmark's operator: a fresh journal topic per job (``sync_flush=True``: one whose
-    writes flush synchronously, see :func:`install_sync_flush`; ``adaptive_poll=True``: one whose operator
-    checks its runs at an adaptive interval, see :func:`install_adaptive_poll`)."""
+    writes flush synchronously, see :func:`install_sync_flush`)."""
     mark = SYNC_FLUSH_TOPIC_MARK if overrides.pop("sync_flush", False) else "-"
-    mark = ADAPTIVE_POLL_TOPIC_MARK if overrides.pop("adaptive_poll", False) else mark
     topic = f"bench-journal{mark}{uuid.uuid4().hex[:8]}"
     if overrides.get("journal_enabled", True):
         CREATED_TOPICS.append(topic)

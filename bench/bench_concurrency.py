@@ -19,6 +19,9 @@ from collections import defaultdict
 
 import _harness as h
 
+#: The variant whose keys poll for their runs every poll_interval_ms (the operator before completion wake-ups).
+POLLING = "per_run, polling"
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -29,18 +32,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="max_concurrent_runs values")
     parser.add_argument("--call-ms", type=float, default=200.0, help="call time (default 200 ms)")
     parser.add_argument("--journal", choices=["on", "off", "both"], help="default: both; --quick: on")
-    parser.add_argument("--adaptive-poll", action="store_true",
-                        help="also measure per_run with an adaptive check interval (an experiment patched into the "
-                             "worker, _harness.install_adaptive_poll)")
-    parser.add_argument("--poll-interval-ms", type=int, default=5, help="operator poll_interval_ms (default 5)")
+    parser.add_argument("--polling", action="store_true",
+                        help="also measure per_run with every key polling for its run (wake_on_completion=False) "
+                             "instead of being woken by it")
+    parser.add_argument("--poll-interval-ms", type=int, default=5,
+                        help="operator poll_interval_ms of the polling variant (default 5)")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
     target_s = args.seconds or (4.0 if args.quick else 8.0)
     journal = args.journal or ("on" if args.quick else "both")
     modes = {"on": ["per_run"], "off": ["off"], "both": ["per_run", "off"]}[journal]
-    if args.adaptive_poll:
-        modes.insert(1, "per_run, adaptive poll")
+    if args.polling:
+        modes.insert(1, POLLING)
     call_s = args.call_ms / 1000
 
     print(h.machine_note())
@@ -63,11 +67,9 @@ def main() -> None:
                 # at least two waves of every key, so the measured span is not one wave's start-to-end
                 runs = max(int(target_s * ideal), 2 * keys, 20)
                 topic = h.produce_bench_inputs(bootstrap, keys, runs)
-                adaptive = mode.endswith("adaptive poll")  # the agent installs the patch, the topic scopes it
-                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1,
-                                      adaptive_poll=adaptive)
+                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1)
                 config = h.agent_config(bootstrap, journal_enabled=mode != "off", max_concurrent_runs=concurrency,
-                                        poll_interval_ms=args.poll_interval_ms, adaptive_poll=adaptive)
+                                        poll_interval_ms=args.poll_interval_ms, wake_on_completion=mode != POLLING)
                 result = h.timed_agent_job(bootstrap, topic, agent, config, runs,
                                            checkpoint_interval_ms=args.checkpoint_interval_ms)
                 measured[(mode, concurrency)].append(result)

@@ -10,7 +10,8 @@ journal-off job of the same call time: ``1 - runs/s / journal-off runs/s``.
 
 Variants: journal off; ``sync flush`` (the flink-agents baseline: a synchronous producer flush after every
 journal write, :func:`_harness.install_sync_flush`); the durability modes ``per_call``, ``per_action``,
-``per_run`` (the default) and ``at_checkpoint``; and (full run) ``per_run`` with librdkafka's ``linger.ms``
+``per_run`` (the default) and ``at_checkpoint``; journal off and ``per_run`` with every key polling for its run
+(``wake_on_completion=False``); and (full run) ``per_run`` with librdkafka's ``linger.ms``
 at 0, 1 and 20 ms instead of its default 5 ms. Besides throughput: Flink CPU per run and per journaled
 record (against journal off), the journal producer's Produce requests and bytes per run (librdkafka
 statistics), and run latency (first action began -> output left the operator) p50/p99.
@@ -40,6 +41,9 @@ VARIANTS = {
     "per_action": {"durability": "per_action"},
     "per_run": {"durability": "per_run"},
     "at_checkpoint": {"durability": "at_checkpoint"},
+    # every key polling for its run every poll_interval_ms instead of being woken by it (before issue #14's wake-ups)
+    "journal off, polling": {"journal_enabled": False, "wake_on_completion": False},
+    "per_run, polling": {"durability": "per_run", "wake_on_completion": False},
 }
 LINGER_VARIANTS = {f"per_run+linger{ms}": {"durability": "per_run", "linger.ms": ms} for ms in (0, 1, 20)}
 # rough throughput of a variant relative to journal-off, to size its first job
@@ -86,7 +90,8 @@ def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measure
     jobs, base_jobs = [m.job for m in results], [m.job for m in base]
     runs, seconds = sum(r.runs for r in jobs), sum(r.seconds for r in jobs)
     base_rate = sum(r.runs for r in base_jobs) / sum(r.seconds for r in base_jobs)
-    off = name == "journal off"
+    off = name == "journal off"  # the base
+    unjournaled = name.startswith("journal off")  # no records: no per-record columns
     per_round = [(1 - (r.runs / r.seconds) / (b.runs / b.seconds)) * 100 for r, b in zip(jobs, base_jobs, strict=True)]
     spread = f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 and not off else ""
     flink_cpu = sum(r.flink_cpu_s for r in jobs) / runs * 1000
@@ -97,9 +102,10 @@ def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measure
                                 for f in ("records", "requests", "record_bytes", "wire_bytes")))
     requests, record_bytes, _ = produced.per(RECORDS_PER_RUN)
     return [name, delay_ms, runs, runs / seconds, "-" if off else f"{(1 - runs / seconds / base_rate) * 100:.1f}",
-            spread, flink_cpu, "-" if off else f"{(flink_cpu - base_cpu) * 1000 / RECORDS_PER_RUN:.0f}",
-            sum(r.broker_cpu_s for r in jobs) / runs * 1000, "-" if off else requests,
-            "-" if off else record_bytes, h.percentile(latencies, 0.5) * 1000, h.percentile(latencies, 0.99) * 1000,
+            spread, flink_cpu, "-" if unjournaled else f"{(flink_cpu - base_cpu) * 1000 / RECORDS_PER_RUN:.0f}",
+            sum(r.broker_cpu_s for r in jobs) / runs * 1000, "-" if unjournaled else requests,
+            "-" if unjournaled else record_bytes, h.percentile(latencies, 0.5) * 1000,
+            h.percentile(latencies, 0.99) * 1000,
             "-" if off else f"{(h.percentile(latencies, 0.5) - h.percentile(base_latencies, 0.5)) * 1000:.1f}"]
 
 

@@ -89,7 +89,12 @@ class AgentConfig:
         create_topic: create the journal topic if missing.
         replication_factor: replication of a created journal topic (default: the broker's).
         topic_config: topic settings of a created journal topic.
-        poll_interval_ms: how often a key with a run in flight checks whether it finished.
+        wake_on_completion: a run that can be applied wakes its key on the task thread (through the checkpoint
+            bridge's mailbox); ``False`` makes every key with a run in flight poll for it instead.
+        poll_interval_ms: with ``wake_on_completion=False``, how often a key with a run in flight checks whether
+            it finished.
+        fallback_check_ms: with ``wake_on_completion``, how often a key with a run in flight checks anyway (a
+            safety net: a wake-up lost to a full pipe is applied by this check).
         restore_input_order: after a restore, run each key's inputs in the order the journal recorded
             them, holding back inputs that arrive before their recorded predecessors (several upstream
             instances per key, docs/design.md §8); ``False`` runs them in arrival order.
@@ -132,7 +137,9 @@ class AgentConfig:
     create_topic: bool = True
     replication_factor: int | None = None
     topic_config: Mapping[str, str] = field(default_factory=dict)
+    wake_on_completion: bool = True
     poll_interval_ms: int = 5
+    fallback_check_ms: int = 1000
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
     recovered_history_expiry_s: float = 1800.0
@@ -201,7 +208,8 @@ class AgentConfig:
     def _check_limits(self) -> None:
         if not 1 <= self.max_parallelism <= 32768:
             raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
-        for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms"):
+        for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms",
+                     "fallback_check_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",

@@ -34,6 +34,7 @@ The other parts the operator calls without knowing what they do:
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.agent import Agent
+from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.flink import parts
@@ -72,7 +74,10 @@ COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reuse
             "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
             "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned",
-            "earlier_attempt_records_ignored", "histories_expired")
+            "earlier_attempt_records_ignored", "histories_expired", "runs_woken", "runs_checked", "runs_drained")
+#: How a run came to be applied: woken by its end (or found by another timer of its key), found by its key's
+#: check timer (polling, or the fallback behind wake-ups), or waited for at the end of a bounded input.
+APPLIED_BY = ("runs_woken", "runs_checked", "runs_drained")
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._declare_state(runtime_context)
         self._create_metrics(runtime_context)
         self.totals = RunStats()
+        self.applied = dict.fromkeys(APPLIED_BY, 0)
+        self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
+        self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
+        self._tokens: dict[Any, int] = {}  # key -> the wake-up token of its run under way
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
@@ -150,8 +159,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
         try:
             if getattr(self, "runs", None) is not None:
                 self.runs.close()
-                log.info("subtask %d closing: %s", self.subtask, describe_stats(self.totals))
+                log.info("subtask %d closing: %s; runs applied: %s", self.subtask, describe_stats(self.totals),
+                         ", ".join(f"{name.removeprefix('runs_')} {n}" for name, n in self.applied.items()))
         finally:
+            if getattr(self, "wakeups", None) is not None:
+                self.wakeups.close()
             self._release_clients()
 
     def _release_clients(self) -> None:
@@ -169,6 +181,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
             raise errors[0]
 
     # -- checkpoint hooks --------------------------------------------------------------------------
+    def attach_wakeups(self, wakeups) -> None:
+        """The bridge offers completion wake-ups: a run that can be applied brings the task thread to its key."""
+        if self.config.wake_on_completion:
+            self.wakeups = CompletionWakeups(wakeups)
+
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
         self.journal.restore(values, job_id=self.job_id)
@@ -227,8 +244,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx)
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
         if not self.runs.done(key, wait_for_it=draining):
-            self._schedule_check(ctx)
+            if self._checks.get(key) == timestamp:  # the key's own check (not a wake-up or an order timer)
+                self._schedule_check(key, ctx)
             return
+        self._count_applied("runs_drained" if draining else "runs_checked" if self._checks.get(key) == timestamp
+                            else "runs_woken")
+        self._settle(key, timestamp, ctx)
         yield from self._apply(key, self.runs.finished(key), ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same
         # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
@@ -276,12 +297,31 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures,
                                acknowledge=False)  # group commit: the slot is free at once (RunPool.done)
 
-        self.runs.submit(key, RunInFlight(group, digest, seq, journal), execute)
-        self._schedule_check(ctx)
+        on_ready = None
+        if self.wakeups is not None:
+            token = self._tokens[key] = self.wakeups.remember_current_key()
+            on_ready = functools.partial(self.wakeups.wake, token)
+        self.runs.submit(key, RunInFlight(group, digest, seq, journal), execute, on_ready=on_ready)
+        self._schedule_check(key, ctx)
 
-    def _schedule_check(self, ctx) -> None:
-        now = ctx.timer_service().current_processing_time()
-        ctx.timer_service().register_processing_time_timer(now + self.config.poll_interval_ms)
+    def _schedule_check(self, key, ctx) -> None:
+        """Register the key's run check: the fallback behind wake-ups, or the polling interval without them."""
+        interval = self.config.poll_interval_ms if self.wakeups is None else self.config.fallback_check_ms
+        when = self._checks[key] = ctx.timer_service().current_processing_time() + interval
+        ctx.timer_service().register_processing_time_timer(when)
+
+    def _count_applied(self, how: str) -> None:
+        self.applied[how] += 1
+        self.counters[how].inc()
+
+    def _settle(self, key, timestamp: int, ctx) -> None:
+        """The key's run is about to be applied: drop its check timer (unless firing now) and its wake-up token."""
+        when = self._checks.pop(key, None)
+        if when is not None and when != timestamp:
+            ctx.timer_service().delete_processing_time_timer(when)
+        token = self._tokens.pop(key, None)
+        if token is not None:
+            self.wakeups.settle(token)
 
     def _apply(self, key, result: RunResult, ctx):
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "

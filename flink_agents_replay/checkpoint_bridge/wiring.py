@@ -9,6 +9,7 @@ own ``_get_one_input_stream_operator``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pyflink.common.typeinfo import TypeInformation
 from pyflink.datastream import DataStream, KeyedProcessFunction, KeyedStream
@@ -28,7 +29,7 @@ DEFAULT_OPERATOR_NAME = "KEYED PROCESS (checkpoint hooks)"
 
 
 class CheckpointHooks:
-    """The four checkpoint hooks a bridged ``KeyedProcessFunction`` may define, as no-op defaults.
+    """The checkpoint hooks (and the wake-up hook) a bridged ``KeyedProcessFunction`` may define, as no-op defaults.
 
     Mix it in (``class MyFn(CheckpointHooks, KeyedProcessFunction)``) for the signatures and
     documentation; a function that simply defines some of the methods works the same, and a missing
@@ -58,6 +59,15 @@ class CheckpointHooks:
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was abandoned; its snapshot will never be restored."""
+
+    def attach_wakeups(self, wakeups: Any) -> None:
+        """Called once, right after ``initialize_state``, with the Java half of completion wake-ups.
+
+        Wrap it in :class:`~flink_agents_replay.checkpoint_bridge.wakeups.CompletionWakeups`: a token
+        remembered on the task thread and woken from any thread later fires ``on_timer`` for the key it was
+        remembered under, at the current processing time (``ctx.time_domain()`` is processing time) with no
+        timer registered. Work finishing on other threads then needs no polling timer per key.
+        """
 
 
 def ship_bridge_jar(j_env) -> str:

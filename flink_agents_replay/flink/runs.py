@@ -63,8 +63,14 @@ class RunPool:
         self.counters = counters
         self._runs: dict[Any, _Running] = {}
 
-    def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult]) -> None:
-        """Run ``execute`` for ``key`` once a slot is free (it is released when the run ends)."""
+    def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult], *,
+               on_ready: Callable[[], None] | None = None) -> None:
+        """Run ``execute`` for ``key`` once a slot is free (it is released when the run ends).
+
+        ``on_ready()`` is called once :meth:`done` would say yes (the run failed, or ended and its outputs may
+        leave), from the worker or from the thread receiving the journal's last acknowledgement; never for a
+        run the closing cancelled. It must not block.
+        """
         if not self.slots.acquire(timeout=self.slot_wait_timeout_s):
             raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
                                       f"(max_concurrent_runs={self.max_runs}); a call may hang")
@@ -75,7 +81,10 @@ class RunPool:
             finally:
                 self.slots.release()
 
-        self._runs[key] = _Running(run, self.pool.submit(in_slot))
+        future = self.pool.submit(in_slot)
+        self._runs[key] = _Running(run, future)
+        if on_ready is not None:
+            future.add_done_callback(lambda ended: _when_ready(ended, run, on_ready))
 
     def has(self, key: Any) -> bool:
         """Whether ``key`` has a run under way in this attempt (after a restore it has none until resubmitted)."""
@@ -123,3 +132,13 @@ class RunPool:
                         "were abandoned; their calls are in doubt and the next attempt makes them again "
                         "(keys %s)", self.subtask, len(hung), self.close_timeout_s,
                         ", ".join(repr(futures[f]) for f in list(hung)[:10]))
+
+
+def _when_ready(future: Future, run: RunInFlight, on_ready: Callable[[], None]) -> None:
+    """``on_ready`` now if the run failed or journaled nothing, else once its outputs may leave."""
+    if future.cancelled():
+        return
+    if future.exception() is not None or run.journal is None:
+        on_ready()
+    else:
+        run.journal.when_outputs_may_leave(on_ready)

@@ -20,6 +20,9 @@ class _Done(Delivery):
     def done(self) -> bool:
         return True
 
+    def add_done_callback(self, callback) -> None:
+        callback()
+
 
 class MemoryJournalStore(JournalStore):
     """Keeps every partition as a list; deleted records become ``None`` below the low watermark."""

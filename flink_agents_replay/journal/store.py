@@ -7,7 +7,7 @@ unit tests. Partition = Flink key group, so a subtask reads and prunes exactly i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 __all__ = ["Delivery", "JournalStore", "StoredRecord"]
@@ -32,6 +32,11 @@ class Delivery(ABC):
     @abstractmethod
     def done(self) -> bool:
         """Whether the store has answered (acknowledged or failed): :meth:`wait` then returns at once."""
+
+    @abstractmethod
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the store has answered: at once if it has, else from the thread that
+        receives the answer (keep it short, it must not block)."""
 
 
 class JournalStore(ABC):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flink_agents_replay.errors import NO_RESTART_MARKER, JournalClosedError, JournalRecordTooLargeError
@@ -182,6 +182,17 @@ class RunJournal:
         """Whether the run's outputs may leave the operator now, by the durability mode (never waits): at once
         with ``at_checkpoint`` (the snapshot flushes), else once its records are acknowledged."""
         return self._writer.durability is Durability.AT_CHECKPOINT or self.acknowledged()
+
+    def when_outputs_may_leave(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once :meth:`outputs_may_leave` would say yes for the records written so far: at once,
+        or from the thread that receives the last acknowledgement (also when a record failed, so the caller
+        finds out). Acknowledgements come in partition order, so the last record's answer covers the others."""
+        with self._lock:
+            last = self._pending[-1] if self._pending else None
+        if last is None or self._writer.durability is Durability.AT_CHECKPOINT:
+            callback()
+        else:
+            last.add_done_callback(callback)
 
     def first_offset(self, timeout_s: float) -> int | None:
         """Offset of the run's first record (waits for its acknowledgement), or None if none was written."""

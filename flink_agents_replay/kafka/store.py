@@ -27,6 +27,7 @@ When the broker fails underneath (docs/design.md, "infrastructure faults: the br
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -51,6 +52,8 @@ _CLOSE_DELIVER_S = 5.0
 #: How long closing then waits for the purge reports (every delivery is reported, failed or not).
 _CLOSE_REPORT_S = 5.0
 
+log = logging.getLogger("flink_agents_replay.kafka")
+
 
 class TopicRecord(NamedTuple):
     """One record as read back (a tuple: a restore creates one per record)."""
@@ -64,7 +67,7 @@ class TopicRecord(NamedTuple):
 class TopicDelivery:
     """The pending acknowledgement of one appended record."""
 
-    __slots__ = ("_done", "offset", "error", "_role", "_on_failure")
+    __slots__ = ("_done", "offset", "error", "_role", "_on_failure", "_callbacks")
 
     def __init__(self, role: TopicRole, on_failure: Callable[[Any], None] | None = None) -> None:
         self._done = threading.Event()
@@ -72,6 +75,7 @@ class TopicDelivery:
         self._on_failure = on_failure
         self.offset: int | None = None
         self.error: Any = None
+        self._callbacks: list[Callable[[], None]] | None = None  # created by the first add_done_callback
 
     def _complete(self, error: Any, message: Any) -> None:
         if error is not None:
@@ -81,6 +85,29 @@ class TopicDelivery:
         else:
             self.offset = message.offset()
         self._done.set()
+        self._run_callbacks()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once Kafka has answered: at once if it has, else from the thread delivering the
+        answer (the producer's poller, or a flush)."""
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(callback)
+        if self._done.is_set():
+            self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        # list.pop is atomic: each callback runs once, whether the adding or the answering thread gets to it.
+        callbacks = self._callbacks
+        while callbacks:
+            try:
+                callback = callbacks.pop()
+            except IndexError:
+                return
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - raising here would stop the producer's poller
+                log.exception("a callback on a %s delivery failed", self._role.label)
 
     def done(self) -> bool:
         """Whether Kafka has answered (acknowledged or failed)."""

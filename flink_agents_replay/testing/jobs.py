@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -170,13 +171,15 @@ def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool 
 
 def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config: Mapping[str, Any], *,
                   parallelism: int = 1, checkpoint_interval_ms: int = 500, restart_attempts: int = 0,
-                  flink_config: Mapping[str, str] | None = None, until_outputs: int | None = None) -> list[tuple]:
+                  flink_config: Mapping[str, str] | None = None, until_outputs: int | None = None,
+                  timeout_s: float | None = None) -> list[tuple]:
     """Run the job on a MiniCluster; return the outputs as :func:`canonical_output` s.
 
     By default the input is bounded and the job ends with it. With ``until_outputs=N`` the input is
     unbounded and the job is cancelled once N outputs arrived: runs then stay in flight across ordinary
     checkpoints (at the end of a bounded input the operator drains every remaining run inside the final
-    watermark, during which no checkpoint is taken).
+    watermark, during which no checkpoint is taken). With ``timeout_s`` as well, fewer than N outputs by then
+    cancel the job and raise ``AssertionError``.
     """
     from pyflink.common import Types
 
@@ -190,7 +193,28 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
     with rows.execute_and_collect(f"agent {agent.name}") as results:
         if until_outputs is None:
             return list(results)
-        return list(itertools.islice(results, until_outputs))
+        collected: list[tuple] = []
+        timed_out = threading.Event()
+
+        def give_up() -> None:
+            timed_out.set()
+            results.close()  # cancels the job; the islice below ends
+
+        timer = threading.Timer(timeout_s, give_up) if timeout_s is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            collected.extend(itertools.islice(results, until_outputs))
+        except Exception:
+            if not timed_out.is_set():
+                raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if len(collected) < until_outputs:
+            raise AssertionError(f"only {len(collected)} of {until_outputs} outputs within {timeout_s:.0f} s")
+        return collected
 
 
 @contextmanager

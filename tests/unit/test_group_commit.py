@@ -27,13 +27,22 @@ class _Held(Delivery):
     def __init__(self, store: "_HeldStore", offset: int):
         self._store, self.offset, self.error = store, offset, None
         self._answered = threading.Event()
+        self._callbacks: list = []
 
     def answer(self, error: str | None = None) -> None:
         self.error = error
         self._answered.set()
+        while self._callbacks:
+            self._callbacks.pop(0)()
 
     def done(self) -> bool:
         return self._answered.is_set()
+
+    def add_done_callback(self, callback) -> None:
+        if self.done():
+            callback()
+        else:
+            self._callbacks.append(callback)
 
     def wait(self, timeout_s: float) -> int:
         self._store.waits.append(self)
@@ -168,5 +177,62 @@ def test_draining_waits_for_the_acknowledgements():
         _submit_run(pool, store)
         assert pool.done("k1", wait_for_it=True)
         assert all(d.done() for d in store.deliveries) and len(store.deliveries) == 4
+    finally:
+        pool.close()
+
+
+def _submit_watched_run(pool: RunPool, store: _HeldStore, durability: str, ready: threading.Event, *,
+                        fail: bool = False) -> None:
+    """Submit key k1's run (failing at once with ``fail``), with ``ready`` set by its ``on_ready``."""
+    journal = JournalWriter(store, RecordCodec(SIGNING_KEY, "op"), durability).run_journal(KEY_GROUP)
+
+    def execute():
+        if fail:
+            raise RuntimeError("the action failed")
+        return execute_run(_agent(), RunInput("k1", KEY_GROUP, 1, "x"), {}, journal=journal, acknowledge=False)
+
+    pool.submit("k1", RunInFlight(KEY_GROUP, "d1", 1, journal), execute, on_ready=ready.set)
+
+
+def _wait_until_ended(pool: RunPool, key: str) -> None:
+    pool._runs[key].future.exception(timeout=5)  # the run returned (or raised), whatever its journal says
+
+
+def test_on_ready_comes_with_the_last_acknowledgement_not_before():
+    """The wake-up of a per_run run: called by the thread delivering the last acknowledgement, once."""
+    store, pool, ready = _HeldStore(answer_on_wait=False), _pool(), threading.Event()
+    try:
+        _submit_watched_run(pool, store, "per_run", ready)
+        _wait_until_ended(pool, "k1")
+        for delivery in store.deliveries[:-1]:
+            delivery.answer()
+        assert not ready.is_set() and not pool.done("k1")
+        store.deliveries[-1].answer()
+        assert ready.is_set() and pool.done("k1")
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("durability, fail", [("at_checkpoint", False), ("per_run", True)])
+def test_on_ready_comes_when_the_run_ends_if_nothing_is_to_be_acknowledged(durability, fail):
+    store, pool, ready = _HeldStore(answer_on_wait=False), _pool(), threading.Event()
+    try:
+        _submit_watched_run(pool, store, durability, ready, fail=fail)
+        assert ready.wait(5) and pool.done("k1")
+        assert not any(d.done() for d in store.deliveries)  # no acknowledgement arrived, none was needed
+    finally:
+        pool.close()
+
+
+def test_on_ready_comes_when_a_record_failed_so_the_failure_is_found():
+    store, pool, ready = _HeldStore(answer_on_wait=False), _pool(), threading.Event()
+    try:
+        _submit_watched_run(pool, store, "per_run", ready)
+        _wait_until_ended(pool, "k1")
+        for delivery in store.deliveries:
+            delivery.answer("Kafka rejected a record of the journal topic: broker gone")
+        assert ready.is_set()
+        with pytest.raises(JournalError, match="broker gone"):
+            pool.done("k1")
     finally:
         pool.close()

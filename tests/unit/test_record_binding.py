@@ -198,6 +198,9 @@ class _Refused(Delivery):
     def done(self) -> bool:
         return True
 
+    def add_done_callback(self, callback) -> None:
+        callback()
+
 
 class _RefusingStore(MemoryJournalStore):
     """Kafka refuses every record whose value is larger than ``limit`` bytes (as a broker's max.message.bytes)."""

@@ -22,6 +22,7 @@ import org.apache.flink.runtime.event.WatermarkEvent;
 import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionInfo;
 import org.apache.flink.streaming.api.operators.InternalTimer;
 import org.apache.flink.streaming.api.operators.Output;
+import org.apache.flink.streaming.api.operators.TimerHeapInternalTimer;
 import org.apache.flink.streaming.api.operators.TimestampedCollector;
 import org.apache.flink.streaming.api.watermark.Watermark;
 import org.apache.flink.streaming.runtime.streamrecord.LatencyMarker;
@@ -102,6 +103,7 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "        _snapshot = hook('snapshot_state')",
             "        _complete = hook('notify_checkpoint_complete')",
             "        _aborted = hook('notify_checkpoint_aborted')",
+            "        _attach_wakeups = hook('attach_wakeups')",
             "",
             "        def initialize(self, packed):",
             "            data = bytes(packed) if packed is not None else b''",
@@ -133,6 +135,12 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "            if self._aborted is not None:",
             "                call(self._aborted, int(checkpoint_id))",
             "",
+            "        def attach_wakeups(self, wakeups):",
+            "            if self._attach_wakeups is None:",
+            "                return False",
+            "            call(self._attach_wakeups, wakeups)",
+            "            return True",
+            "",
             "    return CheckpointBridge()",
             "",
             BRIDGE + " = _flink_agents_replay_make_checkpoint_bridge(operation)",
@@ -148,6 +156,8 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     private transient boolean pythonLive;
     /** What snapshot_state returned last (null: no entry). */
     private transient byte[] lastSnapshot;
+    /** Brings the task thread back to a key whose run can be applied (see {@link CompletionWakeups}). */
+    private transient CompletionWakeups<K> wakeups;
 
     public CheckpointBridgeOperator(
             org.apache.flink.configuration.Configuration config,
@@ -189,6 +199,30 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         List<byte[]> values = restoredValues == null ? Collections.<byte[]>emptyList() : restoredValues;
         restoredValues = null;
         callPython("initialize", "initialize_state(<" + values.size() + " values>)", pack(values));
+        attachWakeups();
+    }
+
+    /**
+     * Offers the Python function completion wake-ups ({@code attach_wakeups(wakeups)}, optional): a wake-up fires
+     * the function's {@code on_timer} for the key at the current processing time, as a processing-time timer
+     * would, but without one registered, so no key has to poll for the end of its run.
+     */
+    @SuppressWarnings("unchecked")
+    private void attachWakeups() throws CheckpointHookException {
+        wakeups = new CompletionWakeups<>(
+                getContainingTask().getMailboxExecutorFactory().createExecutor(getOperatorConfig().getChainIndex()),
+                () -> (K) getCurrentKey(), this::wake, "flink-agents-replay wake-ups " + getOperatorName());
+        callPython("attach_wakeups", "attach_wakeups()", wakeups);
+    }
+
+    /** A wake-up's mail (task thread): the function's processing-time callback for {@code key}, now. */
+    private void wake(K key) throws Exception {
+        if (!pythonLive) {
+            return;
+        }
+        setCurrentKey(key);
+        long now = getProcessingTimeService().getCurrentProcessingTime();
+        onProcessingTime(new TimerHeapInternalTimer<>(now, key, VoidNamespace.INSTANCE));
     }
 
     /**
@@ -253,7 +287,13 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
                 super.endInput();  // runs the Python function's close(), as PyFlink does at the end of input
             }
         } finally {
-            super.close();
+            try {
+                if (wakeups != null) {
+                    wakeups.close();  // after the Python close(), which closed its end of the pipe
+                }
+            } finally {
+                super.close();
+            }
         }
     }
 
