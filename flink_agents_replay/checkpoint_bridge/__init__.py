@@ -42,6 +42,9 @@ What the operator does
 - ``notifyCheckpointComplete`` / ``notifyCheckpointAborted``: forwarded.
 - ``copy``: PyFlink's optimizer fuses a following Python operator of equal parallelism into this one by
   calling ``copy()``; the override keeps the bridge (without it, it would silently disappear).
+- completion wake-ups: after ``initialize_state``, ``attach_wakeups(wakeups)`` (optional) receives the Java
+  half of :class:`~flink_agents_replay.checkpoint_bridge.wakeups.CompletionWakeups`; a token woken from any
+  thread fires ``on_timer`` for the key it was remembered under, from the task's mailbox.
 
 Observed call order (PyFlink 2.3.0, MiniCluster)
 ------------------------------------------------

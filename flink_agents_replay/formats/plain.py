@@ -12,6 +12,7 @@ says which of its fields hold such bytes; nothing else is ever unpickled.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import cloudpickle
@@ -20,6 +21,12 @@ import msgpack
 from flink_agents_replay.errors import NotPicklableError, SignatureError
 
 __all__ = ["dump_user", "load_user", "pack", "unpack"]
+
+#: Types that pickle and cloudpickle write the same way (the C pickler never asks cloudpickle about them).
+_BUILTIN_SCALARS = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_BUILTIN_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+#: How many items a value may hold for the fast path to look at it (beyond: cloudpickle, without looking).
+_FAST_PATH_ITEMS = 256
 
 
 def pack(plain: Any) -> bytes:
@@ -37,6 +44,8 @@ def unpack(data: bytes, *, what: str = "record") -> Any:
 
 def dump_user(value: Any, *, what: str = "value") -> bytes:
     """A user's value as bytes (cloudpickle); :class:`NotPicklableError` naming ``what`` if it cannot be."""
+    if _builtin_data(value):  # the common case: the same bytes as cloudpickle's, several times faster
+        return pickle.dumps(value, protocol=cloudpickle.DEFAULT_PROTOCOL)
     try:
         return cloudpickle.dumps(value)
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
@@ -46,3 +55,25 @@ def dump_user(value: Any, *, what: str = "value") -> bytes:
 def load_user(data: bytes) -> Any:
     """A user's value from :func:`dump_user`'s bytes (the only place this package unpickles current data)."""
     return cloudpickle.loads(data)
+
+
+def _builtin_data(value: Any) -> bool:
+    """Whether ``value`` holds builtin scalars and containers only (of those exact types), at most
+    :data:`_FAST_PATH_ITEMS` items in all."""
+    stack, items = [value], 0
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _BUILTIN_SCALARS:
+            continue
+        if kind not in _BUILTIN_CONTAINERS:
+            return False
+        items += len(item)
+        if items > _FAST_PATH_ITEMS:
+            return False
+        if kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            stack.extend(item)
+    return True

@@ -65,12 +65,16 @@ class TopicRecord(NamedTuple):
 
 
 class TopicDelivery:
-    """The pending acknowledgement of one appended record."""
+    """The pending acknowledgement of one appended record.
+
+    No lock or event per record (one is made per record under way): a waiter registers a callback like any
+    other, and each callback runs once whichever thread gets to it first (see :meth:`_run_callbacks`).
+    """
 
     __slots__ = ("_done", "offset", "error", "_role", "_on_failure", "_callbacks")
 
     def __init__(self, role: TopicRole, on_failure: Callable[[Any], None] | None = None) -> None:
-        self._done = threading.Event()
+        self._done = False
         self._role = role
         self._on_failure = on_failure
         self.offset: int | None = None
@@ -84,7 +88,7 @@ class TopicDelivery:
                 self._on_failure(error)
         else:
             self.offset = message.offset()
-        self._done.set()
+        self._done = True  # before the callbacks are looked at: an adder after this point runs its own
         self._run_callbacks()
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
@@ -93,7 +97,7 @@ class TopicDelivery:
         if self._callbacks is None:
             self._callbacks = []
         self._callbacks.append(callback)
-        if self._done.is_set():
+        if self._done:
             self._run_callbacks()
 
     def _run_callbacks(self) -> None:
@@ -111,11 +115,15 @@ class TopicDelivery:
 
     def done(self) -> bool:
         """Whether Kafka has answered (acknowledged or failed)."""
-        return self._done.is_set()
+        return self._done
 
     def wait(self, timeout_s: float) -> int:
         """Block until Kafka acknowledged the record; return its offset or raise ``JournalError``."""
-        if not self._done.wait(timeout_s):
+        if not self._done:
+            answered = threading.Event()
+            self.add_done_callback(answered.set)
+            answered.wait(timeout_s)
+        if not self._done:
             raise JournalError(f"a record of the {self._role.label} was not acknowledged by Kafka within "
                                f"{timeout_s:.0f} s")
         if self.error is not None:
@@ -190,6 +198,9 @@ class KafkaTopicStore:
 
     # -- writing -----------------------------------------------------------------------------------
     def _get_producer(self) -> Producer:
+        producer = self._producer
+        if producer is not None:  # every append: no lock once the producer exists
+            return producer
         with self._producer_lock:
             if self._producer is None:
                 self._producer = Producer(self._producer_config)

@@ -41,7 +41,9 @@ import java.util.Collections;
 import java.util.List;
 
 /**
- * PyFlink's thread-mode keyed process operator plus four checkpoint hooks for the Python function.
+ * PyFlink's thread-mode keyed process operator plus four checkpoint hooks for the Python function, and completion
+ * wake-ups ({@link CompletionWakeups}: work ending on another thread fires the function's {@code on_timer} for its
+ * key, from the mailbox, with no timer registered).
  *
  * <p>The Python function may define {@code initialize_state(values)}, {@code snapshot_state(checkpoint_id)},
  * {@code notify_checkpoint_complete(checkpoint_id)} and {@code notify_checkpoint_aborted(checkpoint_id)}.
