@@ -93,6 +93,9 @@ class AgentConfig:
             bridge's mailbox); ``False`` makes every key with a run in flight poll for it instead.
         poll_interval_ms: with ``wake_on_completion=False``, how often a key with a run in flight checks whether
             it finished.
+        max_waiting_inputs: how many inputs may wait, per subtask, behind their keys' runs under way before the
+            operator takes no more input (backpressure to the source; default ``4 * max_concurrent_runs``). Needs
+            ``wake_on_completion``.
         fallback_check_ms: with ``wake_on_completion``, how often a key with a run in flight checks anyway (a
             safety net: a wake-up lost to a full pipe is applied by this check).
         restore_input_order: after a restore, run each key's inputs in the order the journal recorded
@@ -140,6 +143,7 @@ class AgentConfig:
     wake_on_completion: bool = True
     poll_interval_ms: int = 5
     fallback_check_ms: int = 1000
+    max_waiting_inputs: int | None = None
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
     recovered_history_expiry_s: float = 1800.0
@@ -205,11 +209,16 @@ class AgentConfig:
             raise ConfigError(f"fingerprint_policy must be one of {[p.value for p in FingerprintPolicy]}, "
                               f"got {self.fingerprint_policy!r}") from None
 
+    @property
+    def waiting_inputs_bound(self) -> int:
+        """``max_waiting_inputs``, or its default, ``4 * max_concurrent_runs``."""
+        return 4 * self.max_concurrent_runs if self.max_waiting_inputs is None else self.max_waiting_inputs
+
     def _check_limits(self) -> None:
         if not 1 <= self.max_parallelism <= 32768:
             raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
         for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms",
-                     "fallback_check_ms"):
+                     "fallback_check_ms", "waiting_inputs_bound"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",

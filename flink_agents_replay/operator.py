@@ -48,6 +48,7 @@ from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.flink import parts
+from flink_agents_replay.flink.input_hold import InputHold
 from flink_agents_replay.flink.logs import LOG_FILE_ENV, configure_logging, describe_stats
 from flink_agents_replay.flink.order import DRAIN_TIMER, OrderRestoration
 from flink_agents_replay.flink.runs import RunPool
@@ -114,6 +115,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
         self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
         self._tokens: dict[Any, int] = {}  # key -> the wake-up token of its run under way
+        self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=None, timeout_s=0)
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
@@ -159,8 +161,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         try:
             if getattr(self, "runs", None) is not None:
                 self.runs.close()
-                log.info("subtask %d closing: %s; runs applied: %s", self.subtask, describe_stats(self.totals),
-                         ", ".join(f"{name.removeprefix('runs_')} {n}" for name, n in self.applied.items()))
+                log.info("subtask %d closing: %s; runs applied: %s; inputs waiting at most %d, input held %d times",
+                         self.subtask, describe_stats(self.totals),
+                         ", ".join(f"{name.removeprefix('runs_')} {n}" for name, n in self.applied.items()),
+                         self.hold.most, self.hold.holds)
         finally:
             if getattr(self, "wakeups", None) is not None:
                 self.wakeups.close()
@@ -185,6 +189,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """The bridge offers completion wake-ups: a run that can be applied brings the task thread to its key."""
         if self.config.wake_on_completion:
             self.wakeups = CompletionWakeups(wakeups)
+            self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=self.wakeups,
+                                  timeout_s=self.config.slot_wait_timeout_s)
 
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
@@ -221,6 +227,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         if self.in_flight_state.value() is not None:
             self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
+            self.hold.queued(key)
             return
         if self.order.recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
@@ -263,6 +270,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if len(kept) != len(waiting):
             self.pending_state.update(kept)
         chosen = self.order.take_next(key, kept, ctx)
+        self.hold.left(key, len(kept) - (chosen is not None))
         if chosen is not None:
             self._start(key, chosen, ctx)
 

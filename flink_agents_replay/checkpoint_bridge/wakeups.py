@@ -73,6 +73,15 @@ class CompletionWakeups:
         if dropped:
             self._java.forget(token)
 
+    def hold_input(self, timeout_ms: int) -> None:
+        """Take no input until :meth:`release_input` (task thread): Java runs the task's mails meanwhile, so
+        wake-ups keep coming; the task fails if the hold lasts ``timeout_ms``."""
+        self._java.holdInput(timeout_ms)
+
+    def release_input(self) -> None:
+        """Take input again (task thread)."""
+        self._java.releaseInput()
+
     def close(self) -> None:
         """Close the pipe: the Java reader stops; later wake-ups do nothing."""
         with self._lock:

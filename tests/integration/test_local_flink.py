@@ -48,22 +48,30 @@ def reference(inputs: list[dict], path: Path) -> tuple[Counter, dict[str, int]]:
 
 
 def check_repeats_confined_to_interrupted_actions(calls: dict[str, int]) -> list[str]:
-    """Check docs/design.md §1 after one SIGKILL; return the logical calls that ran twice.
+    """Check docs/design.md §1 and the group commit rule after one SIGKILL; return the logical calls that ran twice.
 
-    A call whose completion was journaled never runs again. What a kill can interrupt, per key, is the
-    one action in progress: its call under way (a "sender" call there is *in doubt*: started, never
-    reported back; the default policy makes it again) and, with the default ``per_action`` durability,
-    its earlier call whose record was still travelling. So for each key every repeated call belongs to
-    that key's one interrupted action (same seq, same action) and ran exactly twice.
+    A call whose record was acknowledged never runs again. With the default ``per_run`` durability a run
+    waits for no acknowledgement except before an external call (``sender``), whose acknowledged *started*
+    record also covers every earlier record of its partition. So what a kill can make run again, per key, is
+    the tail of the one run in progress: consecutive calls from the first one whose record was still
+    travelling, never a call before a ``sender`` that had started (a ``sender`` in doubt, started and never
+    reported back, is made again by the default policy), and each exactly twice.
     """
-    interrupted: dict[str, set[tuple[int, int]]] = {}
+    interrupted: dict[str, dict[int, set[int]]] = {}
     for name, count in calls.items():
         if count > 1:
             assert count == 2, f"{name} ran {count} times after a single failure"
             key, seq, position = _call_position(name)
-            interrupted.setdefault(key, set()).add((seq, position // CALLS_PER_ACTION))
-    spread = {key: sorted(actions) for key, actions in interrupted.items() if len(actions) > 1}
-    assert spread == {}, f"calls of completed actions ran again (key: [(seq, action)...]): {spread}"
+            interrupted.setdefault(key, {}).setdefault(seq, set()).add(position)
+    spread = {key: sorted(runs) for key, runs in interrupted.items() if len(runs) > 1}
+    assert spread == {}, f"calls of more than one run of a key ran again (key: [seq...]): {spread}"
+    sender = CHAIN_TOOLS.index("sender")
+    for key, runs in interrupted.items():
+        [(seq, positions)] = runs.items()
+        assert positions == set(range(min(positions), max(positions) + 1)), (
+            f"{key} seq {seq}: repeated calls {sorted(positions)} are not one tail of the run")
+        assert max(positions) < sender or min(positions) >= sender, (
+            f"{key} seq {seq}: calls before a started sender ran again {sorted(positions)}")
     return sorted(name for name, count in calls.items() if count > 1)
 
 

@@ -359,6 +359,10 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     @Override
     public void processElement(StreamRecord<IN> element) throws Exception {
         try {
+            if (wakeups != null && wakeups.inputHeld()) {
+                wakeups.awaitInputRelease();
+                setKeyContextElement(element);  // the mails run meanwhile set other keys
+            }
             super.processElement(element);
         } catch (Exception e) {
             throw withoutRestartIfMarked(e);

@@ -50,6 +50,9 @@ public final class CompletionWakeups<K> {
     private final Map<Long, K> keys = new HashMap<>();
     private volatile boolean closed;
     private transient Thread reader;
+    /** Set by Python when it wants no input for now (task thread only); see {@link #awaitInputRelease}. */
+    private boolean inputHeld;
+    private long holdTimeoutMs;
 
     CompletionWakeups(MailboxExecutor mailbox, Supplier<K> currentKey, KeyAction<K> action, String name) {
         this.mailbox = mailbox;
@@ -74,6 +77,42 @@ public final class CompletionWakeups<K> {
     /** Drop {@code token} (task thread): its run was applied without a wake-up. */
     public void forget(long token) {
         keys.remove(token);
+    }
+
+    /**
+     * Take no input until {@link #releaseInput()} (task thread): Python holds back inputs it would only queue. The
+     * operator then runs mails (wake-ups, timers) in its processElement instead, so runs are applied and inputs
+     * leave the queue; the source is backpressured. {@code timeoutMs}: how long the hold may last before the
+     * task fails (a call that hangs).
+     */
+    public void holdInput(long timeoutMs) {
+        inputHeld = true;
+        holdTimeoutMs = timeoutMs;
+    }
+
+    /** Take input again (task thread). */
+    public void releaseInput() {
+        inputHeld = false;
+    }
+
+    /** Whether input is held (task thread). */
+    boolean inputHeld() {
+        return inputHeld;
+    }
+
+    /**
+     * Run the task's mails (wake-ups and timers of this operator, never a checkpoint: those have a lower priority
+     * than an operator's mails) until Python releases the input.
+     */
+    void awaitInputRelease() throws Exception {
+        long deadline = System.currentTimeMillis() + holdTimeoutMs;
+        while (inputHeld && !closed) {
+            if (System.currentTimeMillis() > deadline) {
+                throw new IllegalStateException("flink-agents-replay: no queued input could start within "
+                        + holdTimeoutMs + " ms (slot_wait_timeout_s): a call may hang");
+            }
+            mailbox.yield();
+        }
     }
 
     /** How many tokens wait for their wake-up (tests). */

@@ -1,0 +1,47 @@
+"""The input hold (flink/input_hold.py): at max_waiting_inputs inputs waiting behind runs under way the input is
+held once, and released as soon as fewer wait; inputs a key no longer holds (started, or dropped) stop counting."""
+
+from flink_agents_replay.flink.input_hold import InputHold
+
+
+class _Java:
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def hold_input(self, timeout_ms: int) -> None:
+        self.calls.append(f"hold {timeout_ms}")
+
+    def release_input(self) -> None:
+        self.calls.append("release")
+
+
+def test_the_input_is_held_at_the_bound_and_released_below_it():
+    java = _Java()
+    hold = InputHold(bound=3, wakeups=java, timeout_s=2)
+    hold.queued("a")
+    hold.queued("a")
+    hold.queued("b")
+    hold.queued("b")  # held already: no second hold
+    assert java.calls == ["hold 2000"] and hold.held and hold.total == 4
+    hold.left("a", 1)  # a's next input started: 3 wait, still at the bound
+    assert java.calls == ["hold 2000"]
+    hold.left("b", 0)  # b's two were dropped (a replay) or started: 1 waits
+    assert java.calls == ["hold 2000", "release"] and not hold.held and hold.total == 1
+
+
+def test_inputs_never_counted_do_not_release_or_go_negative():
+    java = _Java()
+    hold = InputHold(bound=2, wakeups=java, timeout_s=1)
+    hold.left("restored", 5)  # restored pending, or held back by order restoration: never counted
+    hold.left("restored", 0)
+    assert hold.total == 0 and java.calls == []
+    hold.queued("k")
+    hold.left("k", 3)  # more waiting than counted (restored ones among them): the count stays
+    assert hold.total == 1
+
+
+def test_without_wake_ups_nothing_is_held():
+    hold = InputHold(bound=1, wakeups=None, timeout_s=1)
+    hold.queued("k")
+    hold.queued("k")
+    assert not hold.held and hold.holds == 0
