@@ -30,6 +30,7 @@ from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
     "canonical_output",
+    "collect_outputs",
     "exactly_once_string_sink",
     "failure_free_outputs",
     "job_ended",
@@ -193,28 +194,34 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
     with rows.execute_and_collect(f"agent {agent.name}") as results:
         if until_outputs is None:
             return list(results)
-        collected: list[tuple] = []
-        timed_out = threading.Event()
+        return collect_outputs(results, until_outputs, timeout_s)
 
-        def give_up() -> None:
-            timed_out.set()
-            results.close()  # cancels the job; the islice below ends
 
-        timer = threading.Timer(timeout_s, give_up) if timeout_s is not None else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        try:
-            collected.extend(itertools.islice(results, until_outputs))
-        except Exception:
-            if not timed_out.is_set():
-                raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if len(collected) < until_outputs:
-            raise AssertionError(f"only {len(collected)} of {until_outputs} outputs within {timeout_s:.0f} s")
-        return collected
+def collect_outputs(results, count: int, timeout_s: float | None) -> list:
+    """The first ``count`` of a job's collected ``results`` (``execute_and_collect``). With ``timeout_s``, fewer by
+    then close the results, which cancels the job, and raise ``AssertionError``."""
+    if timeout_s is None:
+        return list(itertools.islice(results, count))
+    collected: list = []
+    timed_out = threading.Event()
+
+    def give_up() -> None:
+        timed_out.set()
+        results.close()  # cancels the job; the islice below ends
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        collected.extend(itertools.islice(results, count))
+    except Exception:
+        if not timed_out.is_set():
+            raise
+    finally:
+        timer.cancel()
+    if len(collected) < count:
+        raise AssertionError(f"only {len(collected)} of {count} outputs within {timeout_s:.0f} s")
+    return collected
 
 
 @contextmanager

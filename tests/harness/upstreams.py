@@ -32,11 +32,9 @@ subclassed only to record (:class:`ObservedOperator`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import tempfile
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -54,7 +52,7 @@ from flink_agents_replay.resources import Tool
 from flink_agents_replay.runtime_info import subtask_info
 from flink_agents_replay.testing.agents import InjectedFailure
 from flink_agents_replay.testing.counter import InvocationCounter, SharedSqliteFile
-from flink_agents_replay.testing.jobs import canonical_output
+from flink_agents_replay.testing.jobs import canonical_output, collect_outputs
 
 __all__ = [
     "FailOnceAfterCheckpoint", "FailOnceWhileWaiting", "JobRecord", "JobRecorder", "LanePacer", "ObservedOperator",
@@ -574,26 +572,8 @@ def run_lane_job(bootstrap_servers: str, input_topic: str, agent: Agent, config:
     keyed = paced.key_by(lambda record: record["key"], key_type=Types.STRING())
     outputs = connect_observed_agent(keyed, agent, config, recorder, after_checkpoint)
     rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())
-    collected: list[tuple] = []
-    timed_out = threading.Event()
     with rows.execute_and_collect(f"agent {agent.name} behind two upstream instances") as results:
-        def give_up() -> None:
-            timed_out.set()
-            results.close()  # cancels the job; the loop below ends
-
-        timer = threading.Timer(timeout_s, give_up)
-        timer.daemon = True
-        timer.start()
-        try:
-            collected.extend(itertools.islice(results, until_outputs))
-        except Exception:
-            if not timed_out.is_set():
-                raise
-        finally:
-            timer.cancel()
-    if timed_out.is_set() and len(collected) < until_outputs:
-        raise AssertionError(f"only {len(collected)} of {until_outputs} outputs within {timeout_s:.0f} s")
-    return collected
+        return collect_outputs(results, until_outputs, timeout_s)
 
 
 # -- the agent and its faults ----------------------------------------------------------------------

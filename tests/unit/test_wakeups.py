@@ -6,6 +6,8 @@ import os
 import struct
 import threading
 
+import pytest
+
 from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
 
 
@@ -39,49 +41,44 @@ class _FakeJava:
         return [value for (value,) in struct.iter_unpack(">q", data)]
 
 
-def test_tokens_woken_from_other_threads_arrive_whole():
+@pytest.fixture
+def java():
     java = _FakeJava()
-    wakeups = CompletionWakeups(java)
-    try:
-        tokens = [wakeups.remember_current_key() for _ in range(200)]
-        assert java.remembered == tokens and len(set(tokens)) == 200
-        threads = [threading.Thread(target=lambda part=tokens[i::4]: [wakeups.wake(t) for t in part])
-                   for i in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert sorted(java.tokens()) == tokens and wakeups.dropped == 0
-    finally:
-        wakeups.close()
+    yield java
+    if java.read_fd is not None:
         os.close(java.read_fd)
 
 
-def test_a_full_pipe_drops_the_wake_up_instead_of_blocking_and_settle_forgets_it():
-    java = _FakeJava()
+def test_tokens_woken_from_other_threads_arrive_whole(java):
     wakeups = CompletionWakeups(java)
-    try:
-        token = wakeups.remember_current_key()
-        for _ in range(20_000):  # ~160 kB: more than a pipe holds (64 kB by default)
-            wakeups.wake(token)
-        assert wakeups.dropped > 0
-        wakeups.settle(token)
-        assert java.forgotten == [token]
-        wakeups.settle(token)  # settled once: not forgotten twice
-        assert java.forgotten == [token]
-    finally:
-        wakeups.close()
-        os.close(java.read_fd)
+    tokens = [wakeups.remember_current_key() for _ in range(200)]
+    assert java.remembered == tokens and len(set(tokens)) == 200
+    threads = [threading.Thread(target=lambda part=tokens[i::4]: [wakeups.wake(t) for t in part]) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wakeups.close()
+    assert sorted(java.tokens()) == tokens and wakeups.dropped == 0
 
 
-def test_after_close_a_wake_up_does_nothing_and_the_reader_sees_the_end():
-    java = _FakeJava()
+def test_a_full_pipe_drops_the_wake_up_instead_of_blocking_and_settle_forgets_it(java):
+    wakeups = CompletionWakeups(java)
+    token = wakeups.remember_current_key()
+    for _ in range(20_000):  # ~160 kB: more than a pipe holds (64 kB by default)
+        wakeups.wake(token)
+    wakeups.close()
+    assert wakeups.dropped > 0
+    wakeups.settle(token)
+    assert java.forgotten == [token]
+    wakeups.settle(token)  # settled once: not forgotten twice
+    assert java.forgotten == [token]
+
+
+def test_after_close_a_wake_up_does_nothing_and_the_reader_sees_the_end(java):
     wakeups = CompletionWakeups(java)
     token = wakeups.remember_current_key()
     wakeups.close()
     wakeups.wake(token)  # e.g. an acknowledgement arriving after the operator closed
-    try:
-        os.set_blocking(java.read_fd, True)
-        assert os.read(java.read_fd, 8) == b""  # end of stream: Java's reader stops
-    finally:
-        os.close(java.read_fd)
+    os.set_blocking(java.read_fd, True)
+    assert os.read(java.read_fd, 8) == b""  # end of stream: Java's reader stops
