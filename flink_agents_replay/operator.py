@@ -115,7 +115,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
         self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
         self._tokens: dict[Any, int] = {}  # key -> the wake-up token of its run under way
-        self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=None, timeout_s=0)
+        self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=None,  # wakeups: attach_wakeups
+                              timeout_s=self.config.slot_wait_timeout_s)
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
@@ -188,9 +189,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def attach_wakeups(self, wakeups) -> None:
         """The bridge offers completion wake-ups: a run that can be applied brings the task thread to its key."""
         if self.config.wake_on_completion:
-            self.wakeups = CompletionWakeups(wakeups)
-            self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=self.wakeups,
-                                  timeout_s=self.config.slot_wait_timeout_s)
+            self.wakeups = self.hold.wakeups = CompletionWakeups(wakeups)
 
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
@@ -249,13 +248,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if not self.runs.has(key):  # restored from a checkpoint with this run in flight: submit it again
             in_flight = decode_in_flight(raw)
             self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx)
+        own_check = self._checks.get(key) == timestamp  # the key's check timer, not a wake-up or an order timer
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
         if not self.runs.done(key, wait_for_it=draining):
-            if self._checks.get(key) == timestamp:  # the key's own check (not a wake-up or an order timer)
+            if own_check:
                 self._schedule_check(key, ctx)
             return
-        self._count_applied("runs_drained" if draining else "runs_checked" if self._checks.get(key) == timestamp
-                            else "runs_woken")
+        self._count_applied("runs_drained" if draining else "runs_checked" if own_check else "runs_woken")
         self._settle(key, timestamp, ctx)
         yield from self._apply(key, self.runs.finished(key), ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same

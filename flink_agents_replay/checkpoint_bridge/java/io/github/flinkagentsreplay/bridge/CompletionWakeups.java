@@ -115,11 +115,6 @@ public final class CompletionWakeups<K> {
         }
     }
 
-    /** How many tokens wait for their wake-up (tests). */
-    public long waiting() {
-        return keys.size();
-    }
-
     private void readTokens(FileInputStream pipe) {
         try (DataInputStream in = new DataInputStream(new BufferedInputStream(pipe))) {
             while (!closed) {
