@@ -98,9 +98,8 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
     try:
         refused.wait(timeout=300)
     finally:
-        if refused.poll() is None:  # it did not fail: end it, then fail the test below
-            refused.stdin.close()
-            refused.wait(timeout=120)
+        refused.stdin.close()  # if it did not fail, this ends it and the test fails below
+        refused.wait(timeout=120)
     stderr = (tmp_path / "refused" / "stderr").read_text(errors="replace")
     assert refused.returncode == 1 and "JOB FAILED" in stderr, stderr[-3000:]
     assert f"accept_moved_journal_from={old_journal_id!r}" in stderr and "journal dump" in stderr, stderr[-3000:]
@@ -119,8 +118,7 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
             assert process.poll() is None, _stderr(tmp_path / "accepted")
             rows = reader.read_to_committed_end()
     finally:
-        if process.poll() is None:
-            process.stdin.close()  # the job script cancels its job and exits
+        process.stdin.close()  # the job script cancels its job and exits
         process.wait(timeout=120)
     assert process.returncode == 0, _stderr(tmp_path / "accepted")
 

@@ -330,7 +330,8 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
     """Steady input over many 400 ms checkpoints at p=2; the journal's watermarks are sampled from this thread.
 
     Asserts: >= 8 completed checkpoints; low watermarks never go back and advance over time while input flows
-    (>= 8 advances in total and >= 3 in every partition in use, so not only at the end); at every sample
+    (at least once per two checkpoints completed meanwhile, >= 4 in total, and >= 3 in every partition in use,
+    so not only at the end); at every sample
     after warm-up (two completed checkpoints) the topic holds at most the records written in the last two
     checkpoint intervals plus a slack of
       * one more interval's records: when checkpoint n's barrier passes, n-1 may still await completion,
@@ -348,9 +349,9 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
     input_topic = new_topic(1, "prune-in")
     journal_topic = f"journal-prune-{uuid.uuid4().hex[:8]}"
     inputs = _inputs(keys, PRUNE_PER_KEY, start=0)
-    _produce(kafka_bootstrap, input_topic, inputs)  # slow calls make these a steady stream of ~7 s
+    _produce(kafka_bootstrap, input_topic, inputs)  # slow calls make these a steady stream of >= 9 s
     port = free_port()
-    env = _agent_job(kafka_bootstrap, input_topic, chain_agent(invocation_counter, call_delay_s=0.03),
+    env = _agent_job(kafka_bootstrap, input_topic, chain_agent(invocation_counter, call_delay_s=0.05),
                      _agent_config(kafka_bootstrap, journal_topic, len(keys)), parallelism=2,
                      checkpoint_interval_ms=CHECKPOINT_MS, rest_port=port)
     samples: list[Sample] = []
@@ -391,7 +392,11 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
         assert all(after.low[p] >= before.low[p] for p in before.low), "a low watermark went back"
     pairs = list(pairwise(s for s in samples if s.at <= finished_at))
     advances = sum(1 for a, b in pairs if sum(b.low.values()) > sum(a.low.values()))
-    assert advances >= 8, f"the low watermarks advanced only {advances} times while input flowed"
+    # Tied to the checkpoints that completed meanwhile, not to a count: how many fit in depends on the speed.
+    completed_meanwhile = sum(1 for t in triggers if t <= finished_at)
+    assert advances >= max(4, completed_meanwhile // 2), (
+        f"the low watermarks advanced only {advances} times while input flowed, over {completed_meanwhile} "
+        f"completed checkpoints")
     used = [p for p in final.high if final.high[p] > 1]  # runs wrote there (every partition has an attempt record)
     per_partition = {p: sum(1 for a, b in pairs if b.low[p] > a.low[p]) for p in used}
     assert min(per_partition.values()) >= 3, f"advances per partition while input flowed: {per_partition}"
