@@ -94,8 +94,8 @@ class AgentConfig:
         poll_interval_ms: with ``wake_on_completion=False``, how often a key with a run in flight checks whether
             it finished.
         max_waiting_inputs: how many inputs may wait, per subtask, behind their keys' runs under way before the
-            operator takes no more input (backpressure to the source; default ``4 * max_concurrent_runs``). Needs
-            ``wake_on_completion``.
+            operator takes no more input (backpressure to the source; default ``4 * max_concurrent_runs``). With
+            ``wake_on_completion=False`` input is never held: nothing would end a hold but the polling timers.
         fallback_check_ms: with ``wake_on_completion``, how often a key with a run in flight checks anyway (a
             safety net: a wake-up lost to a full pipe is applied by this check).
         restore_input_order: after a restore, run each key's inputs in the order the journal recorded
@@ -218,9 +218,10 @@ class AgentConfig:
         if not 1 <= self.max_parallelism <= 32768:
             raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
         for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms",
-                     "fallback_check_ms", "waiting_inputs_bound"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+                     "fallback_check_ms", "max_waiting_inputs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be at least 1, got {value}")
         for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
                      "close_timeout_s", "recovered_history_expiry_s"):
             if getattr(self, name) <= 0:

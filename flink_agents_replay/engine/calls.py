@@ -180,16 +180,15 @@ class ActionCalls:
         make it again; raises if its policy is ``fail``."""
         self.stats.calls_in_doubt += 1
         run = self.context.run
+        where = f"key {run.key!r} seq {run.seq} action {self.site.action}: call {position} to {resource_name!r}"
         if resource.in_doubt is InDoubtPolicy.FAIL:
             raise CallInDoubtError(
-                f"key {run.key!r} seq {run.seq} action {self.site.action}: call {position} to {resource_name!r} "
-                "started before a failure and never reported back; its in_doubt policy is 'fail'"
-            )
+                f"{where} started before a failure and never reported back; its in_doubt policy is 'fail'")
         if resource.in_doubt is InDoubtPolicy.ASSUME_DONE:
-            log.warning("call %d to %r in doubt: assumed done (returns None)", position, resource_name)
+            log.warning("%s in doubt: assumed done (returns None)", where)
             self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, None)
             return True
-        log.warning("call %d to %r in doubt: made again (in_doubt policy 'rerun')", position, resource_name)
+        log.warning("%s in doubt: made again (in_doubt policy 'rerun')", where)
         return False
 
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,

@@ -7,6 +7,7 @@ same action execution.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -186,10 +187,12 @@ def _die_during_the_call(in_doubt: str) -> tuple[Service, MemoryJournalStore]:
     return service, store
 
 
-def test_an_external_call_in_doubt_is_made_again_under_the_same_call_id():
+def test_an_external_call_in_doubt_is_made_again_under_the_same_call_id(caplog):
     service, store = _die_during_the_call("rerun")
     again = action_calls(make_agent(service), store, restored=True)
     assert again.call("svc", "a") == "done(a)"
+    # The warning says which run it was, so an operator can find the call the service may have seen twice.
+    assert re.search(r"key '\w+' seq 1 action act: call 0 to 'svc' in doubt: made again", caplog.text), caplog.text
     assert service.invocations == ["a", "a"]
     first_id, second_id = service.call_ids
     assert first_id == second_id and first_id.startswith("Caller:act:1:0:")  # the service can answer it once
@@ -219,10 +222,11 @@ def test_an_external_call_in_doubt_with_policy_fail_raises_without_calling():
     assert service.invocations == ["a"] and again.stats.calls_in_doubt == 1
 
 
-def test_an_external_call_in_doubt_assumed_done_returns_none_and_is_journaled_as_returned():
+def test_an_external_call_in_doubt_assumed_done_returns_none_and_is_journaled_as_returned(caplog):
     service, store = _die_during_the_call("assume_done")
     again = action_calls(make_agent(service, in_doubt="assume_done"), store, restored=True)
     assert again.call("svc", "a") is None
+    assert re.search(r"key '\w+' seq 1 action act: call 0 to 'svc' in doubt: assumed done", caplog.text), caplog.text
     assert service.invocations == ["a"]
     assert journaled_outcomes(store) == [CallOutcome.STARTED, CallOutcome.RETURNED]
 

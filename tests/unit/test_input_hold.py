@@ -1,6 +1,10 @@
 """The input hold (flink/input_hold.py): at max_waiting_inputs inputs waiting behind runs under way the input is
 held once, and released as soon as fewer wait; inputs a key no longer holds (started, or dropped) stop counting."""
 
+import pytest
+
+from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.flink.input_hold import InputHold
 
 
@@ -45,3 +49,9 @@ def test_without_wake_ups_nothing_is_held():
     hold.queued("k")
     hold.queued("k")
     assert not hold.held and hold.holds == 0
+
+
+def test_a_bound_below_one_is_refused_by_its_own_name():
+    with pytest.raises(ConfigError, match=r"^max_waiting_inputs must be at least 1, got 0$"):
+        AgentConfig(journal_enabled=False, max_waiting_inputs=0).resolved("agent")
+    assert AgentConfig(journal_enabled=False, max_concurrent_runs=3).resolved("agent").waiting_inputs_bound == 12
