@@ -78,21 +78,35 @@ def test_a_job_resubmitted_from_its_checkpoint_by_another_process_passes_the_fai
     monkeypatch.setenv("PYTHONHASHSEED", SEEDS[0])
     cluster = flink_cluster(taskmanagers=1)
     cluster.start()
-    first = cluster.submit_python_job(JOB, *shared, "--report", str(reports[0]), "--call-delay-s", "0.4")
+    # Checkpoints 2 s apart, so the kill below can come well after the latest one.
+    first = cluster.submit_python_job(JOB, *shared, "--report", str(reports[0]), "--call-delay-s", "0.4",
+                                      "--checkpoint-interval-ms", "2000")
 
     def checkpoints(job_id: str) -> dict:
         return cluster.rest_get(f"/jobs/{job_id}/checkpoints")
 
-    # Kill once a checkpoint completed and a quarter of the calls ran: records journaled since the latest
-    # checkpoint (and runs in flight at it) are what the restore has to reuse.
+    # Kill once a checkpoint completed, a quarter of the calls ran, and since that checkpoint's completion every
+    # key started two more calls: each finished an action after the checkpoint, so the restore must reuse it
+    # (a kill just after a barrier, with no action finished since, would leave nothing to reuse).
     wait_until(lambda: checkpoints(first)["counts"]["completed"] >= 1 and counter.count("calls") >= total_calls // 4,
                120, lambda: f"calls {counter.count('calls')}; {cluster.job_diagnostics(first)}")
+    tries = []
+    for _ in range(20):  # until no checkpoint completed while the 8 calls started (2 s apart, they take ~0.8 s)
+        latest, calls_after_it = checkpoints(first)["latest"]["completed"]["id"], counter.count("calls")
+        wait_until(lambda wanted=calls_after_it + 8: counter.count("calls") >= wanted, 60,
+                   lambda: cluster.job_diagnostics(first))
+        tries.append((latest, calls_after_it, checkpoints(first)["latest"]["completed"]["id"]))
+        if tries[-1][2] == latest:
+            break
     [(victim, victim_pid)] = cluster.taskmanager_processes().items()
     calls_at_kill = counter.count("calls")
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
     assert calls_at_kill < total_calls, "the job finished its work before the kill: slow its calls down"
     wait_until(lambda: cluster.job_status(first) == "FAILED", 120, lambda: cluster.job_diagnostics(first))
     checkpoint = checkpoints(first)["latest"]["completed"]["external_path"]
+    # The fault hit where intended only if the restore uses that checkpoint.
+    assert checkpoints(first)["latest"]["completed"]["id"] == latest, (
+        f"a checkpoint completed just before the kill; (latest, calls, latest after 8 more calls): {tries}")
 
     # A new TaskManager process and a new client process, with another hash seed.
     monkeypatch.setenv("PYTHONHASHSEED", SEEDS[1])

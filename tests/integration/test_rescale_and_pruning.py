@@ -330,8 +330,9 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
     """Steady input over many 400 ms checkpoints at p=2; the journal's watermarks are sampled from this thread.
 
     Asserts: >= 8 completed checkpoints; low watermarks never go back and advance over time while input flows
-    (at least once per two checkpoints completed meanwhile, >= 4 in total, and >= 3 in every partition in use,
-    so not only at the end); at every sample
+    (at least once per four checkpoints completed meanwhile, >= 4 in total, and >= 3 in every partition in use,
+    so not only at the end; samples are one admin request apart, and on a loaded machine several checkpoints
+    can complete between two of them); at every sample
     after warm-up (two completed checkpoints) the topic holds at most the records written in the last two
     checkpoint intervals plus a slack of
       * one more interval's records: when checkpoint n's barrier passes, n-1 may still await completion,
@@ -394,7 +395,7 @@ def test_completed_checkpoints_prune_the_journal_to_the_last_intervals(
     advances = sum(1 for a, b in pairs if sum(b.low.values()) > sum(a.low.values()))
     # Tied to the checkpoints that completed meanwhile, not to a count: how many fit in depends on the speed.
     completed_meanwhile = sum(1 for t in triggers if t <= finished_at)
-    assert advances >= max(4, completed_meanwhile // 2), (
+    assert advances >= max(4, completed_meanwhile // 4), (
         f"the low watermarks advanced only {advances} times while input flowed, over {completed_meanwhile} "
         f"completed checkpoints")
     used = [p for p in final.high if final.high[p] > 1]  # runs wrote there (every partition has an attempt record)
