@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import sys
 import tempfile
@@ -298,8 +299,6 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
     *bounded* input the operator drains the remaining runs inside the final watermark, a different
     path, and the job's start-up and shutdown would count too. ``flink_config``: further Flink options.
     """
-    import itertools
-
     from pyflink.common import Types
 
     from flink_agents_replay.flink_env import create_environment
@@ -321,7 +320,8 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
     # count that first wave's outputs without its time. The window starts at the end of the first wave.
     start = min(int(config.get("max_concurrent_runs", 8)) - 1, len(stamps) // 4)
     latencies = sorted(t - began for _, _, t, began in rows if began is not None and t >= stamps[start])
-    return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]), latencies=latencies)
+    return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]), latencies=latencies,
+                     flink_cpu_by_group_s=cpu.groups_between(stamps[start], stamps[-1]))
 
 
 @dataclass
@@ -333,6 +333,7 @@ class JobResult:
     flink_cpu_s: float = float("nan")  # the Flink JVM: task thread, embedded Python, agent threads, librdkafka
     broker_cpu_s: float = float("nan")  # the local Kafka broker (NaN for an external one)
     latencies: list[float] = field(default_factory=list)  # sorted: run began -> its output left (window's runs)
+    flink_cpu_by_group_s: dict[str, float] = field(default_factory=dict)  # flink_cpu_s by THREAD_GROUPS
 
     @property
     def runs(self) -> int:
@@ -391,44 +392,99 @@ class BackgroundLoop:
         raise NotImplementedError
 
 
+#: Thread groups of the Flink JVM, by the thread's name in /proc (15 characters). Python threads started by
+#: the operator (run workers, the journal's delivery thread) carry their creator's name: the task thread's,
+#: which is the operator's ("agent <name>").
+THREAD_GROUPS = (("librdkafka", ("rdk:",)), ("task + runs", ("agent ",)),
+                 ("JIT + GC", ("C1 ", "C2 ", "GC ", "G1 ", "VM ", "Sweeper")))
+
+
+def thread_group(name: str) -> str:
+    """Which of :data:`THREAD_GROUPS` a JVM thread belongs to (``"other JVM"``: Flink's own threads)."""
+    return next((group for group, prefixes in THREAD_GROUPS if name.startswith(prefixes)), "other JVM")
+
+
+def _thread_cpu_seconds(pid: int | None) -> dict[str, float]:
+    """CPU seconds of a process's live threads, summed by :func:`thread_group`."""
+    groups: dict[str, float] = {}
+    if pid is None:
+        return groups
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                head, tail = handle.read().rsplit(")", 1)
+        except OSError:  # the thread ended
+            continue
+        fields = tail.split()
+        group = thread_group(head.split("(", 1)[1])
+        groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
 class CpuSampler(BackgroundLoop):
-    """Samples the CPU time of the Flink JVM (PyFlink's gateway child) and of a local broker child at 20 Hz.
+    """Samples the CPU time of the Flink JVM (PyFlink's gateway child) and of a local broker child at 20 Hz,
+    and the JVM's CPU by thread group every ``group_every`` samples (reading every thread's stat costs more).
 
     Linux only (``/proc``); elsewhere every figure is NaN.
     """
 
-    def __init__(self, interval_s: float = 0.05):
+    def __init__(self, interval_s: float = 0.05, group_every: int = 10):
         super().__init__("cpu-sampler")
         self.interval_s = interval_s
+        self.group_every = group_every
         self.samples: list[tuple[float, float, float]] = []
+        self.group_samples: list[tuple[float, dict[str, float]]] = []
         me = os.getpid()
         kids = {pid: _cmdline(pid) for pid in _children(me)}
         self.flink_pid = next((p for p, c in kids.items() if "PythonGatewayServer" in c), None)
         self.broker_pid = next((p for p, c in kids.items() if "kafka.Kafka" in c), None)
 
+    def _sample(self, groups: bool) -> None:
+        now = time.time()
+        self.samples.append((now, _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
+        if groups:
+            self.group_samples.append((now, _thread_cpu_seconds(self.flink_pid)))
+
     def _run(self) -> None:
-        while True:
-            self.samples.append((time.time(), _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
+        for count in itertools.count():
+            self._sample(count % self.group_every == 0)
             if self._stop.wait(self.interval_s):
-                self.samples.append((time.time(), _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
+                self._sample(True)
                 return
 
     def between(self, start: float, end: float) -> tuple[float, float]:
         """CPU seconds (Flink, broker) spent between two wall-clock times, linearly interpolated."""
-        def at(t: float, column: int) -> float:
-            times = [s[0] for s in self.samples]
-            i = bisect.bisect_left(times, t)
-            if i <= 0:
-                return self.samples[0][column]
-            if i >= len(self.samples):
-                return self.samples[-1][column]
-            (t0, *a), (t1, *b) = self.samples[i - 1], self.samples[i]
-            w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
-            return a[column - 1] + w * (b[column - 1] - a[column - 1])
-
         if len(self.samples) < 2:
             return float("nan"), float("nan")
-        return at(end, 1) - at(start, 1), at(end, 2) - at(start, 2)
+        times = [s[0] for s in self.samples]
+        return (_interpolated(times, [s[1] for s in self.samples], start, end),
+                _interpolated(times, [s[2] for s in self.samples], start, end))
+
+    def groups_between(self, start: float, end: float) -> dict[str, float]:
+        """The Flink JVM's CPU seconds by thread group between two wall-clock times (threads that ended in
+        between lose their share: the run workers and the producer live as long as the job)."""
+        if len(self.group_samples) < 2:
+            return {}
+        times = [t for t, _ in self.group_samples]
+        names = {name for _, groups in self.group_samples for name in groups}
+        return {name: _interpolated(times, [g.get(name, 0.0) for _, g in self.group_samples], start, end)
+                for name in sorted(names)}
+
+
+def _interpolated(times: Sequence[float], values: Sequence[float], start: float, end: float) -> float:
+    """``values(end) - values(start)`` of a sampled counter, linearly interpolated between samples."""
+    def at(t: float) -> float:
+        i = bisect.bisect_left(times, t)
+        if i <= 0:
+            return values[0]
+        if i >= len(times):
+            return values[-1]
+        t0, t1 = times[i - 1], times[i]
+        w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+        return values[i - 1] + w * (values[i] - values[i - 1])
+
+    return at(end) - at(start)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

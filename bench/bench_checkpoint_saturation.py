@@ -53,6 +53,8 @@ class CheckpointWatcher(h.BackgroundLoop):
         self.base = f"http://127.0.0.1:{port}"
         self.interval_s = interval_s
         self.seen = Checkpoints()
+        self.polls = 0
+        self.last_error: str | None = None  # shown when a job ends with no checkpoint seen
 
     def _get(self, path: str) -> dict:
         with urllib.request.urlopen(self.base + path, timeout=2) as answer:
@@ -64,8 +66,9 @@ class CheckpointWatcher(h.BackgroundLoop):
                 jobs = [j["jid"] for j in self._get("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
                 if jobs:
                     self._take(self._get(f"/jobs/{jobs[0]}/checkpoints"))
-            except OSError:  # the cluster is starting or gone
-                continue
+                    self.polls += 1
+            except (OSError, ValueError, KeyError) as e:  # the cluster is starting or gone, or a partial answer
+                self.last_error = f"{type(e).__name__}: {e}"
 
     def _take(self, answer: dict) -> None:
         history = answer.get("history", [])
@@ -91,6 +94,9 @@ def _run_variant(bootstrap: str, checkpointing: str, call_ms: float, runs: int, 
     with CheckpointWatcher(port) as watcher:
         job = h.timed_agent_job(bootstrap, topic, agent, config, runs, checkpoint_interval_ms=1000,
                                 flink_config=flink_config)
+    if not watcher.seen.durations_ms:
+        print(f"# no completed checkpoint seen on port {port}: {watcher.polls} answers, last error "
+              f"{watcher.last_error}", flush=True)
     return Measured(job, watcher.seen)
 
 

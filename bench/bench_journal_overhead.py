@@ -171,6 +171,33 @@ def main() -> None:
     print("Produce req/run, bytes/run = the journal producer's Produce requests and record bytes (keys + values) "
           "per run (librdkafka statistics)")
     print("latency = first action began -> output left the operator, for the runs in the measured window")
+    _print_cpu_by_thread_group(measured, delays, names)
+
+
+def _print_cpu_by_thread_group(measured: dict[tuple[str, float], list[Measured]], delays: list[float],
+                               names: list[str]) -> None:
+    """Where the Flink CPU per journaled record goes: each thread group's CPU per run above journal off."""
+    def per_run(results: list[Measured]) -> dict[str, float]:
+        runs = sum(m.job.runs for m in results)
+        totals: dict[str, float] = defaultdict(float)
+        for m in results:
+            for group, seconds in m.job.flink_cpu_by_group_s.items():
+                totals[group] += seconds
+        return {group: seconds / runs for group, seconds in totals.items()}
+
+    groups = [g for g, _ in h.THREAD_GROUPS] + ["other JVM"]
+    rows = []
+    for delay_ms in delays:
+        base = per_run(measured[("journal off", delay_ms)])
+        for name in (n for n in names if not n.startswith("journal off")):
+            got = per_run(measured[(name, delay_ms)])
+            extra = [(got.get(g, 0.0) - base.get(g, 0.0)) * 1e6 / RECORDS_PER_RUN for g in groups]
+            rows.append([name, delay_ms, *(f"{e:.0f}" for e in extra), f"{sum(extra):.0f}"])
+    h.print_table("Flink CPU per journaled record by thread group (us above journal off)",
+                  ["variant", "call ms", *groups, "all"], rows)
+    print("task + runs = the task thread and the Python threads it started (run workers, the journal's delivery "
+          "thread); librdkafka = the producer's own threads; groups sampled at 2 Hz, so 'all' differs a little "
+          "from the table above")
 
 
 if __name__ == "__main__":
