@@ -44,7 +44,12 @@ from flink_agents_replay.flink_env import fresh_process_environment
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
-from flink_agents_replay.local.processes import free_port, pid_alive, port_in_use, read_state_file, stop_process
+from flink_agents_replay.local.processes import (
+    claim_port,
+    pid_alive,
+    read_state_file,
+    stop_process,
+)
 
 __all__ = [
     "SLOTS_PER_TASKMANAGER",
@@ -413,14 +418,7 @@ class LocalFlinkCluster:
 
     # -- internals ---------------------------------------------------------------------------------
     def _port(self, port: int, what: str, option: str, exclude: set[int]) -> int:
-        if not port:
-            return free_port(exclude=exclude)
-        if port_in_use(port) or port in exclude:
-            raise LocalServiceError(
-                f"the {what} port {port} on 127.0.0.1 is already in use: stop what listens there, or choose "
-                f"another port ({option} N, or 0 for any free port)"
-            )
-        return port
+        return claim_port(port, what=what, option=option, exclude=exclude)
 
     @staticmethod
     def _require_java() -> None:

@@ -35,7 +35,13 @@ from pathlib import Path
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import KAFKA_BROKER, fetch_jars, require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
-from flink_agents_replay.local.processes import RecordedProcess, free_port, pid_alive, port_in_use, wait_until_ready
+from flink_agents_replay.local.processes import (
+    RecordedProcess,
+    claim_port,
+    free_port,
+    pid_alive,
+    wait_until_ready,
+)
 
 __all__ = ["BrokerStatus", "LocalKafkaBroker", "default_work_dir"]
 
@@ -111,12 +117,7 @@ class LocalKafkaBroker(RecordedProcess):
             return current
         java = require_command("java", "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)")
         jars = fetch_jars(KAFKA_BROKER)
-        port = self.port or free_port()
-        if port_in_use(port):
-            raise LocalServiceError(
-                f"port {port} on 127.0.0.1 is already in use: stop what listens there, or choose another port "
-                "(--port N, or --port 0 for any free port)"
-            )
+        port = claim_port(self.port)
         controller_port = self._controller_port or free_port(exclude={port})
         self.port, self._controller_port = port, controller_port  # a restart() comes back on the same ports
         data_dir = self.work_dir / "data"

@@ -61,7 +61,12 @@ from urllib.parse import unquote, urlsplit
 
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.paths import home_dir
-from flink_agents_replay.local.processes import RecordedProcess, free_port, pid_alive, port_in_use, wait_until_ready
+from flink_agents_replay.local.processes import (
+    RecordedProcess,
+    claim_port,
+    pid_alive,
+    wait_until_ready,
+)
 
 __all__ = [
     "MODEL_NAME",
@@ -617,12 +622,7 @@ class LocalModelServer(RecordedProcess):
         current = self.status()
         if current.running:
             return current
-        port = self.port or free_port()
-        if port_in_use(port):
-            raise LocalServiceError(
-                f"port {port} on 127.0.0.1 is already in use: stop what listens there, or choose another port "
-                "(--port N, or --port 0 for any free port)"
-            )
+        port = claim_port(self.port)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         # The child imports this very package, even from a checkout that is not installed.
         package_root = str(Path(__file__).resolve().parent.parent.parent)

@@ -139,6 +139,17 @@ class RecordedProcess:
         return was_running
 
 
+def claim_port(port: int, *, what: str = "", option: str = "--port", exclude: set[int] = frozenset()) -> int:
+    """``port``, or a free one for ``0``; a :class:`LocalServiceError` naming the fix when it is taken."""
+    if not port:
+        return free_port(exclude=set(exclude))
+    if port_in_use(port) or port in exclude:
+        raise LocalServiceError(
+            f"{f'the {what} port' if what else 'port'} {port} on 127.0.0.1 is already in use: stop what listens "
+            f"there, or choose another port ({option} N, or {option} 0 for any free port)")
+    return port
+
+
 def wait_until_ready(process: subprocess.Popen, ready: Callable[[], bool], *, what: str, where: str,
                      timeout_s: float, log_tail: Callable[[], str], interval_s: float = 0.1) -> None:
     """Poll ``ready()`` until it says yes; ``LocalServiceError`` with the log's tail if ``process`` exits
