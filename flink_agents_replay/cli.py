@@ -6,6 +6,8 @@
     flink-agents-replay local flink status|stop [--work-dir DIR]
     flink-agents-replay local model start [--port N] [--delay-ms N] [--work-dir DIR]
     flink-agents-replay local model status|stop [--work-dir DIR]
+    flink-agents-replay local chroma start [--port N] [--work-dir DIR]
+    flink-agents-replay local chroma status|stop [--work-dir DIR]
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
                                 [-X NAME=VALUE ...]   (-X: a Kafka client setting, SASL, SSL...; tickets, diff too)
@@ -76,6 +78,13 @@ def _model(args: argparse.Namespace) -> int:
 
     return _service(LocalModelServer(args.work_dir, port=args.port, delay_ms=args.delay_ms), args.action,
                     lambda status: print(f"export OPENAI_BASE_URL={status.base_url}"))
+
+
+def _chroma(args: argparse.Namespace) -> int:
+    from flink_agents_replay.local.chroma_server import LocalChromaServer
+
+    return _service(LocalChromaServer(args.work_dir, port=args.port), args.action,
+                    lambda status: print(f"export CHROMA_URL={status.url}"))
 
 
 def _non_negative(text: str) -> float:
@@ -268,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_local_commands(commands) -> None:
-    """``local kafka|flink|model|jars``: the development services."""
+    """``local kafka|flink|model|chroma|jars``: the development services."""
     local = commands.add_parser("local", help="local services for development, tests and the demo")
     services = local.add_subparsers(dest="service", required=True)
 
@@ -298,6 +307,14 @@ def _add_local_commands(commands) -> None:
     model.add_argument("--work-dir", type=Path, default=None,
                        help="log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/model-server)")
     model.set_defaults(handler=_model)
+
+    chroma = services.add_parser("chroma", help="a Chroma vector-store server for long-term memory (installed into "
+                                 "an environment of its own on first use)")
+    chroma.add_argument("action", choices=["start", "stop", "status"])
+    chroma.add_argument("--port", type=int, default=8100, help="port on 127.0.0.1 (0: any free port; default 8100)")
+    chroma.add_argument("--work-dir", type=Path, default=None,
+                        help="data, log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/chroma/server)")
+    chroma.set_defaults(handler=_chroma)
 
     jars = services.add_parser("jars", help="fetch jars from Maven Central into the cache")
     jars.add_argument("action", choices=["fetch"])

@@ -13,6 +13,9 @@ Endpoints:
   whole word, case-insensitively, in the rest of the message, else one picked by hash of the message.
   Otherwise the reply is a short draft (``Thank you for reaching out. ... (ref 1a2b3c4d)``) derived from
   all messages.
+* ``POST /v1/embeddings`` — OpenAI request and reply format (``input``: a string or a list of strings,
+  optional ``dimensions``): hashed bags of words (:mod:`flink_agents_replay.local.embeddings`), so texts that
+  share words are near each other. Counted as ``embeddings``; not subject to the delay or an outage.
 * ``GET /v1/models`` — one model, ``stub-model`` (any model name is accepted and echoed).
 * ``GET /orders/<order_id>`` — a deterministic order (status, items, total, carrier) derived from the id;
   an empty id is 404.
@@ -39,6 +42,7 @@ As a process (the CLI, the demo): :class:`LocalModelServer`, or
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import logging
@@ -46,6 +50,7 @@ import math
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -59,6 +64,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from flink_agents_replay.local.embeddings import DIMENSIONS, embed
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.paths import home_dir
 from flink_agents_replay.local.processes import (
@@ -113,16 +119,18 @@ class ServerStats:
     Attributes:
         chat: chat completions executed.
         orders: order lookups executed.
+        embeddings: embedding requests executed.
         in_flight: executions under way right now (not zeroed by a reset).
         repeated: executions of a request (endpoint + canonical body or order id) executed before:
             the same question asked twice. ``Idempotency-Key`` and the delay header are not part of it.
         idempotent_replays: requests answered from the idempotency store, without executing.
-        distinct: different requests executed (``chat + orders == distinct + repeated``).
+        distinct: different requests executed (``executions == distinct + repeated``).
         unavailable: chat requests answered 503 during a scheduled outage (not executed).
     """
 
     chat: int = 0
     orders: int = 0
+    embeddings: int = 0
     in_flight: int = 0
     repeated: int = 0
     idempotent_replays: int = 0
@@ -131,8 +139,8 @@ class ServerStats:
 
     @property
     def executions(self) -> int:
-        """Chat completions and order lookups executed."""
-        return self.chat + self.orders
+        """Chat completions, order lookups and embedding requests executed."""
+        return self.chat + self.orders + self.embeddings
 
     def to_dict(self) -> dict[str, int]:
         """The ``GET /stats`` body."""
@@ -164,7 +172,7 @@ class _State:
     def __init__(self, delay_ms: float):
         self.delay_ms = delay_ms
         self._lock = threading.Lock()
-        self._executions = {"chat": 0, "orders": 0}
+        self._executions = {"chat": 0, "orders": 0, "embeddings": 0}
         self._in_flight = 0
         self._repeated = 0
         self._replays = 0
@@ -193,6 +201,7 @@ class _State:
     def stats(self) -> ServerStats:
         with self._lock:
             return ServerStats(chat=self._executions["chat"], orders=self._executions["orders"],
+                               embeddings=self._executions["embeddings"],
                                in_flight=self._in_flight, repeated=self._repeated,
                                idempotent_replays=self._replays, distinct=len(self._seen),
                                unavailable=self._unavailable)
@@ -350,6 +359,39 @@ def _chat_completion(request: dict[str, Any], canonical: str) -> _Response:
     }))
 
 
+def _parse_embeddings(raw: bytes) -> tuple[list[str], int, str, bool]:
+    try:
+        request = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _BadRequest(f"the body is not valid JSON: {exc}") from None
+    texts = request.get("input") if isinstance(request, dict) else None
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise _BadRequest("'input' is required: a string or a non-empty list of strings")
+    dimensions = request.get("dimensions", DIMENSIONS)
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or not 1 <= dimensions <= 4096:
+        raise _BadRequest(f"'dimensions' must be an integer from 1 to 4096, got {dimensions!r}")
+    encoding = request.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise _BadRequest(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}")
+    return texts, dimensions, str(request.get("model", MODEL_NAME)), encoding == "base64"
+
+
+def _vector(values: list[float], as_base64: bool) -> list[float] | str:
+    # base64: little-endian float32s, as OpenAI sends them (the openai SDK asks for this by default).
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode() if as_base64 else values
+
+
+def _embeddings(texts: list[str], dimensions: int, model: str, as_base64: bool) -> _Response:
+    tokens = sum(len(t.split()) for t in texts)
+    return _Response(200, _json_bytes({
+        "object": "list", "model": model,
+        "data": [{"object": "embedding", "index": i, "embedding": _vector(embed(t, dimensions), as_base64)}
+                 for i, t in enumerate(texts)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+
+
 def order_details(order_id: str) -> dict[str, Any]:
     """The order ``GET /orders/<order_id>`` returns: every id exists, its fields derive from sha256(id)."""
     number = int(_sha256_hex(order_id), 16)
@@ -417,11 +459,24 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             canonical = _json_bytes(request).decode()
             self._run("chat", canonical, lambda: _chat_completion(request, canonical))
+        elif path == "/v1/embeddings":
+            try:
+                texts, dimensions, model, as_base64 = _parse_embeddings(raw)
+            except _BadRequest as exc:
+                self._send(_error(400, str(exc)))
+                return
+            self._run_undelayed("embeddings", _json_bytes([texts, dimensions, as_base64]).decode(),
+                                lambda: _embeddings(texts, dimensions, model, as_base64))
         elif path == "/stats/reset":
             self.server.state.reset()
             self._send(_Response(200, _json_bytes(self.server.state.stats().to_dict())))
         else:
             self._send(_error(404, f"no route POST {path}"))
+
+    def _run_undelayed(self, endpoint: str, canonical: str, produce: Callable[[], _Response]) -> None:
+        """Execute (or replay by idempotency key) without the delay: embeddings are not the slow model."""
+        key = self.headers.get(IDEMPOTENCY_HEADER) or None
+        self._send(self.server.state.run(endpoint, canonical, key, 0.0, produce))
 
     def _run(self, endpoint: str, canonical: str, produce: Callable[[], _Response]) -> None:
         header = self.headers.get(DELAY_HEADER)

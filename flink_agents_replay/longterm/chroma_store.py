@@ -1,0 +1,113 @@
+"""A :class:`~flink_agents_replay.longterm.store.VectorStore` on a Chroma server (``chromadb-client``, HTTP).
+
+Each namespace is a collection with cosine distance. Collection names allow only ``[A-Za-z0-9._-]`` and
+3-512 characters, so a namespace maps to its characters in that set plus a short hash of the whole name:
+two namespaces never share a collection, whatever characters they use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from flink_agents_replay.longterm.store import Metadata, StoredDoc, Where
+
+__all__ = ["ChromaVectorStore", "collection_name"]
+
+
+def collection_name(namespace: str) -> str:
+    """The Chroma collection of ``namespace``: readable, valid, and distinct for distinct namespaces."""
+    readable = re.sub(r"[^A-Za-z0-9._-]", "-", namespace).strip("._-")[:80] or "ns"
+    digest = hashlib.sha256(namespace.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{readable}-{digest}"
+
+
+def _where(where: Where) -> dict[str, Any] | None:
+    clauses = [{name: {f"${op}": value}} for name, op, value in where.clauses]
+    if not clauses:
+        return None
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+class ChromaVectorStore:
+    """Namespaces as collections of one Chroma server.
+
+    Args:
+        url: the server, e.g. ``http://127.0.0.1:8100`` (``flink-agents-replay local chroma start`` prints it).
+        client: a ``chromadb`` client to use instead (tests, a server with authentication).
+    """
+
+    def __init__(self, url: str | None = None, *, client: Any = None):
+        if client is None:
+            import chromadb  # imported here: the rest of the package does not need the client installed
+
+            if not url:
+                raise ValueError("ChromaVectorStore needs the server's url, e.g. http://127.0.0.1:8100")
+            parts = urlsplit(url)
+            client = chromadb.HttpClient(host=parts.hostname or "127.0.0.1", port=parts.port or 8000,
+                                         ssl=parts.scheme == "https")
+        self.client = client
+        self._collections: dict[str, Any] = {}
+
+    def _collection(self, namespace: str, *, create: bool) -> Any:
+        found = self._collections.get(namespace)
+        if found is None:
+            name = collection_name(namespace)
+            if create:
+                found = self.client.get_or_create_collection(name, metadata={"hnsw:space": "cosine",
+                                                                             "namespace": namespace[:500]})
+            else:
+                try:
+                    found = self.client.get_collection(name)
+                except Exception:  # noqa: BLE001 - the client raises a NotFound of its own: no such namespace
+                    return None
+            self._collections[namespace] = found
+        return found
+
+    def upsert(self, namespace: str, docs: Sequence[StoredDoc]) -> None:
+        if docs:
+            self._collection(namespace, create=True).upsert(
+                ids=[d.id for d in docs], embeddings=[list(d.embedding) for d in docs],
+                documents=[d.text for d in docs], metadatas=[dict(d.metadata) for d in docs])
+
+    def update_metadata(self, namespace: str, doc_id: str, changes: Metadata) -> None:
+        collection = self._collection(namespace, create=False)
+        if collection is not None and collection.get(ids=[doc_id], include=[])["ids"]:
+            collection.update(ids=[doc_id], metadatas=[dict(changes)])
+
+    def get(self, namespace: str, where: Where) -> list[StoredDoc]:
+        collection = self._collection(namespace, create=False)
+        if collection is None:
+            return []
+        got = collection.get(where=_where(where), include=["documents", "metadatas", "embeddings"])
+        docs = [StoredDoc(i, text or "", tuple(float(x) for x in vector), meta or {})
+                for i, text, vector, meta in zip(got["ids"], got["documents"], got["embeddings"], got["metadatas"],
+                                                 strict=True)]
+        return sorted(docs, key=lambda d: d.id)
+
+    def query(self, namespace: str, embedding: Sequence[float], where: Where,
+              limit: int) -> list[tuple[StoredDoc, float]]:
+        collection = self._collection(namespace, create=False)
+        if collection is None or limit <= 0:
+            return []
+        got = collection.query(query_embeddings=[list(embedding)], n_results=limit, where=_where(where),
+                               include=["documents", "metadatas", "embeddings", "distances"])
+        rows = zip(got["ids"][0], got["documents"][0], got["embeddings"][0], got["metadatas"][0],
+                   got["distances"][0], strict=True)
+        return [(StoredDoc(i, text or "", tuple(float(x) for x in vector), meta or {}), float(distance))
+                for i, text, vector, meta, distance in rows]
+
+    def delete(self, namespace: str, doc_ids: Sequence[str]) -> None:
+        collection = self._collection(namespace, create=False)
+        if collection is not None and doc_ids:
+            collection.delete(ids=list(doc_ids))
+
+    def drop(self, namespace: str) -> None:
+        self._collections.pop(namespace, None)
+        try:
+            self.client.delete_collection(collection_name(namespace))
+        except Exception:  # noqa: BLE001 - NotFound: nothing to drop
+            return

@@ -1,0 +1,188 @@
+"""Versions of long-term memories on a :class:`~.store.VectorStore`: nothing is overwritten or removed by
+an agent's writes, so the memory can be read as of any earlier checkpoint, and a replay can fork it.
+
+Every ``add`` or ``update`` writes a new *version* document; the version it replaces is *closed*: its
+``valid_to`` becomes the epoch of the write. A ``delete`` closes the current version and writes a
+*tombstone* (the deleted-at position). An epoch is the id of the checkpoint a run's writes belong to:
+the last snapshot's checkpoint id + 1 when the run started, kept with the run in Flink state, so a run
+in flight at checkpoint ``C`` writes in an epoch ``<= C`` even after ``C``. A reader *as of* checkpoint
+``C`` (a replay from a savepoint of ``C``) sees the versions with ``valid_from <= C < valid_to``: nothing
+written after the savepoint, and what was updated or deleted after it as it was; the writes of runs in flight
+in the savepoint count as part of it (the replay reuses those runs from production's journal).
+
+Ids come from the call that writes (``current_call_id()``): a write made again after a crash, with the
+same call id, upserts the same documents instead of adding a memory.
+
+A replay writes only into its *overlay* namespace. Its reads merge the overlay (current versions) with
+production as of the savepoint; a memory the overlay updated or deleted hides production's.
+
+Document metadata (schema 1, plain data): ``lm_schema``, ``kind`` (``version`` | ``tombstone``),
+``memory_id``, ``scope`` (whose memory: a key's digest, or a shared name), ``valid_from``, ``valid_to``
+(:data:`CURRENT` while current), the writing run's ``key_digest``, ``seq``, ``event_time_ms``, the
+``call_id``, and the user's metadata under ``m.<name>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
+
+__all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "derived_id"]
+
+SCHEMA = 1
+#: ``valid_to`` of a current version: the largest integer every backend stores exactly (JSON, float64).
+CURRENT = 2 ** 53 - 1
+_USER = "m."
+
+
+class MemoryNotFoundError(KeyError):
+    """``update`` or ``delete`` of a memory id this reader does not see."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a write happens: the run's epoch, key, seq and event time, and the call making it."""
+
+    epoch: int
+    key_digest: str
+    seq: int
+    event_time_ms: int
+    call_id: str
+
+
+def derived_id(*parts: object) -> str:
+    """A 32-hex-digit id from ``parts``: the same parts (a call made again) give the same id."""
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _metadata(kind: str, memory_id: str, scope: str, at: Position, user: Mapping[str, Any]) -> dict[str, Any]:
+    bad = [name for name, value in user.items() if not isinstance(value, (str, int, float, bool))]
+    if bad:
+        raise TypeError(f"long-term memory metadata values must be str, int, float or bool: {bad}")
+    return {"lm_schema": SCHEMA, "kind": kind, "memory_id": memory_id, "scope": scope, "valid_from": at.epoch,
+            "valid_to": CURRENT, "key_digest": at.key_digest, "seq": at.seq, "event_time_ms": at.event_time_ms,
+            "call_id": at.call_id, **{_USER + name: value for name, value in user.items()}}
+
+
+def as_item(doc: StoredDoc, source: str, distance: float | None = None) -> dict[str, Any]:
+    """A memory as plain data (what ``search`` and ``get_all`` return, and the journal keeps)."""
+    meta = doc.metadata
+    item = {"id": meta["memory_id"], "memory": doc.text,
+            "metadata": {k[len(_USER):]: v for k, v in meta.items() if k.startswith(_USER)},
+            "epoch": meta["valid_from"], "seq": meta["seq"], "event_time_ms": meta["event_time_ms"],
+            "source": source}
+    if distance is not None:
+        item["score"] = 1.0 - distance
+    return item
+
+
+class VersionedMemory:
+    """Long-term memory of one namespace, read now (production) or as of a checkpoint with an overlay (replay).
+
+    Args:
+        store: the vector store.
+        namespace: production's namespace (the agent's, or a shared one).
+        as_of: ``None`` to read and write production now; a checkpoint id to read production as of it.
+        overlay: the namespace a replay writes to (required with ``as_of``).
+    """
+
+    def __init__(self, store: VectorStore, namespace: str, *, as_of: int | None = None, overlay: str | None = None):
+        if (as_of is None) != (overlay is None):
+            raise ValueError("as_of and overlay go together: a reader as of a checkpoint writes to an overlay")
+        self.store, self.namespace, self.as_of, self.overlay = store, namespace, as_of, overlay
+        self.writes_to = overlay or namespace
+
+    # -- reads
+
+    def get_all(self, scope: str) -> list[dict[str, Any]]:
+        """Every memory of ``scope`` this reader sees, oldest write first."""
+        docs = [(d, "production") for d in self.store.get(self.namespace, self._production(scope))]
+        if self.overlay is not None:
+            hidden = self._overlay_ids(scope)
+            docs = [(d, s) for d, s in docs if d.metadata["memory_id"] not in hidden]
+            docs += [(d, "overlay") for d in self.store.get(self.overlay, _current(scope))]
+        docs.sort(key=lambda pair: (pair[0].metadata["valid_from"], pair[0].metadata["seq"], pair[0].id))
+        return [as_item(d, source) for d, source in docs]
+
+    def search(self, scope: str, embedding: Sequence[float], limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` memories of ``scope`` nearest to ``embedding``, nearest first."""
+        if self.overlay is None:
+            return [as_item(d, "production", dist)
+                    for d, dist in self.store.query(self.namespace, embedding, _current(scope), limit)]
+        hidden = self._overlay_ids(scope)
+        found = [(d, dist, "production") for d, dist in
+                 self.store.query(self.namespace, embedding, self._production(scope), limit + len(hidden))
+                 if d.metadata["memory_id"] not in hidden]
+        found += [(d, dist, "overlay") for d, dist in self.store.query(self.overlay, embedding, _current(scope), limit)]
+        found.sort(key=lambda hit: (hit[1], hit[0].metadata["memory_id"]))
+        return [as_item(d, source, dist) for d, dist, source in found[:limit]]
+
+    def _production(self, scope: str) -> Where:
+        if self.as_of is None:
+            return _current(scope)
+        return _versions(scope).and_("valid_from", "lte", self.as_of).and_("valid_to", "gt", self.as_of)
+
+    def _overlay_ids(self, scope: str) -> set[str]:
+        """Memories the overlay wrote or deleted: production's versions of them are hidden."""
+        where = Where((("scope", "eq", scope),))
+        return {d.metadata["memory_id"] for d in self.store.get(self.overlay, where)}
+
+    def _seen(self, scope: str, memory_id: str, at: Position) -> StoredDoc:
+        """The version of ``memory_id`` this reader sees, or the document this call wrote to it already (its
+        first attempt, before a crash); :class:`MemoryNotFoundError` if neither."""
+        one = Where((("memory_id", "eq", memory_id),))
+        mine = self.store.get(self.writes_to, one.and_("call_id", "eq", at.call_id))
+        seen = self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id))
+        if self.overlay is not None and not self.store.get(self.overlay, one.and_("scope", "eq", scope)):
+            seen = self.store.get(self.namespace, self._production(scope).and_("memory_id", "eq", memory_id))
+        if not (seen or mine):
+            raise MemoryNotFoundError(memory_id)
+        return (seen or mine)[0]
+
+    # -- writes
+
+    def add(self, scope: str, text: str, embedding: Sequence[float], at: Position, *,
+            metadata: Mapping[str, Any] | None = None, index: int = 0) -> str:
+        """A new memory; its id is derived from the call (and ``index``, for several adds in one call)."""
+        memory_id = derived_id("memory", at.call_id, index)
+        self._write_version(scope, memory_id, text, embedding, at, metadata or {})
+        return memory_id
+
+    def update(self, scope: str, memory_id: str, text: str, embedding: Sequence[float], at: Position, *,
+               metadata: Mapping[str, Any] | None = None) -> None:
+        """A new version of a memory this reader sees (:class:`MemoryNotFoundError` otherwise)."""
+        self._seen(scope, memory_id, at)
+        self._write_version(scope, memory_id, text, embedding, at, metadata or {})
+
+    def delete(self, scope: str, memory_id: str, at: Position) -> None:
+        """Close a memory's current version and write its tombstone (:class:`MemoryNotFoundError` if unseen)."""
+        deleted = self._seen(scope, memory_id, at)
+        self._close(scope, memory_id, at.epoch)
+        # The deleted version's vector: stores want one of the namespace's dimension; searches skip tombstones.
+        tombstone = StoredDoc(derived_id("tombstone", memory_id, at.call_id), "", deleted.embedding,
+                              _metadata("tombstone", memory_id, scope, at, {}))
+        self.store.upsert(self.writes_to, [tombstone])
+
+    def _write_version(self, scope: str, memory_id: str, text: str, embedding: Sequence[float], at: Position,
+                       user: Mapping[str, Any]) -> None:
+        version = derived_id("version", memory_id, at.call_id)
+        doc = StoredDoc(version, text, tuple(float(x) for x in embedding),
+                        _metadata("version", memory_id, scope, at, user))
+        self._close(scope, memory_id, at.epoch)
+        self.store.upsert(self.writes_to, [doc])  # after closing: a call made again re-opens its own version
+
+    def _close(self, scope: str, memory_id: str, epoch: int) -> None:
+        """End the current versions of ``memory_id`` in the namespace written to."""
+        for doc in self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id)):
+            self.store.update_metadata(self.writes_to, doc.id, {"valid_to": epoch})
+
+def _versions(scope: str) -> Where:
+    return Where((("scope", "eq", scope), ("kind", "eq", "version")))
+
+
+def _current(scope: str) -> Where:
+    return _versions(scope).and_("valid_to", "eq", CURRENT)
