@@ -22,6 +22,7 @@ from flink_agents_replay.local.paths import home_dir
 from flink_agents_replay.local.processes import (
     RecordedProcess,
     claim_port,
+    log_tail,
     pid_alive,
     wait_until_ready,
 )
@@ -137,10 +138,8 @@ class LocalChromaServer(RecordedProcess):
             raise
         return ChromaStatus(True, process.pid, url, self.work_dir)
 
-    def _log_tail(self, lines: int = 20) -> str:
-        if not self.log_file.is_file():
-            return "(empty)"
-        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
+    def _log_tail(self) -> str:
+        return log_tail(self.log_file)
 
 
 def _heartbeat(url: str) -> bool:

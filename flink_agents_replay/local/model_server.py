@@ -70,6 +70,7 @@ from flink_agents_replay.local.paths import home_dir
 from flink_agents_replay.local.processes import (
     RecordedProcess,
     claim_port,
+    log_tail,
     pid_alive,
     wait_until_ready,
 )
@@ -708,10 +709,8 @@ class LocalModelServer(RecordedProcess):
         wait_until_ready(process, answers, what="the model server", where=url, timeout_s=self.start_timeout_s,
                          log_tail=self._log_tail, interval_s=0.05)
 
-    def _log_tail(self, lines: int = 20) -> str:
-        if not self.log_file.is_file():
-            return "(empty)"
-        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
+    def _log_tail(self) -> str:
+        return log_tail(self.log_file)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -139,6 +139,13 @@ class RecordedProcess:
         return was_running
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a service's log, for an error message (``(empty)`` if there are none)."""
+    if not path.is_file():
+        return "(empty)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
+
+
 def claim_port(port: int, *, what: str = "", option: str = "--port", exclude: set[int] = frozenset()) -> int:
     """``port``, or a free one for ``0``; a :class:`LocalServiceError` naming the fix when it is taken."""
     if not port:
