@@ -10,7 +10,9 @@ restore its timer fires, the run is not in memory, and it is submitted again, re
 had journaled, so it repeats no effect. The run itself is the engine's (:mod:`flink_agents_replay.engine`).
 
 Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.checkpoint_bridge`), each
-handed to :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`:
+handed to :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`, and each also keeping the id of
+the last checkpoint restored or taken: a run's *epoch* (the checkpoint its effects belong to, kept with the run
+in ``in_flight``) is that id + 1 when the run starts (for long-term memory's as-of views, docs/design.md §13).
 
 * ``initialize_state``: take, per owned journal partition, the offset recorded at the checkpoint and
   read the partition from there into a recovery index (docs/design.md §5.1); without a checkpoint, reuse an earlier
@@ -111,6 +113,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._declare_state(runtime_context)
         self._create_metrics(runtime_context)
         self.totals = RunStats()
+        # The last checkpoint this attempt restored or snapshotted: a run started now has epoch last + 1.
+        self.last_checkpoint = 0
+        self.restored_from: int | None = None
         self.applied = dict.fromkeys(APPLIED_BY, 0)
         self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
         self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
@@ -191,6 +196,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if self.config.wake_on_completion:
             self.wakeups = self.hold.wakeups = CompletionWakeups(wakeups)
 
+    def restored_checkpoint(self, checkpoint_id: int) -> None:
+        """This attempt restored checkpoint (or savepoint) ``checkpoint_id``: runs started from now on belong to
+        the next one (their epoch)."""
+        self.restored_from = self.last_checkpoint = checkpoint_id
+
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them."""
         self.journal.restore(values, job_id=self.job_id)
@@ -200,6 +210,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def snapshot_state(self, checkpoint_id: int) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
+        self.last_checkpoint = checkpoint_id  # runs started after this barrier belong to the next checkpoint
         for observer in self.observers:
             observer.checkpoint(checkpoint_id=checkpoint_id, subtask=self.subtask, partitions=self.owned)
         in_flight = self.runs.in_flight()
@@ -247,7 +258,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         if not self.runs.has(key):  # restored from a checkpoint with this run in flight: submit it again
             in_flight = decode_in_flight(raw)
-            self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx)
+            # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
+            epoch = in_flight.epoch if in_flight.epoch is not None else self.restored_from or self.last_checkpoint
+            self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
         own_check = self._checks.get(key) == timestamp  # the key's check timer, not a wake-up or an order timer
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
         if not self.runs.done(key, wait_for_it=draining):
@@ -280,22 +293,23 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _start(self, key, waiting: WaitingInput, ctx) -> None:
         seq = self.mode.seq_for(key, waiting, self._accepted_seq() + 1)
         self.seq_state.update(seq)
-        self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time)))
+        epoch = self.last_checkpoint + 1
+        self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time, epoch)))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.input_accepted(key=key, group=group, seq=seq, value=waiting.value,
                                     event_time=waiting.event_time)
-        self._submit(key, seq, waiting, ctx)
+        self._submit(key, seq, waiting, ctx, epoch)
 
-    def _submit(self, key, seq: int, waiting: WaitingInput, ctx) -> None:
+    def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int) -> None:
         raw_memory = self.memory_state.value()
         memory = decode_memory(raw_memory) if raw_memory is not None else {}
         group = key_group(key, self.key_type, self.max_parallelism)
         digest = key_digest(key)
         history = self.journal.history(digest)
         journal = self.journal.run_journal(group)
-        run = RunInput(key, group, seq, waiting.value, waiting.event_time)
+        run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:

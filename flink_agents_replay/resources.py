@@ -22,25 +22,12 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from typing import Any
 
+from flink_agents_replay.call_site import current_call_id
 from flink_agents_replay.errors import CallTimeoutError, ChatModelError
 
 __all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
-
-_CALL_ID: ContextVar[str | None] = ContextVar("flink_agents_replay_call_id", default=None)
-
-
-def current_call_id() -> str | None:
-    """The id of the ``ctx.call`` being made now, or ``None`` outside one.
-
-    It names the *logical* call (agent, key, seq, event, action, position in the action), so it is the same
-    when a call is made again after a failure — a call that was in doubt. Pass it to a service as an
-    idempotency key (``ChatModel`` sends it as the ``Idempotency-Key`` header) and a service that honours
-    such keys performs the effect once even then.
-    """
-    return _CALL_ID.get()
 
 
 class SideEffects(str, enum.Enum):

@@ -16,6 +16,7 @@ Usage::
     from flink_agents_replay.checkpoint_bridge import CheckpointHooks, process_with_checkpoint_hooks
 
     class MyFunction(CheckpointHooks, KeyedProcessFunction):
+        def restored_checkpoint(self, checkpoint_id): ...  # the restored checkpoint's id (not on a fresh start)
         def initialize_state(self, values): ...        # once, after open(), before the first element
         def snapshot_state(self, checkpoint_id): ...    # bytes for the union list state, or None
         def notify_checkpoint_complete(self, checkpoint_id): ...
@@ -37,7 +38,8 @@ What the operator does
 - ``open``: ``super.open()`` creates the interpreter, the global ``operation`` and runs the function's
   ``open()``; the bridge then finds the Python function object (the closure variable
   ``user_defined_func`` of ``operation._operations[0]._open_func``), exposes a small bridge object to
-  Java and calls ``initialize_state(values)`` (``[]`` on a fresh start).
+  Java, calls ``restored_checkpoint(checkpoint_id)`` when the attempt restored a checkpoint or savepoint, then
+  ``initialize_state(values)`` (``[]`` on a fresh start).
 - ``snapshotState``: ``snapshot_state(checkpoint_id)``; the bytes become this subtask's single entry.
 - ``notifyCheckpointComplete`` / ``notifyCheckpointAborted``: forwarded.
 - ``copy``: PyFlink's optimizer fuses a following Python operator of equal parallelism into this one by

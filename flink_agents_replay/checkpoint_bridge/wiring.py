@@ -38,6 +38,10 @@ class CheckpointHooks:
     restarts it according to the job's restart strategy) with the Python message in the failure.
     """
 
+    def restored_checkpoint(self, checkpoint_id: int) -> None:
+        """Called once, before ``initialize_state``, when this attempt restored a checkpoint or a savepoint:
+        its checkpoint id. Flink numbers the job's next checkpoints from ``checkpoint_id + 1``."""
+
     def initialize_state(self, values: list[bytes]) -> None:
         """Called exactly once per subtask attempt, after ``open()`` and before the first element or timer.
 

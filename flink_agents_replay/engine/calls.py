@@ -35,15 +35,16 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
+from flink_agents_replay.call_site import _CALL_SITE, CallSite
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
-from flink_agents_replay.engine.gate import Blocked, GatedCall, Recorded
+from flink_agents_replay.engine.gate import Blocked, GatedCall, Live, Recorded
 from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError
 from flink_agents_replay.memory import private_copy
 from flink_agents_replay.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.records.raised import decode_exception, encode_exception
-from flink_agents_replay.resources import _CALL_ID, InDoubtPolicy, Resource
+from flink_agents_replay.resources import InDoubtPolicy, Resource
 
 __all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 
@@ -173,7 +174,7 @@ class ActionCalls:
             self.stats.calls_blocked += 1
             self.context.blocked.append(decision.report)
             raise decision.error
-        return self._make(position, resource_name, resource, args_digest, args, kwargs, decision.call_id_prefix)
+        return self._make(position, resource_name, resource, args_digest, args, kwargs, decision)
 
     def _assumed_done(self, position: int, resource_name: str, resource: Resource, args_digest: str) -> bool:
         """A call in doubt (started, never reported back): ``True`` if its policy assumes it done, ``False`` to
@@ -192,7 +193,7 @@ class ActionCalls:
         return False
 
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
-              kwargs: dict, call_id_prefix: str) -> Any:
+              kwargs: dict, live: Live) -> Any:
         """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
         if self.context.journal is not None and resource.tracks_start:
             self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
@@ -200,7 +201,7 @@ class ActionCalls:
             # finds this one in doubt, and its policy decides there).
             self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         self.note_retry(position, resource_name)
-        token = _CALL_ID.set(call_id_prefix + self._call_id(position, resource_name, args_digest))
+        token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live))
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
@@ -216,15 +217,23 @@ class ActionCalls:
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
             raise
         finally:
-            _CALL_ID.reset(token)
+            _CALL_SITE.reset(token)
         self.stats.calls_executed += 1
         self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
         return private_copy(result)  # the journaled result stays as it was, whatever the action does to its copy
 
-    def _call_id(self, position: int, resource_name: str, args_digest: str) -> str:
+    def _site(self, position: int, resource_name: str, args_digest: str, live: Live) -> CallSite:
+        """What the resource learns about the call (``current_call_site()``)."""
+        run = self.context.run
+        return CallSite(call_id=live.call_id_prefix + self._call_id(position, resource_name, args_digest),
+                        stable_id=self._call_id(position, resource_name, args_digest, retry=0),
+                        agent=self.scope.path[0], resource=resource_name, key_digest=self.context.digest_of_key,
+                        seq=run.seq, event_time_ms=run.event_time, epoch=run.epoch, fork=live.fork)
+
+    def _call_id(self, position: int, resource_name: str, args_digest: str, *, retry: int | None = None) -> str:
         # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.
-        request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest,
-                   self._retried.get(position, 0))
+        retry = self._retried.get(position, 0) if retry is None else retry
+        request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest, retry)
         return call_id(self.scope.path[0], self.site.action, self.context.run.seq, position, request)
 
 

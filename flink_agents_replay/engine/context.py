@@ -80,13 +80,15 @@ class RunStats:
 
 @dataclass
 class RunInput:
-    """One accepted input: the key, its key group, its seq, the record itself and its event time (ms)."""
+    """One accepted input: the key, its key group, its seq, the record itself, its event time (ms) and the
+    epoch of its run (:attr:`flink_agents_replay.call_site.CallSite.epoch`)."""
 
     key: Any
     key_group: int
     seq: int
     input: Any
     event_time: int | None = None
+    epoch: int = 0
 
 
 #: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.

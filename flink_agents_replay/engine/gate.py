@@ -3,7 +3,9 @@
 Before the engine makes a call for real (no journaled result to reuse, nor an in-doubt policy that settled
 it) it asks its :class:`CallGate` with a :class:`GatedCall`, and gets one of three answers:
 
-* :class:`Live`: make the call (its call id, ``current_call_id()``, prefixed with ``call_id_prefix``);
+* :class:`Live`: make the call (its call id, ``current_call_id()``, prefixed with ``call_id_prefix``; in a
+  replay, with the :class:`~flink_agents_replay.call_site.Fork` that tells resources keeping state outside
+  the job to read it as of the savepoint and write into the replay's own copy);
 * :class:`Recorded`: do not make it; the action gets this record's outcome (its result, or its exception
   raised), journaled as the call's own so that a failover reuses it;
 * :class:`Blocked`: do not make it; ``error`` (a ``CallBlocked``) is raised into the action, which may
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flink_agents_replay.call_site import Fork
 from flink_agents_replay.errors import CallBlocked
 from flink_agents_replay.records.journal import CallRecord
 from flink_agents_replay.resources import Resource
@@ -45,9 +48,11 @@ class GatedCall:
 
 @dataclass(frozen=True, kw_only=True)
 class Live:
-    """Make the call for real; its call id is prefixed with ``call_id_prefix``."""
+    """Make the call for real; its call id is prefixed with ``call_id_prefix``; ``fork`` goes into its
+    :class:`~flink_agents_replay.call_site.CallSite`."""
 
     call_id_prefix: str = ""
+    fork: Fork | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

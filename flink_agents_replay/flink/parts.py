@@ -31,7 +31,8 @@ def job_mode(config: AgentConfig, *, max_parallelism: int) -> JobMode:
     return ReplayMode(settings=config.replay, kafka=config.kafka_settings(), signing_key=config.signing_key_bytes,
                       verification_keys=config.verification_keys_bytes, uid=config.uid,
                       journal_topic=config.journal_topic, max_parallelism=max_parallelism,
-                      read_production_journal=config.journal_enabled, kafka_timeout_s=config.kafka_timeout_s)
+                      read_production_journal=config.journal_enabled, kafka_timeout_s=config.kafka_timeout_s,
+                      name=config.capture_topic)
 
 
 def observers(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: JobMode) -> list[OperatorObserver]:

@@ -38,11 +38,14 @@ class WaitingInput:
 
 @dataclass(frozen=True)
 class InFlightInput:
-    """The input whose run is under way for a key: its seq, the input, its event time."""
+    """The input whose run is under way for a key: its seq, the input, its event time, and its run's epoch
+    (the checkpoint its effects belong to: the last checkpoint before the run started, + 1; ``None`` in
+    entries written before 0.4, whose runs were in flight at the checkpoint restored)."""
 
     seq: int
     value: Any
     event_time: int | None
+    epoch: int | None = None
 
 
 def _encode(plain: dict[str, Any]) -> bytes:
@@ -78,7 +81,7 @@ def decode_waiting(raw: bytes) -> WaitingInput:
 def encode_in_flight(in_flight: InFlightInput) -> bytes:
     """State bytes of the run in flight."""
     return _encode({"seq": in_flight.seq, "value": dump_user(in_flight.value, what="an input"),
-                    "event_time": in_flight.event_time})
+                    "event_time": in_flight.event_time, "epoch": in_flight.epoch})
 
 
 def decode_in_flight(raw: bytes) -> InFlightInput:
@@ -87,7 +90,8 @@ def decode_in_flight(raw: bytes) -> InFlightInput:
     if plain is None:
         seq, value, *event_time = load_v1(raw)  # (seq, value) before event times
         return InFlightInput(seq, value, event_time[0] if event_time else None)
-    return InFlightInput(plain["seq"], load_user(plain["value"]), plain["event_time"])
+    # "epoch": optional (added in 0.4 within version 2; older readers ignore it).
+    return InFlightInput(plain["seq"], load_user(plain["value"]), plain["event_time"], plain.get("epoch"))
 
 
 def encode_memory(memory: dict, *, what: str = "memory") -> bytes:

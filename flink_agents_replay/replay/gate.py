@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from flink_agents_replay.call_site import Fork
 from flink_agents_replay.capture.records import BlockedCall
 from flink_agents_replay.engine.calls import JournaledCalls
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
@@ -34,13 +35,16 @@ class ReplayCalls:
     #: Prefix of the replay's call ids: a live call must not be answered from a service's idempotency store
     #: with what production's call with the same id got.
     call_id_prefix: str = "replay:"
+    #: What live calls tell resources that keep state outside the job (long-term memory): read production's
+    #: state as of the savepoint, write into the replay's own overlay.
+    fork: Fork | None = None
     _unserved: dict[tuple[str, str], JournaledCalls] = field(default_factory=dict, init=False, repr=False)
 
     def admit(self, call: GatedCall) -> GateDecision:
         """Live, production's recorded outcome, or blocked (with the reason in the ``CallBlocked``)."""
         policy = policy_for(call.resource_name, call.resource, self.policies)
         if policy is CallPolicy.LIVE:
-            return Live(call_id_prefix=self.call_id_prefix)
+            return Live(call_id_prefix=self.call_id_prefix, fork=self.fork)
         if policy is CallPolicy.RECORDED:
             production = self._production_call(call)
             if production is not None and production.outcome is not CallOutcome.STARTED:

@@ -12,6 +12,9 @@ interface :class:`ReplayMode` implements structurally). A replay:
   (production had accepted them before the savepoint) are dropped (:meth:`~ReplayMode.admit`,
   :meth:`~ReplayMode.drop_held`); a key's order is the capture's (``restores_input_order`` is false);
 * runs each input as the seq production gave it, warning when the capture lacks inputs in between;
+* tells the live calls of resources that keep state outside the job (long-term memory) to read it as of the
+  savepoint and to write into the replay's own overlay, named after the replay's capture topic
+  (:class:`~flink_agents_replay.call_site.Fork`);
 * gates every call of a run by the side-effect policy, serving ``recorded`` calls from what production's
   run of the same input made (:meth:`~ReplayMode.gate_for`, :class:`~.gate.ReplayCalls`), those calls
   loaded from the capture when the subtask opens;
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flink_agents_replay.call_site import Fork
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.formats.state import WaitingInput, decode_waiting
@@ -52,6 +56,7 @@ class ReplayMode:
         signing_key, uid: what production's capture records are verified with.
         verification_keys: older signing keys still accepted (key rotation).
         journal_topic: the replay's own journal topic (its live calls' ids are prefixed with it).
+        name: the replay's name (its capture topic): names its overlays of outside state.
         max_parallelism: the job's max parallelism (partitions of the capture and the journal).
         read_production_journal: whether the replay has a journal (then it reads production's).
         kafka_timeout_s: bound on start-up requests and reads.
@@ -63,13 +68,15 @@ class ReplayMode:
 
     def __init__(self, *, settings: ReplaySettings, kafka: KafkaSettingsLike, signing_key: bytes, uid: str,
                  journal_topic: str | None, max_parallelism: int, read_production_journal: bool,
-                 kafka_timeout_s: float, verification_keys: tuple[bytes, ...] = ()):
+                 kafka_timeout_s: float, name: str, verification_keys: tuple[bytes, ...] = ()):
         self.settings = settings
         self.kafka = kafka
         self.signing_key = signing_key
         self.verification_keys = verification_keys
         self.uid = uid
         self.call_id_prefix = f"replay:{journal_topic}:"
+        # Without the savepoint's checkpoint id (settings built by hand), production's outside state is not read.
+        self.fork = Fork(as_of=settings.checkpoint_id or 0, name=name)
         self.max_parallelism = max_parallelism
         self.read_production_journal = read_production_journal
         self.kafka_timeout_s = kafka_timeout_s
@@ -146,7 +153,7 @@ class ReplayMode:
     def gate_for(self, key_digest: str, seq: int) -> ReplayCalls:
         """The side-effect policy for one run, with the calls production's run of the same input made."""
         return ReplayCalls(dict(self.settings.policies), self.recorded_calls.pop((key_digest, seq), {}),
-                           self.call_id_prefix)
+                           self.call_id_prefix, self.fork)
 
     def close(self) -> None:
         """Release production's journal."""

@@ -69,6 +69,9 @@ class Recording(CheckpointHooks, KeyedProcessFunction):
     def record(self, event: str, **fields) -> None:
         self.log.record(event, run=self.run, subtask=self.subtask, attempt=self.attempt, **fields)
 
+    def restored_checkpoint(self, checkpoint_id):
+        self.record("restored_checkpoint", checkpoint_id=checkpoint_id)
+
     def initialize_state(self, values):
         types = sorted({type(v).__name__ for v in values})
         self.record("initialize", values=sorted(v.decode() for v in values), types=types)
@@ -302,6 +305,13 @@ def test_restore_after_failure_gets_last_completed_snapshot(tmp_path):
     for event in log.events(event="initialize", attempt=1):
         assert event["values"] == expected, f"subtask {event['subtask']} restored {event['values']}"
         assert event["types"] == ["bytes"]
+    # The restored checkpoint's id comes first, only in the attempt that restored.
+    assert not log.events(event="restored_checkpoint", attempt=0)
+    restored = log.events(event="restored_checkpoint", attempt=1)
+    assert [e["checkpoint_id"] for e in restored] == [checkpoint_id] * 2
+    for subtask, rows in by_subtask(log.events(attempt=1)).items():
+        names = [e["event"] for e in rows]
+        assert names.index("open") < names.index("restored_checkpoint") < names.index("initialize"), (subtask, names)
 
 
 def test_rescale_through_savepoint_delivers_union_state(tmp_path):
@@ -334,6 +344,9 @@ def test_rescale_through_savepoint_delivers_union_state(tmp_path):
     assert sorted(e["subtask"] for e in initialized) == [0, 1, 2]
     for event in initialized:
         assert event["values"] == written, f"new subtask {event['subtask']} got {event['values']}"
+    # A savepoint's checkpoint id reaches every new subtask, as a checkpoint's does.
+    restored = log.events(run="new", event="restored_checkpoint")
+    assert [e["checkpoint_id"] for e in restored] == [int(written[0].split(":")[1])] * 3
 
 
 def _fused_pipeline(env, log: EventLog):

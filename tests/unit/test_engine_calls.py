@@ -74,11 +74,12 @@ def _no_event_loop(*_args):
 
 
 def action_calls(agent: Agent, store: MemoryJournalStore | None, *, restored: bool = False,
-                 gate: CallGate = ALWAYS_LIVE) -> ActionCalls:
-    """One execution of the agent's action; ``restored``: with what ``store`` holds for it (the next attempt)."""
+                 gate: CallGate = ALWAYS_LIVE, epoch: int = 0) -> ActionCalls:
+    """One execution of the agent's action; ``restored``: with what ``store`` holds for it (the next attempt);
+    ``epoch``: the run's."""
     digest = key_digest(KEY)
     history = history_of(store) if restored else None
-    context = RunContext(run=RunInput(KEY, KEY_GROUP, SEQ, INPUT), history=history,
+    context = RunContext(run=RunInput(KEY, KEY_GROUP, SEQ, INPUT, event_time=5000, epoch=epoch), history=history,
                          journal=journal_of(store) if store else None, fingerprint_policy=FingerprintPolicy.REUSE,
                          cancelled=lambda: False, digest_of_key=digest, input_digest=digest_value(INPUT),
                          child_pool=None, gate=gate, run_events=_no_event_loop)

@@ -3,6 +3,7 @@
 
 from collections import Counter
 
+from flink_agents_replay.call_site import Fork
 from flink_agents_replay.capture.records import CapturedInput
 from flink_agents_replay.flink.mode import PRODUCTION
 from flink_agents_replay.formats.state import WaitingInput, encode_waiting
@@ -25,7 +26,7 @@ def replay_mode(counts: Counter) -> ReplayMode:
     settings = ReplaySettings("prod.capture", {0: 5}, "prod.journal", policies={"*": CallPolicy.RECORDED})
     mode = ReplayMode(settings=settings, kafka={"bootstrap.servers": "unused:9092"}, signing_key=b"k" * 16,
                       uid="agent", journal_topic="replay.journal", max_parallelism=4, read_production_journal=True,
-                      kafka_timeout_s=1.0)
+                      kafka_timeout_s=1.0, name="replay.capture")
     mode.counters = {"replay_inputs_skipped": Counted(counts, "replay_inputs_skipped")}  # as open() sets them
     return mode
 
@@ -62,5 +63,7 @@ def test_replay_gate_serves_the_calls_of_production_run_of_the_same_input_once()
     gate = mode.gate_for("digest", 4)
     assert isinstance(gate, ReplayCalls) and gate.recorded == {("e", "act", 0): call}
     assert gate.call_id_prefix == "replay:replay.journal:" and gate.policies == {"*": CallPolicy.RECORDED}
+    # No checkpoint id in these settings: production's outside state is read as of 0 (nothing of it).
+    assert gate.fork == Fork(as_of=0, name="replay.capture")
     assert mode.gate_for("digest", 4).recorded == {}, "a run's recorded calls are handed out once"
     assert not mode.resumable and not mode.restores_input_order and mode.report_failures

@@ -123,7 +123,7 @@ def test_every_capture_record_round_trips_and_names_no_package_module(kind, reco
 
 
 def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
-    waiting, in_flight = WaitingInput({"text": "x"}, 5, 3), InFlightInput(4, ("a", {1}), None)
+    waiting, in_flight = WaitingInput({"text": "x"}, 5, 3), InFlightInput(4, ("a", {1}), None, epoch=7)
     memory = {"log": ["a"], "seen": {1, 2}, "nested": {"deep": {"x": 1.5}}}
     entries = [encode_waiting(waiting), encode_in_flight(in_flight), encode_memory(memory)]
     assert all(PACKAGE not in entry for entry in entries)

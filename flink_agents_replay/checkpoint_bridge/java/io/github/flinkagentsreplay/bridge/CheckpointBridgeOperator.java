@@ -45,7 +45,9 @@ import java.util.List;
  * wake-ups ({@link CompletionWakeups}: work ending on another thread fires the function's {@code on_timer} for its
  * key, from the mailbox, with no timer registered).
  *
- * <p>The Python function may define {@code initialize_state(values)}, {@code snapshot_state(checkpoint_id)},
+ * <p>The Python function may define {@code restored_checkpoint(checkpoint_id)} (called before
+ * {@code initialize_state} when the attempt restored a checkpoint or savepoint), {@code initialize_state(values)},
+ * {@code snapshot_state(checkpoint_id)},
  * {@code notify_checkpoint_complete(checkpoint_id)} and {@code notify_checkpoint_aborted(checkpoint_id)}.
  * The bytes {@code snapshot_state} returns are this subtask's single entry in a union list state; on
  * restore every subtask receives every entry of the snapshot (all old subtasks), so rescaling works.
@@ -101,11 +103,16 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "",
             "    class CheckpointBridge:",
             "        function_type = type(func).__qualname__",
+            "        _restored = hook('restored_checkpoint')",
             "        _initialize = hook('initialize_state')",
             "        _snapshot = hook('snapshot_state')",
             "        _complete = hook('notify_checkpoint_complete')",
             "        _aborted = hook('notify_checkpoint_aborted')",
             "        _attach_wakeups = hook('attach_wakeups')",
+            "",
+            "        def restored(self, checkpoint_id):",
+            "            if self._restored is not None:",
+            "                call(self._restored, int(checkpoint_id))",
             "",
             "        def initialize(self, packed):",
             "            data = bytes(packed) if packed is not None else b''",
@@ -154,6 +161,8 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
 
     private transient ListState<byte[]> unionState;
     private transient List<byte[]> restoredValues;
+    /** The id of the checkpoint this attempt restored (-1: a fresh start). */
+    private transient long restoredCheckpointId;
     /** True while the Python function may receive hooks: from the end of open() to close(). */
     private transient boolean pythonLive;
     /** What snapshot_state returned last (null: no entry). */
@@ -176,7 +185,9 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         unionState = context.getOperatorStateStore().getUnionListState(
                 new ListStateDescriptor<>(STATE_NAME, PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO));
         List<byte[]> values = new ArrayList<>();
+        restoredCheckpointId = -1; // set here: a transient field's initializer does not run on deserialization
         if (context.isRestored()) {
+            restoredCheckpointId = context.getRestoredCheckpointId().orElse(-1);
             for (byte[] value : unionState.get()) {
                 values.add(value);
             }
@@ -200,6 +211,9 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         pythonLive = true;
         List<byte[]> values = restoredValues == null ? Collections.<byte[]>emptyList() : restoredValues;
         restoredValues = null;
+        if (restoredCheckpointId >= 0) {
+            callPython("restored", "restored_checkpoint(" + restoredCheckpointId + ")", restoredCheckpointId);
+        }
         callPython("initialize", "initialize_state(<" + values.size() + " values>)", pack(values));
         attachWakeups();
     }

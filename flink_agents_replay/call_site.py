@@ -1,0 +1,78 @@
+"""Where the ``ctx.call`` being made now sits: what a resource may know about the call it is serving.
+
+The run engine sets a :class:`CallSite` around each call it makes for real (not around a reused one) and
+resources read it with :func:`current_call_site`. Most need only the call id (:func:`current_call_id`, an
+idempotency key). Resources that keep state outside the job, long-term memory, also need the call's place in
+the job's history: the key, the input's seq and event time, and the *epoch* of the run, the checkpoint its
+writes belong to. A replay's live calls carry a :class:`Fork`: read that outside state as of the savepoint,
+write into the replay's own copy.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+__all__ = ["CallSite", "Fork", "current_call_id", "current_call_site"]
+
+
+@dataclass(frozen=True)
+class Fork:
+    """How a replay's live calls treat state kept outside the job (a store other jobs share).
+
+    Attributes:
+        as_of: the savepoint's checkpoint id: read production's state as it was at that checkpoint.
+        name: the replay's name: write into a copy of its own (an overlay), never into production's.
+    """
+
+    as_of: int
+    name: str
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """The call being made now.
+
+    Attributes:
+        call_id: the call's id, an idempotency key (see :func:`current_call_id`).
+        stable_id: the same for every attempt of this logical call: also a retry after the call failed its
+            action (which gets a new ``call_id``) and the same call in a replay (whose ``call_id`` has the
+            replay's prefix). Derive ids of things the call creates from it.
+        agent: the top-level agent's name. resource: the resource's name in the agent.
+        key_digest: the stable digest of the run's key. seq: the input's number within its key.
+        event_time_ms: the input's event time (epoch milliseconds), ``None`` without one.
+        epoch: the checkpoint the run's effects belong to: the last checkpoint before the run started, + 1.
+            Kept with the run in Flink state, so a run in flight at checkpoint ``C`` has an epoch ``<= C``
+            in every attempt.
+        fork: in a replay, how to treat outside state (:class:`Fork`); ``None`` in production.
+    """
+
+    call_id: str
+    stable_id: str
+    agent: str
+    resource: str
+    key_digest: str
+    seq: int
+    event_time_ms: int | None
+    epoch: int
+    fork: Fork | None = None
+
+
+_CALL_SITE: ContextVar[CallSite | None] = ContextVar("flink_agents_replay_call_site", default=None)
+
+
+def current_call_site() -> CallSite | None:
+    """The call being made now (:class:`CallSite`), or ``None`` outside ``ctx.call``."""
+    return _CALL_SITE.get()
+
+
+def current_call_id() -> str | None:
+    """The id of the ``ctx.call`` being made now, or ``None`` outside one.
+
+    It names the *logical* call (agent, key, seq, event, action, position in the action), so it is the same
+    when a call is made again after a failure — a call that was in doubt. Pass it to a service as an
+    idempotency key (``ChatModel`` sends it as the ``Idempotency-Key`` header) and a service that honours
+    such keys performs the effect once even then.
+    """
+    site = _CALL_SITE.get()
+    return None if site is None else site.call_id
