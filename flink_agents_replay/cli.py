@@ -16,6 +16,9 @@
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
     flink-agents-replay diff --production CAPTURE --replay REPLAY_CAPTURE [--agent-id NAME] [--html FILE]
                              [--json FILE] [--fail-on-diff]
+    flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of CHECKPOINT [--json FILE]
+    flink-agents-replay memory clean --store URL --replay NAME
+    flink-agents-replay memory compact --store URL --namespace NS --oldest-retained CHECKPOINT
 """
 
 from __future__ import annotations
@@ -213,13 +216,34 @@ def _diff(args: argparse.Namespace) -> int:
                            signing_key=args.signing_key.encode(), uid=uid)
     print(f"production capture {production} vs replay capture {args.replay}")
     print(report.render_text(max_width=args.width))
+    memory = _memory_diff(args, keys={run.key for run in report.runs}) if args.memory_namespace else None
+    if memory is not None:
+        print(memory.render_text())
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        as_json = report.to_json() if memory is None else {**report.to_json(), "memory": memory.to_json()}
+        Path(args.json).write_text(json.dumps(as_json, indent=1))
         print(f"JSON report: {args.json}")
     if args.html:
         Path(args.html).write_text(report.render_html(), encoding="utf-8")
         print(f"HTML report: {args.html}")
-    return 1 if args.fail_on_diff and report.has_differences else 0
+    differs = report.has_differences or (memory is not None and bool(memory.differing))
+    return 1 if args.fail_on_diff and differs else 0
+
+
+def _memory_diff(args: argparse.Namespace, *, keys=()):
+    """The long-term memory comparison of ``diff --memory-namespace`` and ``memory diff``."""
+    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+    from flink_agents_replay.longterm.fork_diff import memory_diff
+
+    if not args.memory_store:
+        raise ConfigError("give the memory store's URL: --memory-store http://127.0.0.1:8100 or $CHROMA_URL")
+    if args.as_of is None:
+        raise ConfigError("give the savepoint's checkpoint id (--as-of; replay_job.py prints it)")
+    with ChromaVectorStore(args.memory_store) as store:
+        try:
+            return memory_diff(store, args.memory_namespace, as_of=args.as_of, replay=args.replay, keys=keys)
+        except (ConnectionError, OSError, ValueError) as exc:
+            raise ConfigError(f"the memory store at {args.memory_store} did not answer: {exc}") from exc
 
 
 # -- journal dump / load (moving a journal to another Kafka cluster) -------------------------------------
@@ -271,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
     commands = parser.add_subparsers(dest="command", required=True)
     for add_commands in (_add_local_commands, _add_inspect_command, _add_demo_command, _add_tickets_command,
-                         _add_diff_command, _add_journal_commands):
+                         _add_diff_command, _add_memory_commands, _add_journal_commands):
         add_commands(commands)
     return parser
 
@@ -380,9 +404,78 @@ def _add_diff_command(commands) -> None:
     diff.add_argument("--html", default=None, metavar="FILE", help="also write the report as one HTML page")
     diff.add_argument("--width", type=_at_least_one, default=110, help="terminal table width (default 110)")
     diff.add_argument("--fail-on-diff", action="store_true",
-                      help="exit 1 when any run is changed, new or missing (for CI)")
+                      help="exit 1 when any run is changed, new or missing, or memory differs (for CI)")
+    _add_memory_diff_options(diff, required=False)
     _add_kafka_settings_option(diff)
     diff.set_defaults(handler=_diff)
+
+
+def _add_memory_commands(commands) -> None:
+    """``memory diff|clean``: a replay's long-term memory overlay, against production's, and its removal."""
+    memory = commands.add_parser("memory", help="a replay's long-term memory: compare it with production's "
+                                 "changes after the savepoint, or delete it")
+    actions = memory.add_subparsers(dest="action", required=True)
+    diff = actions.add_parser("diff", help="per key: the memories the replay added, updated or deleted, next to "
+                              "what production did after the savepoint")
+    _add_memory_diff_options(diff, required=True)
+    diff.add_argument("--json", default=None, metavar="FILE", help="also write the comparison as JSON")
+    clean = actions.add_parser("clean", help="delete every overlay namespace the replay wrote; production's "
+                               "memory is not touched")
+    compact = actions.add_parser("compact", help="delete versions and tombstones no retained savepoint needs")
+    compact.add_argument("--namespace", dest="memory_namespace", required=True, metavar="NS",
+                         help="production's memory namespace")
+    compact.add_argument("--oldest-retained", type=int, required=True, metavar="CHECKPOINT",
+                         help="the checkpoint id of the oldest savepoint a replay may still start from")
+    for command in (clean, compact):
+        command.add_argument("--store", dest="memory_store", default=os.environ.get("CHROMA_URL"), metavar="URL",
+                             help="the Chroma server (default $CHROMA_URL)")
+    compact.set_defaults(handler=_memory)
+    for command in (diff, clean):
+        command.add_argument("--replay", required=True, metavar="NAME",
+                             help="the replay's name: its capture topic (replay_job.py prints it)")
+        command.set_defaults(handler=_memory)
+
+
+def _add_memory_diff_options(command, *, required: bool) -> None:
+    """Where the long-term memory is and from which checkpoint on to compare it (``diff`` and ``memory diff``)."""
+    prefix = "" if required else "memory-"
+    command.add_argument(f"--{prefix}store", dest="memory_store", default=os.environ.get("CHROMA_URL"),
+                         metavar="URL", help="the Chroma server of the agent's LongTermMemory (default $CHROMA_URL)")
+    command.add_argument(f"--{prefix}namespace", dest="memory_namespace", required=required, metavar="NS",
+                         help="production's memory namespace (a LongTermMemory's default: <agent>/<resource>)"
+                              + ("" if required else "; compares long-term memory too"))
+    command.add_argument("--as-of", type=int, required=required, default=None, metavar="CHECKPOINT",
+                         help="the savepoint's checkpoint id (replay_job.py prints it)")
+
+
+def _memory(args: argparse.Namespace) -> int:
+    import json
+
+    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+    from flink_agents_replay.longterm.fork_diff import clean_replay
+    from flink_agents_replay.longterm.versions import compact
+
+    if args.action == "diff":
+        report = _memory_diff(args)
+        print(report.render_text(), end="")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+            print(f"JSON report: {args.json}")
+        return 0
+    if not args.memory_store:
+        raise ConfigError("give the memory store's URL: --store http://127.0.0.1:8100 or $CHROMA_URL")
+    with ChromaVectorStore(args.memory_store) as store:
+        try:
+            if args.action == "compact":
+                removed = compact(store, args.memory_namespace, oldest_retained=args.oldest_retained)
+                print(f"deleted {removed} document(s) of {args.memory_namespace} no savepoint from checkpoint "
+                      f"{args.oldest_retained} on needs")
+                return 0
+            dropped = clean_replay(store, args.replay)
+        except (ConnectionError, OSError, ValueError) as exc:
+            raise ConfigError(f"the memory store at {args.memory_store} did not answer: {exc}") from exc
+    print(f"deleted {len(dropped)} overlay namespace(s) of replay {args.replay}: " + (", ".join(dropped) or "none"))
+    return 0
 
 
 def _add_journal_commands(commands) -> None:

@@ -9,6 +9,7 @@ import uuid
 import cloudpickle
 import pytest
 
+from flink_agents_replay.local.chroma_server import LocalChromaServer
 from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
 from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.operator import LOG_FILE_ENV
@@ -117,3 +118,13 @@ def model_server():
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory):
+    """The project's own Chroma server (installed once into the cache), on a fresh data directory and a free
+    port, stopped at the end of the run."""
+    server = LocalChromaServer(tmp_path_factory.mktemp("chroma"), port=0, start_timeout_s=180)
+    server.start()
+    yield server
+    server.stop()

@@ -8,12 +8,15 @@ two namespaces never share a collection, whatever characters they use.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from flink_agents_replay.longterm.store import Metadata, StoredDoc, Where
+from flink_agents_replay.longterm.store import Metadata, StoredDoc, Where, exact_query
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ChromaVectorStore", "collection_name"]
 
@@ -23,6 +26,12 @@ def collection_name(namespace: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9._-]", "-", namespace).strip("._-")[:80] or "ns"
     digest = hashlib.sha256(namespace.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{readable}-{digest}"
+
+
+def _not_found() -> type[Exception]:
+    from chromadb.errors import NotFoundError
+
+    return NotFoundError
 
 
 def _where(where: Where) -> dict[str, Any] | None:
@@ -37,20 +46,46 @@ class ChromaVectorStore:
 
     Args:
         url: the server, e.g. ``http://127.0.0.1:8100`` (``flink-agents-replay local chroma start`` prints it).
-        client: a ``chromadb`` client to use instead (tests, a server with authentication).
+        client: a ``chromadb`` client to use instead (tests, a server with authentication); the caller closes it.
     """
 
     def __init__(self, url: str | None = None, *, client: Any = None):
-        if client is None:
+        if client is None and not url:
+            raise ValueError("ChromaVectorStore needs the server's url, e.g. http://127.0.0.1:8100")
+        self.url = url
+        self._owns_client = client is None
+        self._client = client
+        self._collections: dict[str, Any] = {}
+
+    @property
+    def client(self) -> Any:
+        """The ``chromadb`` client, made on first use in each process (the store travels pickled)."""
+        if self._client is None:
             import chromadb  # imported here: the rest of the package does not need the client installed
 
-            if not url:
-                raise ValueError("ChromaVectorStore needs the server's url, e.g. http://127.0.0.1:8100")
-            parts = urlsplit(url)
-            client = chromadb.HttpClient(host=parts.hostname or "127.0.0.1", port=parts.port or 8000,
-                                         ssl=parts.scheme == "https")
-        self.client = client
-        self._collections: dict[str, Any] = {}
+            parts = urlsplit(self.url or "")
+            self._client = chromadb.HttpClient(host=parts.hostname or "127.0.0.1", port=parts.port or 8000,
+                                               ssl=parts.scheme == "https")
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not self._owns_client:
+            raise TypeError("a ChromaVectorStore made with client= stays in its process; give it url= instead")
+        return {**self.__dict__, "_client": None, "_collections": {}}
+
+    def close(self) -> None:
+        """Release the client (a client passed in stays open). chromadb 1.5.9 keeps its HTTP connections
+        until the process ends even then: Python reports them as unclosed sockets at exit."""
+        self._collections.clear()
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> ChromaVectorStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _collection(self, namespace: str, *, create: bool) -> Any:
         found = self._collections.get(namespace)
@@ -62,7 +97,7 @@ class ChromaVectorStore:
             else:
                 try:
                     found = self.client.get_collection(name)
-                except Exception:  # noqa: BLE001 - the client raises a NotFound of its own: no such namespace
+                except _not_found():  # no such namespace (any other error, an unreachable server, is raised)
                     return None
             self._collections[namespace] = found
         return found
@@ -93,8 +128,17 @@ class ChromaVectorStore:
         collection = self._collection(namespace, create=False)
         if collection is None or limit <= 0:
             return []
-        got = collection.query(query_embeddings=[list(embedding)], n_results=limit, where=_where(where),
-                               include=["documents", "metadatas", "embeddings", "distances"])
+        from chromadb.errors import InternalError
+
+        try:
+            got = collection.query(query_embeddings=[list(embedding)], n_results=limit, where=_where(where),
+                                   include=["documents", "metadatas", "embeddings", "distances"])
+        except InternalError as exc:
+            # chromadb 1.5.9 now and then cannot open a young collection's HNSW index ("Error creating hnsw
+            # segment reader: Nothing found on disk") although its documents are there: search them exactly.
+            log.warning("Chroma could not search %s by its index (%s); searching its documents exactly",
+                        namespace, exc)
+            return exact_query(self.get(namespace, where), embedding, limit)
         rows = zip(got["ids"][0], got["documents"][0], got["embeddings"][0], got["metadatas"][0],
                    got["distances"][0], strict=True)
         return [(StoredDoc(i, text or "", tuple(float(x) for x in vector), meta or {}), float(distance))
@@ -105,9 +149,13 @@ class ChromaVectorStore:
         if collection is not None and doc_ids:
             collection.delete(ids=list(doc_ids))
 
+    def namespaces(self) -> list[str]:
+        return sorted(c.metadata["namespace"] for c in self.client.list_collections()
+                      if c.metadata and "namespace" in c.metadata)
+
     def drop(self, namespace: str) -> None:
         self._collections.pop(namespace, None)
         try:
             self.client.delete_collection(collection_name(namespace))
-        except Exception:  # noqa: BLE001 - NotFound: nothing to drop
+        except _not_found():  # nothing to drop
             return

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Metadata", "StoredDoc", "VectorStore", "InMemoryVectorStore", "Where"]
+__all__ = ["InMemoryVectorStore", "Metadata", "StoredDoc", "VectorStore", "Where", "cosine_distance", "exact_query"]
 
 Metadata = Mapping[str, str | int | float | bool]
 
@@ -78,6 +78,9 @@ class VectorStore(Protocol):
     def delete(self, namespace: str, doc_ids: Sequence[str]) -> None:
         """Remove documents for good (compaction and cleaning only)."""
 
+    def namespaces(self) -> list[str]:
+        """The names of the namespaces there are, sorted (what ``replay clean`` looks through)."""
+
     def drop(self, namespace: str) -> None:
         """Remove a namespace with everything in it (a missing one is ignored)."""
 
@@ -88,36 +91,44 @@ def cosine_distance(a: Sequence[float], b: Sequence[float]) -> float:
     return 1.0 - sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 1.0
 
 
+def exact_query(docs: Sequence[StoredDoc], embedding: Sequence[float], limit: int) -> list[tuple[StoredDoc, float]]:
+    """The ``limit`` documents of ``docs`` nearest to ``embedding`` by exact cosine distance, ties by id."""
+    scored = [(doc, cosine_distance(embedding, doc.embedding)) for doc in docs]
+    return sorted(scored, key=lambda pair: (pair[1], pair[0].id))[:limit]
+
+
 class InMemoryVectorStore:
     """A :class:`VectorStore` in a dict, for unit tests: exact search, ties broken by id."""
 
     def __init__(self) -> None:
-        self.namespaces: dict[str, dict[str, StoredDoc]] = {}
+        self.spaces: dict[str, dict[str, StoredDoc]] = {}
 
     def upsert(self, namespace: str, docs: Sequence[StoredDoc]) -> None:
-        space = self.namespaces.setdefault(namespace, {})
+        space = self.spaces.setdefault(namespace, {})
         for doc in docs:
             space[doc.id] = StoredDoc(doc.id, doc.text, tuple(doc.embedding), dict(doc.metadata))
 
     def update_metadata(self, namespace: str, doc_id: str, changes: Metadata) -> None:
-        doc = self.namespaces.get(namespace, {}).get(doc_id)
+        doc = self.spaces.get(namespace, {}).get(doc_id)
         if doc is not None:
-            self.namespaces[namespace][doc_id] = StoredDoc(doc.id, doc.text, doc.embedding,
+            self.spaces[namespace][doc_id] = StoredDoc(doc.id, doc.text, doc.embedding,
                                                            {**doc.metadata, **changes})
 
     def get(self, namespace: str, where: Where) -> list[StoredDoc]:
-        return sorted((d for d in self.namespaces.get(namespace, {}).values() if where.matches(d.metadata)),
+        return sorted((d for d in self.spaces.get(namespace, {}).values() if where.matches(d.metadata)),
                       key=lambda d: d.id)
 
     def query(self, namespace: str, embedding: Sequence[float], where: Where,
               limit: int) -> list[tuple[StoredDoc, float]]:
-        scored = [(doc, cosine_distance(embedding, doc.embedding)) for doc in self.get(namespace, where)]
-        return sorted(scored, key=lambda pair: (pair[1], pair[0].id))[:limit]
+        return exact_query(self.get(namespace, where), embedding, limit)
 
     def delete(self, namespace: str, doc_ids: Sequence[str]) -> None:
-        space = self.namespaces.get(namespace, {})
+        space = self.spaces.get(namespace, {})
         for doc_id in doc_ids:
             space.pop(doc_id, None)
 
+    def namespaces(self) -> list[str]:
+        return sorted(self.spaces)
+
     def drop(self, namespace: str) -> None:
-        self.namespaces.pop(namespace, None)
+        self.spaces.pop(namespace, None)

@@ -10,8 +10,9 @@ in flight at checkpoint ``C`` writes in an epoch ``<= C`` even after ``C``. A re
 written after the savepoint, and what was updated or deleted after it as it was; the writes of runs in flight
 in the savepoint count as part of it (the replay reuses those runs from production's journal).
 
-Ids come from the call that writes (``current_call_id()``): a write made again after a crash, with the
-same call id, upserts the same documents instead of adding a memory.
+Ids come from the call that writes, its *stable id* (:attr:`~flink_agents_replay.call_site.CallSite.stable_id`,
+the same for every attempt of one logical call): a write made again after a crash, or by the retry of an
+action that failed after it, upserts the same documents instead of adding a memory.
 
 A replay writes only into its *overlay* namespace. Its reads merge the overlay (current versions) with
 production as of the savepoint; a memory the overlay updated or deleted hides production's.
@@ -19,19 +20,21 @@ production as of the savepoint; a memory the overlay updated or deleted hides pr
 Document metadata (schema 1, plain data): ``lm_schema``, ``kind`` (``version`` | ``tombstone``),
 ``memory_id``, ``scope`` (whose memory: a key's digest, or a shared name), ``valid_from``, ``valid_to``
 (:data:`CURRENT` while current), the writing run's ``key_digest``, ``seq``, ``event_time_ms``, the
-``call_id``, and the user's metadata under ``m.<name>``.
+``call_id`` and ``stable_id`` of the call, ``written_ms`` (wall clock: orders one run's writes in a diff),
+and the user's metadata under ``m.<name>``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
 
-__all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "derived_id"]
+__all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id"]
 
 SCHEMA = 1
 #: ``valid_to`` of a current version: the largest integer every backend stores exactly (JSON, float64).
@@ -45,13 +48,20 @@ class MemoryNotFoundError(KeyError):
 
 @dataclass(frozen=True)
 class Position:
-    """Where a write happens: the run's epoch, key, seq and event time, and the call making it."""
+    """Where a write happens: the run's epoch, key, seq and event time, and the call making it (``stable_id``:
+    the same for every attempt of the call; the ``call_id`` when not given)."""
 
     epoch: int
     key_digest: str
     seq: int
     event_time_ms: int
     call_id: str
+    stable_id: str = ""
+
+    @property
+    def writer(self) -> str:
+        """What ids of this call's documents derive from: one value for every attempt of the call."""
+        return self.stable_id or self.call_id
 
 
 def derived_id(*parts: object) -> str:
@@ -65,7 +75,8 @@ def _metadata(kind: str, memory_id: str, scope: str, at: Position, user: Mapping
         raise TypeError(f"long-term memory metadata values must be str, int, float or bool: {bad}")
     return {"lm_schema": SCHEMA, "kind": kind, "memory_id": memory_id, "scope": scope, "valid_from": at.epoch,
             "valid_to": CURRENT, "key_digest": at.key_digest, "seq": at.seq, "event_time_ms": at.event_time_ms,
-            "call_id": at.call_id, **{_USER + name: value for name, value in user.items()}}
+            "call_id": at.call_id, "stable_id": at.writer, "written_ms": time.time_ns() // 1_000_000,
+            **{_USER + name: value for name, value in user.items()}}
 
 
 def as_item(doc: StoredDoc, source: str, distance: float | None = None) -> dict[str, Any]:
@@ -98,27 +109,31 @@ class VersionedMemory:
 
     # -- reads
 
-    def get_all(self, scope: str) -> list[dict[str, Any]]:
-        """Every memory of ``scope`` this reader sees, oldest write first."""
-        docs = [(d, "production") for d in self.store.get(self.namespace, self._production(scope))]
+    def get_all(self, scope: str, *, filters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every memory of ``scope`` this reader sees (with user metadata equal to ``filters``), oldest first."""
+        docs = [(d, "production") for d in self.store.get(self.namespace, _user(self._production(scope), filters))]
         if self.overlay is not None:
             hidden = self._overlay_ids(scope)
             docs = [(d, s) for d, s in docs if d.metadata["memory_id"] not in hidden]
-            docs += [(d, "overlay") for d in self.store.get(self.overlay, _current(scope))]
+            docs += [(d, "overlay") for d in self.store.get(self.overlay, _user(_current(scope), filters))]
         docs.sort(key=lambda pair: (pair[0].metadata["valid_from"], pair[0].metadata["seq"], pair[0].id))
         return [as_item(d, source) for d, source in docs]
 
-    def search(self, scope: str, embedding: Sequence[float], limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` memories of ``scope`` nearest to ``embedding``, nearest first."""
-        if self.overlay is None:
-            return [as_item(d, "production", dist)
-                    for d, dist in self.store.query(self.namespace, embedding, _current(scope), limit)]
-        hidden = self._overlay_ids(scope)
+    def search(self, scope: str, embedding: Sequence[float], limit: int, *,
+               filters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` memories of ``scope`` nearest to ``embedding`` (with user metadata equal to
+        ``filters``), nearest first; equally near ones by memory id, so a replay's merged view and production's
+        pick the same among ties."""
+        wanted = 2 * limit + 4  # candidates beyond the limit: ties at the cut are resolved here, not by the index
+        production = _user(self._production(scope), filters)
+        hidden = self._overlay_ids(scope) if self.overlay is not None else set()
         found = [(d, dist, "production") for d, dist in
-                 self.store.query(self.namespace, embedding, self._production(scope), limit + len(hidden))
+                 self.store.query(self.namespace, embedding, production, wanted + len(hidden))
                  if d.metadata["memory_id"] not in hidden]
-        found += [(d, dist, "overlay") for d, dist in self.store.query(self.overlay, embedding, _current(scope), limit)]
-        found.sort(key=lambda hit: (hit[1], hit[0].metadata["memory_id"]))
+        if self.overlay is not None:
+            found += [(d, dist, "overlay") for d, dist in
+                      self.store.query(self.overlay, embedding, _user(_current(scope), filters), wanted)]
+        found.sort(key=lambda hit: (round(hit[1], 6), hit[0].metadata["memory_id"]))
         return [as_item(d, source, dist) for d, dist, source in found[:limit]]
 
     def _production(self, scope: str) -> Where:
@@ -135,7 +150,7 @@ class VersionedMemory:
         """The version of ``memory_id`` this reader sees, or the document this call wrote to it already (its
         first attempt, before a crash); :class:`MemoryNotFoundError` if neither."""
         one = Where((("memory_id", "eq", memory_id),))
-        mine = self.store.get(self.writes_to, one.and_("call_id", "eq", at.call_id))
+        mine = self.store.get(self.writes_to, one.and_("stable_id", "eq", at.writer))
         seen = self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id))
         if self.overlay is not None and not self.store.get(self.overlay, one.and_("scope", "eq", scope)):
             seen = self.store.get(self.namespace, self._production(scope).and_("memory_id", "eq", memory_id))
@@ -148,28 +163,30 @@ class VersionedMemory:
     def add(self, scope: str, text: str, embedding: Sequence[float], at: Position, *,
             metadata: Mapping[str, Any] | None = None, index: int = 0) -> str:
         """A new memory; its id is derived from the call (and ``index``, for several adds in one call)."""
-        memory_id = derived_id("memory", at.call_id, index)
+        memory_id = derived_id("memory", at.writer, index)
         self._write_version(scope, memory_id, text, embedding, at, metadata or {})
         return memory_id
 
     def update(self, scope: str, memory_id: str, text: str, embedding: Sequence[float], at: Position, *,
                metadata: Mapping[str, Any] | None = None) -> None:
-        """A new version of a memory this reader sees (:class:`MemoryNotFoundError` otherwise)."""
-        self._seen(scope, memory_id, at)
-        self._write_version(scope, memory_id, text, embedding, at, metadata or {})
+        """A new version of a memory this reader sees (:class:`MemoryNotFoundError` otherwise), keeping the
+        user metadata of the version it replaces unless ``metadata`` gives new values."""
+        replaced = self._seen(scope, memory_id, at)
+        kept = {k[len(_USER):]: v for k, v in replaced.metadata.items() if k.startswith(_USER)}
+        self._write_version(scope, memory_id, text, embedding, at, {**kept, **(metadata or {})})
 
     def delete(self, scope: str, memory_id: str, at: Position) -> None:
         """Close a memory's current version and write its tombstone (:class:`MemoryNotFoundError` if unseen)."""
         deleted = self._seen(scope, memory_id, at)
         self._close(scope, memory_id, at.epoch)
         # The deleted version's vector: stores want one of the namespace's dimension; searches skip tombstones.
-        tombstone = StoredDoc(derived_id("tombstone", memory_id, at.call_id), "", deleted.embedding,
+        tombstone = StoredDoc(derived_id("tombstone", memory_id, at.writer), "", deleted.embedding,
                               _metadata("tombstone", memory_id, scope, at, {}))
         self.store.upsert(self.writes_to, [tombstone])
 
     def _write_version(self, scope: str, memory_id: str, text: str, embedding: Sequence[float], at: Position,
                        user: Mapping[str, Any]) -> None:
-        version = derived_id("version", memory_id, at.call_id)
+        version = derived_id("version", memory_id, at.writer)
         doc = StoredDoc(version, text, tuple(float(x) for x in embedding),
                         _metadata("version", memory_id, scope, at, user))
         self._close(scope, memory_id, at.epoch)
@@ -180,9 +197,35 @@ class VersionedMemory:
         for doc in self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id)):
             self.store.update_metadata(self.writes_to, doc.id, {"valid_to": epoch})
 
+
+def _user(where: Where, filters: Mapping[str, Any] | None) -> Where:
+    """``where`` narrowed to memories whose user metadata equals ``filters``."""
+    for name, value in (filters or {}).items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise TypeError(f"a memory filter compares with a str, int, float or bool: {name}={value!r:.60}")
+        where = where.and_(_USER + name, "eq", value)
+    return where
+
+
 def _versions(scope: str) -> Where:
     return Where((("scope", "eq", scope), ("kind", "eq", "version")))
 
 
 def _current(scope: str) -> Where:
     return _versions(scope).and_("valid_to", "eq", CURRENT)
+
+
+def compact(store: VectorStore, namespace: str, *, oldest_retained: int) -> int:
+    """Delete what no reader as of a retained savepoint can need; return how many documents went.
+
+    The rule: with ``oldest_retained`` the checkpoint id of the oldest savepoint (or retained checkpoint) a
+    replay may still start from, a version closed at or before it (``valid_to <= oldest_retained``) is seen by
+    no reader as of ``C >= oldest_retained``, nor by production now; a tombstone written at or before it only
+    marks a removal that no such reader sees either. Both go. Limit: a run in flight since before
+    ``oldest_retained`` that makes its delete again after a crash then finds no memory to delete.
+    """
+    closed = Where((("kind", "eq", "version"), ("valid_to", "lte", oldest_retained)))
+    tombstones = Where((("kind", "eq", "tombstone"), ("valid_from", "lte", oldest_retained)))
+    gone = [doc.id for where in (closed, tombstones) for doc in store.get(namespace, where)]
+    store.delete(namespace, gone)
+    return len(gone)

@@ -1,7 +1,7 @@
 """The versioned long-term memory tests of ``tests/unit/test_longterm_versions.py`` on a real Chroma server.
 
-The server is the project's own (``flink-agents-replay local chroma``): installed once into the cache, run
-here from a fresh data directory on a free port, stopped at the end.
+The server is the project's own (``flink-agents-replay local chroma``; the ``chroma_server`` fixture of
+``tests/conftest.py``): installed once into the cache, run from a fresh data directory on a free port.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tests.unit.test_longterm_versions import (  # noqa: F401 - collected here a
     test_a_run_in_flight_at_the_savepoint_writes_into_it,
     test_a_write_made_again_by_the_same_call_is_one_memory,
     test_bad_metadata_and_filters_are_refused_by_name,
+    test_compaction_keeps_what_a_reader_as_of_a_retained_savepoint_sees,
     test_delete_is_a_tombstone_and_can_be_made_again,
     test_scopes_do_not_see_each_other,
     test_update_made_again_keeps_its_own_version_current,
@@ -29,20 +30,12 @@ pytestmark = pytest.mark.integration
 OVERLAY = "triage~replay-r1"
 
 
-@pytest.fixture(scope="module")
-def chroma_server(tmp_path_factory):
-    server = LocalChromaServer(tmp_path_factory.mktemp("chroma"), port=0, start_timeout_s=120)
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def store(chroma_server):
-    chroma = ChromaVectorStore(chroma_server.status().url)
-    yield chroma
-    for namespace in (NS, OVERLAY, "odd/names: ~ü"):
-        chroma.drop(namespace)
+    with ChromaVectorStore(chroma_server.status().url) as chroma:
+        yield chroma
+        for namespace in (NS, OVERLAY, "odd/names: ~ü"):
+            chroma.drop(namespace)
 
 
 def test_metadata_updates_merge_and_odd_namespaces_get_their_own_collection(store):

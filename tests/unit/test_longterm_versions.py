@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flink_agents_replay.longterm.store import InMemoryVectorStore, Where
-from flink_agents_replay.longterm.versions import CURRENT, MemoryNotFoundError, Position, VersionedMemory
+from flink_agents_replay.longterm.versions import CURRENT, MemoryNotFoundError, Position, VersionedMemory, compact
 
 NS, SCOPE = "triage", "key-a"
 NEAR_A, NEAR_B, NEAR_C = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)
@@ -134,3 +134,19 @@ def test_bad_metadata_and_filters_are_refused_by_name(store):
         Where((("memory_id", "like", "x"),))
     with pytest.raises(ValueError, match="as_of and overlay go together"):
         VersionedMemory(store, NS, as_of=3)
+
+
+def test_compaction_keeps_what_a_reader_as_of_a_retained_savepoint_sees(store):
+    memory = VersionedMemory(store, NS)
+    kept = memory.add(SCOPE, "v1", NEAR_A, at(1, "add"))
+    memory.update(SCOPE, kept, "v2", NEAR_A, at(3, "upd"))
+    memory.update(SCOPE, kept, "v3", NEAR_A, at(6, "upd2"))
+    gone = memory.add(SCOPE, "old", NEAR_B, at(1, "add2"))
+    memory.delete(SCOPE, gone, at(2, "del"))
+    views = {c: texts(VersionedMemory(store, NS, as_of=c, overlay="o").get_all(SCOPE)) for c in range(4, 9)}
+
+    assert compact(store, NS, oldest_retained=4) == 3  # v1 (closed at 3), "old" (closed at 2), its tombstone
+    assert {c: texts(VersionedMemory(store, NS, as_of=c, overlay="o").get_all(SCOPE)) for c in range(4, 9)} == views
+    assert texts(memory.get_all(SCOPE)) == ["v3"]
+    assert sorted(d.text for d in store.get(NS, Where())) == ["v2", "v3"]
+    assert compact(store, NS, oldest_retained=4) == 0
