@@ -3,7 +3,8 @@
 ``flink-agents-replay demo`` (what ``./run demo`` runs) does, on this machine and offline:
 
 1. starts a Kafka broker (KRaft, 127.0.0.1), the local OpenAI-compatible model and order service (every
-   request counted) and a standalone Flink session cluster with two TaskManagers;
+   request counted), a Chroma server for the agent's long-term memory (it remembers each customer's past
+   issues and mentions them in its replies) and a standalone Flink session cluster with two TaskManagers;
 2. submits ``jobs/agent_job.py`` with ``flink run -d -py`` (tickets topic -> triage agent -> replies topic
    through Flink's exactly-once ``KafkaSink``);
 3. feeds a few hundred tickets, and once a checkpoint has completed and part of them are answered, kills
@@ -11,7 +12,8 @@
 4. lets Flink restore the last checkpoint on the other TaskManager: the inputs since that checkpoint run
    again, and their actions find their journal records instead of calling the model again;
 5. reads the replies topic with ``isolation.level=read_committed`` and prints what happened: calls made,
-   calls repeated (expected 0), replies written exactly once, journal records pruned, recovery time.
+   calls repeated (expected 0), replies written exactly once, memories stored once per ticket, journal
+   records pruned, recovery time.
 
 Every figure comes from a counter kept outside the operator's log: the model and order service's request
 statistics (``GET /stats``), the agent operator's Flink metrics read over the cluster's REST API
@@ -67,6 +69,10 @@ class DemoResult:
     replies: int
     missing: int
     duplicates: int
+    embedding_calls: int
+    memories: int
+    duplicate_memories: int
+    replies_using_memory: int
     killed: str
     answered_at_kill: int
     calls_in_flight_at_kill: int
@@ -84,7 +90,8 @@ class DemoResult:
         """Nothing repeated, nothing missing, nothing twice, every call made."""
         return (self.repeated_calls == 0 and self.missing == 0 and self.duplicates == 0
                 and self.replies == self.tickets and self.chat_calls == self.expected_chat_calls
-                and self.order_calls == self.expected_order_calls)
+                and self.order_calls == self.expected_order_calls and self.embedding_calls == 2 * self.tickets
+                and self.memories == self.tickets and self.duplicate_memories == 0)
 
 
 def format_table(result: DemoResult) -> str:
@@ -93,6 +100,8 @@ def format_table(result: DemoResult) -> str:
         ("tickets fed", f"{result.tickets}"),
         ("model calls made", f"{result.chat_calls} (expected {result.expected_chat_calls}: 2 per ticket)"),
         ("tool calls made", f"{result.order_calls} order lookups (expected {result.expected_order_calls})"),
+        ("memory calls made", f"{result.embedding_calls} embedding requests (expected {2 * result.tickets}: a "
+                              "search and a write per ticket)"),
         ("TaskManager killed", f"{result.killed} with SIGKILL, {result.answered_at_kill} tickets answered, "
                                f"{result.calls_in_flight_at_kill} calls in flight"),
         ("recovery time", f"{result.recovery_s:.1f} s from the kill to the job running again"),
@@ -104,6 +113,9 @@ def format_table(result: DemoResult) -> str:
                                    "answered once, by idempotency key)"),
         ("replies written", f"{result.replies} (read_committed), missing {result.missing}, "
                             f"duplicates {result.duplicates}"),
+        ("long-term memory", f"{result.memories} memories for {result.tickets} tickets, duplicates "
+                             f"{result.duplicate_memories}; {result.replies_using_memory} replies mention the "
+                             "customer's past issues"),
         ("journal records", f"{result.journal_written} written, {result.journal_pruned} pruned at checkpoints"),
         ("demo took", f"{result.seconds:.0f} s"),
         ("verdict", "OK: every effect once" if result.ok else "FAILED"),
@@ -171,6 +183,7 @@ class _Demo:
     """The demo's services and phases: start, submit and feed, kill, wait for recovery, measure, stop."""
 
     def __init__(self, progress: _Progress, *, tickets: list[dict], model_delay_ms: int):
+        from flink_agents_replay.local.chroma_server import LocalChromaServer
         from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
         from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
         from flink_agents_replay.local.model_server import StubModelServer
@@ -186,6 +199,8 @@ class _Demo:
         os.environ[LOG_FILE_ENV] = str(self.work / "operator.log")
         self.broker = LocalKafkaBroker(self.work / "kafka", port=0)
         self.server = StubModelServer(port=0, delay_ms=model_delay_ms)
+        self.chroma = LocalChromaServer(self.work / "chroma", port=0, start_timeout_s=300)
+        self.chroma_url = ""
         self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
         self.feeder: _Feeder | None = None
         self.reader: CommittedReader | None = None
@@ -199,6 +214,9 @@ class _Demo:
         self.bootstrap = self.broker.start().bootstrap_servers
         self.server.start()
         self.progress(f"Kafka at {self.bootstrap}; model and order service at {self.server.base_url}")
+        self.progress("starting Chroma for long-term memory (installed into the cache on first use: a minute or two)")
+        self.chroma_url = self.chroma.start().url
+        self.progress(f"Chroma at {self.chroma_url}")
         self.progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
         self.cluster.start()
         self.progress(f"Flink web UI at {self.cluster.rest_url}")
@@ -211,7 +229,7 @@ class _Demo:
             job_script, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
             "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
             "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
-            "--checkpoint-interval-ms", "2000",
+            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url,
         )
         self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
         self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)
@@ -263,13 +281,17 @@ class _Demo:
         metrics = _agent_metrics(self.cluster, self.job_id)
         self.cluster.flink_command("cancel", self.job_id)
         stats, seen = self.server.stats(), Counter(row["ticket_id"] for row in rows)
+        remembered = _remembered_tickets(self.chroma_url)
         journal = summarize_topic({"bootstrap.servers": self.bootstrap}, self.journal_topic)
         return DemoResult(
             tickets=len(self.tickets), chat_calls=stats.chat, order_calls=stats.orders,
             expected_chat_calls=2 * len(self.tickets),
             expected_order_calls=sum(1 for t in self.tickets if t["order_id"]),
             repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
-            missing=len(wanted - seen.keys()), duplicates=sum(n - 1 for n in seen.values()), killed=kill.victim,
+            missing=len(wanted - seen.keys()), duplicates=sum(n - 1 for n in seen.values()),
+            embedding_calls=stats.embeddings, memories=sum(remembered.values()),
+            duplicate_memories=sum(n - 1 for n in remembered.values()),
+            replies_using_memory=sum(1 for row in rows if row.get("past_issues")), killed=kill.victim,
             answered_at_kill=kill.answered, calls_in_flight_at_kill=kill.in_flight, recovery_s=recovery_s,
             restore_read_s=metrics["last_restore_duration_ms"]["max"] / 1000,
             records_read_at_restore=kill.journal_records, actions_reused=int(metrics["actions_reused"]["sum"]),
@@ -283,8 +305,8 @@ class _Demo:
             self.feeder.stop()
         if self.reader is not None:
             self.reader.close()
-        self.progress("stopping Flink, the model service and Kafka")
-        for stop in (self.cluster.stop, self.server.stop, self.broker.stop):
+        self.progress("stopping Flink, Chroma, the model service and Kafka")
+        for stop in (self.cluster.stop, self.chroma.stop, self.server.stop, self.broker.stop):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop
@@ -314,6 +336,17 @@ class _Demo:
 
     def _wait(self, condition: Callable[[], bool], timeout_s: float, report: Callable[[], str]) -> None:
         _wait(condition, timeout_s, self.progress, report, lambda: self.cluster.job_diagnostics(self.job_id))
+
+
+def _remembered_tickets(chroma_url: str) -> Counter:
+    """How many current memories the agent's long-term memory holds per ticket (1 each: none twice)."""
+    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+    from flink_agents_replay.longterm.store import Where
+    from flink_agents_replay.longterm.versions import CURRENT
+
+    with ChromaVectorStore(chroma_url) as store:
+        docs = store.get(f"{AGENT_ID}/memory", Where((("kind", "eq", "version"), ("valid_to", "eq", CURRENT))))
+    return Counter(doc.metadata["m.ticket_id"] for doc in docs)
 
 
 def _agent_metrics(cluster, job_id: str) -> dict[str, dict[str, float]]:

@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
                         help="OpenAI-compatible API root (default $OPENAI_BASE_URL, else the local stub service)")
     parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
+    parser.add_argument("--memory-url", default=os.environ.get("CHROMA_URL") or None,
+                        help="a Chroma server for the agent's long-term memory (default $CHROMA_URL; none: the "
+                             "agent remembers nothing beyond Flink state)")
     parser.add_argument("--orders-base-url", default=None,
                         help="order service root (default: the model URL without /v1, i.e. the stub service)")
     parser.add_argument("--signing-key-file", default=None,
@@ -120,7 +123,7 @@ def build(args: argparse.Namespace):
     keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
 
     agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
-                                 orders_base_url=args.orders_base_url)
+                                 orders_base_url=args.orders_base_url, memory_url=args.memory_url)
     config = {
         "kafka": {"bootstrap.servers": args.bootstrap_servers},
         "signing_key": args.signing_key,

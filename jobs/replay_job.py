@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-id", default="support-triage", help="the production agent's name (its uid)")
     parser.add_argument("--agent", default=DEFAULT_AGENT,
                         help="MODULE:FACTORY building the agent to replay, called with name=, model=, model_base_url=, "
-                             f"orders_base_url= (default {DEFAULT_AGENT})")
+                             f"orders_base_url= (and memory_url= with --memory-url) (default {DEFAULT_AGENT})")
     parser.add_argument("--capture-topic", default=None, help="production's capture topic (default the agent's)")
     parser.add_argument("--output-topic", default="replies",
                         help="production's output topic: the replay writes to <it>.replay-<name> (default replies)")
@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
     parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "stub-model"))
     parser.add_argument("--orders-base-url", default=None)
+    parser.add_argument("--memory-url", default=os.environ.get("CHROMA_URL") or None,
+                        help="the Chroma server of production's long-term memory (default $CHROMA_URL): read as of "
+                             "the savepoint, written into this replay's overlay only")
     parser.add_argument("--signing-key-file", default=None,
                         help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
     parser.add_argument("--signing-key", default=None,
@@ -90,8 +93,9 @@ def load_agent(args: argparse.Namespace):
         factory = getattr(importlib.import_module(module_name), factory_name)
     except (ImportError, AttributeError) as exc:
         raise ReplayError(f"--agent {args.agent!r}: {exc}; give MODULE:FACTORY") from None
+    memory = {"memory_url": args.memory_url} if args.memory_url else {}
     return factory(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
-                   orders_base_url=args.orders_base_url)
+                   orders_base_url=args.orders_base_url, **memory)
 
 
 def build(args: argparse.Namespace):
@@ -134,18 +138,21 @@ def build(args: argparse.Namespace):
     print(f"replay {args.replay_name} from checkpoint {settings.checkpoint_id} of {savepoint}: capture "
           f"{capture_topic} -> journal {topics['journal']}, capture {topics['capture']}, outputs {topics['outputs']}",
           flush=True)
-    return env, topics
+    return env, topics, settings.checkpoint_id
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        env, topics = build(args)
+        env, topics, checkpoint_id = build(args)
     except ReplayError as exc:  # a clear message, not a traceback from the Flink client
         print(f"replay_job.py: {exc}", file=sys.stderr)
         return 2
     env.execute(f"flink-agents-replay replay {args.replay_name}")
-    print(f"replay done; compare it: flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}")
+    memory = (f" --memory-store {args.memory_url} --memory-namespace {args.agent_id}/memory --as-of {checkpoint_id}"
+              if args.memory_url else "")
+    print(f"replay done; compare it: flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}"
+          + memory)
     return 0
 
 

@@ -9,6 +9,11 @@ runs three actions, each a journaled step:
    order's status and how many tickets this customer opened before (short-term memory), then emits the
    output event ``{"ticket_id", "customer", "category", "order_status", "customer_ticket_number", "reply"}``.
 
+With a long-term memory store (``support_triage_agent(memory_url=...)``, a Chroma server) the agent also
+remembers: ``draft_reply`` searches the customer's past issues (``ctx.call("memory", "search", ...)``),
+mentions them in the prompt, lists them in the output (``past_issues``: their ticket ids) and remembers the
+ticket. Those memories outlive the job; the searches and writes are journaled like any call.
+
 Both resources send the call's stable id as an ``Idempotency-Key`` header
 (:func:`flink_agents_replay.resources.current_call_id`), so a service that honours it (the local stub
 service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
@@ -23,10 +28,11 @@ import urllib.request
 from typing import Any
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
 from flink_agents_replay.resources import ChatModel, Tool, current_call_id
 
-__all__ = ["CATEGORIES", "OrderLookup", "SupportTriage", "SupportTriageV2", "make_tickets", "produce_tickets",
-           "support_triage_agent", "support_triage_agent_v2"]
+__all__ = ["CATEGORIES", "OrderLookup", "RememberingSupportTriage", "RememberingSupportTriageV2", "SupportTriage",
+           "SupportTriageV2", "make_tickets", "produce_tickets", "support_triage_agent", "support_triage_agent_v2"]
 
 CATEGORIES = ("refund", "shipping", "account", "other")
 
@@ -87,7 +93,7 @@ class SupportTriage(Agent):
         SupportTriage._reply(event, ctx, "Draft a short, friendly reply")
 
     @staticmethod
-    def _reply(event, ctx, instruction: str) -> None:
+    def _reply(event, ctx, instruction: str, past_issues: list[str] | None = None) -> None:
         ticket = event.ticket
         earlier = ctx.memory.get("tickets", [])
         reply = ctx.call("llm", prompt=(
@@ -96,10 +102,18 @@ class SupportTriage(Agent):
             f"Ticket {ticket['ticket_id']}: {ticket['text']}"
         ))
         ctx.memory.set("tickets", [*earlier, ticket["ticket_id"]][-20:])
-        ctx.send_event(OutputEvent(output={
-            "ticket_id": ticket["ticket_id"], "customer": ticket["customer"], "category": event.category,
-            "order_status": event.order.get("status"), "customer_ticket_number": len(earlier) + 1, "reply": reply,
-        }))
+        output = {"ticket_id": ticket["ticket_id"], "customer": ticket["customer"], "category": event.category,
+                  "order_status": event.order.get("status"), "customer_ticket_number": len(earlier) + 1,
+                  "reply": reply}
+        if past_issues is not None:
+            output["past_issues"] = past_issues
+        ctx.send_event(OutputEvent(output=output))
+
+
+def _voucher_instruction(category: str) -> str:
+    if category == "refund":
+        return "Draft a short, friendly reply that offers a 10% voucher"
+    return "Draft a short, friendly reply"
 
 
 class SupportTriageV2(SupportTriage):
@@ -107,22 +121,50 @@ class SupportTriageV2(SupportTriage):
 
     @action(OrderLooked)
     def draft_reply(event, ctx):
-        if event.category == "refund":
-            SupportTriage._reply(event, ctx, "Draft a short, friendly reply that offers a 10% voucher")
-        else:
-            SupportTriage._reply(event, ctx, "Draft a short, friendly reply")
+        SupportTriage._reply(event, ctx, _voucher_instruction(event.category))
+
+
+class RememberingSupportTriage(SupportTriage):
+    """:class:`SupportTriage` that also remembers each customer's issues in long-term memory."""
+
+    @action(OrderLooked)
+    def draft_reply(event, ctx):
+        RememberingSupportTriage._reply_remembering(event, ctx, "Draft a short, friendly reply")
+
+    @staticmethod
+    def _reply_remembering(event, ctx, instruction: str) -> None:
+        ticket = event.ticket
+        # With the ticket id, each search and each memory is a request of its own (the local service counts
+        # equal requests as repeated).
+        found = ctx.call("memory", "search", f"{ticket['text']} (ticket {ticket['ticket_id']})", limit=3)["results"]
+        past = [f"{m['memory']} ({m['metadata']['category']})" for m in found]
+        SupportTriage._reply(event, ctx, instruction + (f". Past issues: {'; '.join(past)}" if past else ""),
+                             past_issues=[m["metadata"]["ticket_id"] for m in found])
+        ctx.call("memory", "add", f"{ticket['ticket_id']}: {ticket['text']}",
+                 metadata={"ticket_id": ticket["ticket_id"], "category": event.category})
+
+
+class RememberingSupportTriageV2(RememberingSupportTriage):
+    """:class:`SupportTriageV2`'s change, with long-term memory."""
+
+    @action(OrderLooked)
+    def draft_reply(event, ctx):
+        RememberingSupportTriage._reply_remembering(event, ctx, _voucher_instruction(event.category))
 
 
 def support_triage_agent_v2(**settings: Any) -> SupportTriage:
     """:func:`support_triage_agent` with the changed reply of :class:`SupportTriageV2` (same settings)."""
     agent = support_triage_agent(**settings)
-    return SupportTriageV2(name=agent.name, resources=agent.resources)
+    changed = RememberingSupportTriageV2 if isinstance(agent, RememberingSupportTriage) else SupportTriageV2
+    return changed(name=agent.name, resources=agent.resources)
 
 
 def support_triage_agent(*, name: str = "support-triage", model: str = "stub-model",
                          model_base_url: str = "http://127.0.0.1:8000/v1", orders_base_url: str | None = None,
-                         api_key: str | None = None) -> SupportTriage:
-    """The agent with its resources: chat model ``llm`` and order-lookup tool ``orders``.
+                         api_key: str | None = None, memory_url: str | None = None,
+                         embedding_model: str = "stub-embeddings") -> SupportTriage:
+    """The agent with its resources: chat model ``llm`` and order-lookup tool ``orders`` (and with
+    ``memory_url``, long-term memory ``memory``).
 
     Args:
         name: the agent's name; it derives the operator uid and the journal topic, so keep it stable.
@@ -131,14 +173,22 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
         orders_base_url: root of the order service (default: ``model_base_url`` without ``/v1``, where the
             local stub service answers both).
         api_key: bearer token for the model endpoint (default ``$OPENAI_API_KEY``).
+        memory_url: a Chroma server for long-term memory (``flink-agents-replay local chroma start`` prints
+            one); ``None``: no long-term memory.
+        embedding_model: the embedding model, at ``model_base_url``'s ``/embeddings``.
     """
     if orders_base_url is None:
         orders_base_url = model_base_url.rstrip("/").removesuffix("/v1")
-    return SupportTriage(name=name, resources={
+    resources: dict[str, Any] = {
         "llm": ChatModel(model, base_url=model_base_url, api_key=api_key),
         # Reading an order changes nothing: a call in doubt is simply made again.
         "orders": Tool(OrderLookup(orders_base_url), side_effects="none"),
-    })
+    }
+    if memory_url is None:
+        return SupportTriage(name=name, resources=resources)
+    resources["memory"] = LongTermMemory(ChromaVectorStore(memory_url), OpenAIEmbeddings(
+        embedding_model, base_url=model_base_url, api_key=api_key))
+    return RememberingSupportTriage(name=name, resources=resources)
 
 
 _TEMPLATES = (

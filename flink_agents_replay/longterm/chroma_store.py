@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from flink_agents_replay.longterm.store import Metadata, StoredDoc, Where, exact_query
+from flink_agents_replay.longterm.store import Metadata, StoredDoc, Where
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,17 @@ class ChromaVectorStore:
     Args:
         url: the server, e.g. ``http://127.0.0.1:8100`` (``flink-agents-replay local chroma start`` prints it).
         client: a ``chromadb`` client to use instead (tests, a server with authentication); the caller closes it.
+        retry_s: how long an operation the server fails with ``InternalError`` is made again (see
+            :meth:`_retrying`) before the error is raised to the call (and journaled as its outcome).
     """
 
-    def __init__(self, url: str | None = None, *, client: Any = None):
+    def __init__(self, url: str | None = None, *, client: Any = None, retry_s: float = 15.0):
         if client is None and not url:
             raise ValueError("ChromaVectorStore needs the server's url, e.g. http://127.0.0.1:8100")
+        if not 0 <= retry_s < float("inf"):
+            raise ValueError(f"retry_s must be a finite number of seconds >= 0, got {retry_s!r}")
         self.url = url
+        self.retry_s = retry_s
         self._owns_client = client is None
         self._client = client
         self._collections: dict[str, Any] = {}
@@ -104,20 +110,41 @@ class ChromaVectorStore:
 
     def upsert(self, namespace: str, docs: Sequence[StoredDoc]) -> None:
         if docs:
-            self._collection(namespace, create=True).upsert(
+            collection = self._collection(namespace, create=True)
+            self._retrying(namespace, lambda: collection.upsert(
                 ids=[d.id for d in docs], embeddings=[list(d.embedding) for d in docs],
-                documents=[d.text for d in docs], metadatas=[dict(d.metadata) for d in docs])
+                documents=[d.text for d in docs], metadatas=[dict(d.metadata) for d in docs]))
+
+    def _retrying(self, namespace: str, operation: Callable[[], Any]) -> Any:
+        """``operation()``, made again while the server answers ``InternalError`` for up to ``retry_s``:
+        chromadb 1.5.9 sometimes cannot open a young collection's HNSW index for a few seconds ("Error
+        creating hnsw segment reader: Nothing found on disk") although its documents are there."""
+        from chromadb.errors import InternalError
+
+        deadline, pause = time.monotonic() + self.retry_s, 0.05
+        while True:
+            try:
+                return operation()
+            except InternalError as exc:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("Chroma failed on %s (%s); trying again in %.2f s", namespace, exc, pause)
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
 
     def update_metadata(self, namespace: str, doc_id: str, changes: Metadata) -> None:
         collection = self._collection(namespace, create=False)
-        if collection is not None and collection.get(ids=[doc_id], include=[])["ids"]:
-            collection.update(ids=[doc_id], metadatas=[dict(changes)])
+        if collection is None:
+            return
+        if self._retrying(namespace, lambda: collection.get(ids=[doc_id], include=[]))["ids"]:
+            self._retrying(namespace, lambda: collection.update(ids=[doc_id], metadatas=[dict(changes)]))
 
     def get(self, namespace: str, where: Where) -> list[StoredDoc]:
         collection = self._collection(namespace, create=False)
         if collection is None:
             return []
-        got = collection.get(where=_where(where), include=["documents", "metadatas", "embeddings"])
+        got = self._retrying(namespace, lambda: collection.get(where=_where(where),
+                                                               include=["documents", "metadatas", "embeddings"]))
         docs = [StoredDoc(i, text or "", tuple(float(x) for x in vector), meta or {})
                 for i, text, vector, meta in zip(got["ids"], got["documents"], got["embeddings"], got["metadatas"],
                                                  strict=True)]
@@ -128,17 +155,9 @@ class ChromaVectorStore:
         collection = self._collection(namespace, create=False)
         if collection is None or limit <= 0:
             return []
-        from chromadb.errors import InternalError
-
-        try:
-            got = collection.query(query_embeddings=[list(embedding)], n_results=limit, where=_where(where),
-                                   include=["documents", "metadatas", "embeddings", "distances"])
-        except InternalError as exc:
-            # chromadb 1.5.9 now and then cannot open a young collection's HNSW index ("Error creating hnsw
-            # segment reader: Nothing found on disk") although its documents are there: search them exactly.
-            log.warning("Chroma could not search %s by its index (%s); searching its documents exactly",
-                        namespace, exc)
-            return exact_query(self.get(namespace, where), embedding, limit)
+        got = self._retrying(namespace, lambda: collection.query(
+            query_embeddings=[list(embedding)], n_results=limit, where=_where(where),
+            include=["documents", "metadatas", "embeddings", "distances"]))
         rows = zip(got["ids"][0], got["documents"][0], got["embeddings"][0], got["metadatas"][0],
                    got["distances"][0], strict=True)
         return [(StoredDoc(i, text or "", tuple(float(x) for x in vector), meta or {}), float(distance))
@@ -147,7 +166,7 @@ class ChromaVectorStore:
     def delete(self, namespace: str, doc_ids: Sequence[str]) -> None:
         collection = self._collection(namespace, create=False)
         if collection is not None and doc_ids:
-            collection.delete(ids=list(doc_ids))
+            self._retrying(namespace, lambda: collection.delete(ids=list(doc_ids)))
 
     def namespaces(self) -> list[str]:
         return sorted(c.metadata["namespace"] for c in self.client.list_collections()

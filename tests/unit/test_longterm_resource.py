@@ -252,3 +252,40 @@ def test_the_memory_diff_lines_up_a_replay_with_what_production_did_after_the_sa
     assert clean_replay(store, "missing") == []
     assert {ns: docs for ns, docs in dump(store).items() if "@replay:" not in ns} == production
     assert store.namespaces() == [NAMESPACE, overlay_namespace(NAMESPACE, "same")]
+
+
+class FlakyCollection:
+    """A Chroma collection whose first ``failures`` gets fail as chromadb 1.5.9's server sometimes does."""
+
+    def __init__(self, failures: int):
+        self.failures, self.calls = failures, 0
+
+    def get(self, **_kwargs):
+        from chromadb.errors import InternalError
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise InternalError("Error executing plan: Internal error: Error creating hnsw segment reader: "
+                                "Nothing found on disk")
+        return {"ids": ["d"], "documents": ["text"], "embeddings": [[1.0, 0.0]], "metadatas": [{"a": 1}]}
+
+
+class OneCollectionClient:
+    def __init__(self, collection):
+        self.collection = collection
+
+    def get_collection(self, _name):
+        return self.collection
+
+
+def test_a_chroma_error_for_a_young_collection_is_retried_for_a_while_then_raised(caplog):
+    from chromadb.errors import InternalError
+
+    flaky = FlakyCollection(failures=2)
+    store = ChromaVectorStore(client=OneCollectionClient(flaky), retry_s=5)
+    assert [d.text for d in store.get("ns", Where())] == ["text"] and flaky.calls == 3
+    assert sum("trying again" in r.getMessage() for r in caplog.records) == 2
+    with pytest.raises(InternalError, match="hnsw segment reader"):
+        ChromaVectorStore(client=OneCollectionClient(FlakyCollection(failures=99)), retry_s=0.3).get("ns", Where())
+    with pytest.raises(ValueError, match="retry_s"):
+        ChromaVectorStore("http://x", retry_s=-1)
