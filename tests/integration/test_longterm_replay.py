@@ -27,9 +27,7 @@ from dataclasses import dataclass
 import cloudpickle
 import pytest
 from confluent_kafka import Producer
-from pyflink.common import Types, WatermarkStrategy
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+from pyflink.common import Types
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
@@ -46,7 +44,13 @@ from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
 from flink_agents_replay.testing.committed import CommittedReader
-from flink_agents_replay.testing.jobs import exactly_once_string_sink, running_job, trigger_savepoint, wait_until
+from flink_agents_replay.testing.jobs import (
+    exactly_once_string_sink,
+    keyed_json_inputs,
+    running_job,
+    trigger_savepoint,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +82,7 @@ class NoteTaker(Agent):
 
 
 def tickets(ops: list[str], first: int) -> list[dict]:
-    return [{"customer": c, "n": first + i, "op": op, "text": f"{c} note {first + i}: parcel {first + i} late"}
+    return [{"key": c, "n": first + i, "op": op, "text": f"{c} note {first + i}: parcel {first + i} late"}
             for i, op in enumerate(ops) for c in CUSTOMERS]
 
 
@@ -97,22 +101,12 @@ def agent(chroma_url: str, model_url: str, *, changed: bool) -> NoteTaker:
 def _produce(bootstrap: str, topic: str, records: list[dict]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     for record in records:
-        producer.produce(topic, key=record["customer"].encode(), value=json.dumps(record).encode())
+        producer.produce(topic, key=record["key"].encode(), value=json.dumps(record).encode())
     assert producer.flush(30) == 0
 
 
-def _inputs(env, bootstrap: str, topic: str):
-    source = (KafkaSource.builder().set_bootstrap_servers(bootstrap).set_topics(topic)
-              .set_group_id(f"memory-replay-{uuid.uuid4().hex[:8]}")
-              .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-              .set_value_only_deserializer(SimpleStringSchema()).build())
-    return (env.from_source(source, WatermarkStrategy.no_watermarks(), "tickets").uid("tickets").set_parallelism(1)
-            .map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid("parse").set_parallelism(1)
-            .key_by(lambda ticket: ticket["customer"], key_type=Types.STRING()))
-
-
 def _answers(output) -> str:
-    return json.dumps({"customer": output.key, **output.output}, sort_keys=True)
+    return json.dumps({"key": output.key, **output.output}, sort_keys=True)
 
 
 @dataclass
@@ -156,7 +150,7 @@ def production(kafka_bootstrap, chroma_server, tmp_path_factory):
               "journal_topic": f"memory-journal-{suffix}", "capture": True, "capture_topic": f"memory-capture-{suffix}",
               "output_topics": [output_topic], "max_parallelism": MAX_PARALLELISM}
     env = create_environment(parallelism=2, checkpoint_interval_ms=400, jars=[kafka_connector_jar()])
-    outputs = connect_to_agent(_inputs(env, kafka_bootstrap, input_topic), agent(chroma_url, model.base_url,
+    outputs = connect_to_agent(keyed_json_inputs(env, kafka_bootstrap, input_topic), agent(chroma_url, model.base_url,
                                                                                  changed=False), config)
     outputs.map(_answers, output_type=Types.STRING()).sink_to(
         exactly_once_string_sink(kafka_bootstrap, output_topic, f"memory-prod-{suffix}")).uid("outputs")
@@ -208,7 +202,7 @@ def replays(production):
 
 
 def test_production_changed_memory_after_the_savepoint(production, replays):
-    by_op = {(a["customer"], a["n"]): a for a in production.answers}
+    by_op = {(a["key"], a["n"]): a for a in production.answers}
     for customer in CUSTOMERS:
         assert by_op[(customer, 3)]["seen"] == [f"{customer} note {n}: parcel {n} late" for n in range(3)]
         assert f"revised: {customer} note 0: parcel 0 late" in by_op[(customer, 5)]["seen"]  # seen by the delete
