@@ -15,6 +15,7 @@ __all__ = [
     "JournalError",
     "JournalGapError",
     "JournalRecordTooLargeError",
+    "MemoryNotFoundError",
     "NoSubAgentOutputError",
     "NotPicklableError",
     "ReplayConfigError",
@@ -161,3 +162,11 @@ class ChatModelError(RuntimeError):
 
 class RunSlotTimeoutError(FlinkAgentsReplayError, TimeoutError):
     """No agent run finished within ``slot_wait_timeout_s`` while every run slot was taken: a call may hang."""
+
+
+class MemoryNotFoundError(FlinkAgentsReplayError, KeyError):
+    """A long-term memory ``update`` or ``delete`` of a memory id the call does not see (deleted already, never
+    written, or another key's)."""
+
+    def __str__(self) -> str:  # KeyError's would quote the whole message
+        return str(self.args[0]) if self.args else "no such memory"

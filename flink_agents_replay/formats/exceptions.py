@@ -27,7 +27,8 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
     name: getattr(errors, name) for name in (
         "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ChatModelError",
         "ConfigError", "FingerprintMismatchError", "JournalClosedError", "JournalError", "JournalGapError",
-        "JournalRecordTooLargeError", "NoSubAgentOutputError", "NotPicklableError", "ReplayConfigError",
+        "JournalRecordTooLargeError", "MemoryNotFoundError", "NoSubAgentOutputError", "NotPicklableError",
+        "ReplayConfigError",
         "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
         "TopicMismatchError", "UnknownResourceError", "UnknownSubAgentError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep

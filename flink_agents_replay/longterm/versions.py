@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flink_agents_replay.errors import MemoryNotFoundError
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
 
 __all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id"]
@@ -40,10 +41,6 @@ SCHEMA = 1
 #: ``valid_to`` of a current version: the largest integer every backend stores exactly (JSON, float64).
 CURRENT = 2 ** 53 - 1
 _USER = "m."
-
-
-class MemoryNotFoundError(KeyError):
-    """``update`` or ``delete`` of a memory id this reader does not see."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +152,9 @@ class VersionedMemory:
         if self.overlay is not None and not self.store.get(self.overlay, one.and_("scope", "eq", scope)):
             seen = self.store.get(self.namespace, self._production(scope).and_("memory_id", "eq", memory_id))
         if not (seen or mine):
-            raise MemoryNotFoundError(memory_id)
+            raise MemoryNotFoundError(
+                f"no memory {memory_id} in {self.writes_to!r} for {scope}: deleted already, never written, or "
+                "another scope's (each key has its own memories unless the resource is shared)")
         return (seen or mine)[0]
 
     # -- writes
