@@ -44,6 +44,7 @@ class CallSite:
         epoch: the checkpoint the run's effects belong to: the last checkpoint before the run started, + 1.
             Kept with the run in Flink state, so a run in flight at checkpoint ``C`` has an epoch ``<= C``
             in every attempt.
+        step: the call's place in its run: a later call of the run has a larger step.
         fork: in a replay, how to treat outside state (:class:`Fork`); ``None`` in production.
     """
 
@@ -55,6 +56,7 @@ class CallSite:
     seq: int
     event_time_ms: int | None
     epoch: int
+    step: int = 0
     fork: Fork | None = None
 
 

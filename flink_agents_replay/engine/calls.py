@@ -48,6 +48,9 @@ from flink_agents_replay.resources import InDoubtPolicy, Resource
 
 __all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 
+#: Spacing of the actions' steps in ``CallSite.step`` (an action making more calls only blurs the order).
+_CALLS_PER_ACTION = 1_000_000
+
 log = logging.getLogger(__name__)
 
 
@@ -228,7 +231,8 @@ class ActionCalls:
         return CallSite(call_id=live.call_id_prefix + self._call_id(position, resource_name, args_digest),
                         stable_id=self._call_id(position, resource_name, args_digest, retry=0),
                         agent=self.scope.path[0], resource=resource_name, key_digest=self.context.digest_of_key,
-                        seq=run.seq, event_time_ms=run.event_time, epoch=run.epoch, fork=live.fork)
+                        seq=run.seq, event_time_ms=run.event_time, epoch=run.epoch,
+                        step=self.site.order * _CALLS_PER_ACTION + position, fork=live.fork)
 
     def _call_id(self, position: int, resource_name: str, args_digest: str, *, retry: int | None = None) -> str:
         # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.

@@ -150,7 +150,7 @@ def _changes(docs: list[StoredDoc], known: set[str]) -> tuple[MemoryChange, ...]
 
 def _write_order(doc: StoredDoc) -> tuple:
     meta = doc.metadata
-    return meta["valid_from"], meta["seq"], meta.get("written_ms", 0), doc.id
+    return meta["valid_from"], meta["seq"], meta.get("step", 0), meta.get("written_ms", 0), doc.id
 
 
 def _change_json(change: MemoryChange) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class _Call:
         self.scope = "shared" if resource.shared else f"key:{site.key_digest}"
         event_time = site.event_time_ms if site.event_time_ms is not None else -1
         self.position = Position(site.epoch, site.key_digest, site.seq, event_time, site.call_id,
-                                 stable_id=site.stable_id)
+                                 stable_id=site.stable_id, step=site.step)
 
 
 def _text(value: Any) -> str:

@@ -20,8 +20,8 @@ production as of the savepoint; a memory the overlay updated or deleted hides pr
 Document metadata (schema 1, plain data): ``lm_schema``, ``kind`` (``version`` | ``tombstone``),
 ``memory_id``, ``scope`` (whose memory: a key's digest, or a shared name), ``valid_from``, ``valid_to``
 (:data:`CURRENT` while current), the writing run's ``key_digest``, ``seq``, ``event_time_ms``, the
-``call_id`` and ``stable_id`` of the call, ``written_ms`` (wall clock: orders one run's writes in a diff),
-and the user's metadata under ``m.<name>``.
+``call_id``, ``stable_id`` and ``step`` (its place in the run) of the call, ``written_ms`` (wall clock, for
+people), and the user's metadata under ``m.<name>``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flink_agents_replay.errors import MemoryNotFoundError
@@ -46,7 +46,8 @@ _USER = "m."
 @dataclass(frozen=True)
 class Position:
     """Where a write happens: the run's epoch, key, seq and event time, and the call making it (``stable_id``:
-    the same for every attempt of the call; the ``call_id`` when not given)."""
+    the same for every attempt of the call; the ``call_id`` when not given; ``step``: the call's place in its
+    run, which orders one run's writes)."""
 
     epoch: int
     key_digest: str
@@ -54,6 +55,7 @@ class Position:
     event_time_ms: int
     call_id: str
     stable_id: str = ""
+    step: int = 0
 
     @property
     def writer(self) -> str:
@@ -72,7 +74,7 @@ def _metadata(kind: str, memory_id: str, scope: str, at: Position, user: Mapping
         raise TypeError(f"long-term memory metadata values must be str, int, float or bool: {bad}")
     return {"lm_schema": SCHEMA, "kind": kind, "memory_id": memory_id, "scope": scope, "valid_from": at.epoch,
             "valid_to": CURRENT, "key_digest": at.key_digest, "seq": at.seq, "event_time_ms": at.event_time_ms,
-            "call_id": at.call_id, "stable_id": at.writer, "written_ms": time.time_ns() // 1_000_000,
+            "call_id": at.call_id, "stable_id": at.writer, "step": at.step, "written_ms": time.time_ns() // 1_000_000,
             **{_USER + name: value for name, value in user.items()}}
 
 
@@ -113,6 +115,7 @@ class VersionedMemory:
             hidden = self._overlay_ids(scope)
             docs = [(d, s) for d, s in docs if d.metadata["memory_id"] not in hidden]
             docs += [(d, "overlay") for d in self.store.get(self.overlay, _user(_current(scope), filters))]
+        docs = _one_per_memory(docs)
         docs.sort(key=lambda pair: (pair[0].metadata["valid_from"], pair[0].metadata["seq"], pair[0].id))
         return [as_item(d, source) for d, source in docs]
 
@@ -130,6 +133,7 @@ class VersionedMemory:
         if self.overlay is not None:
             found += [(d, dist, "overlay") for d, dist in
                       self.store.query(self.overlay, embedding, _user(_current(scope), filters), wanted)]
+        found = _one_per_memory(found)
         found.sort(key=lambda hit: (round(hit[1], 6), hit[0].metadata["memory_id"]))
         return [as_item(d, source, dist) for d, dist, source in found[:limit]]
 
@@ -175,26 +179,52 @@ class VersionedMemory:
         self._write_version(scope, memory_id, text, embedding, at, {**kept, **(metadata or {})})
 
     def delete(self, scope: str, memory_id: str, at: Position) -> None:
-        """Close a memory's current version and write its tombstone (:class:`MemoryNotFoundError` if unseen)."""
+        """Write a memory's tombstone and close its current version (:class:`MemoryNotFoundError` if unseen)."""
         deleted = self._seen(scope, memory_id, at)
-        self._close(scope, memory_id, at.epoch)
+        at = self._after_current(scope, memory_id, at)
         # The deleted version's vector: stores want one of the namespace's dimension; searches skip tombstones.
         tombstone = StoredDoc(derived_id("tombstone", memory_id, at.writer), "", deleted.embedding,
                               _metadata("tombstone", memory_id, scope, at, {}))
         self.store.upsert(self.writes_to, [tombstone])
+        self._close(scope, memory_id, at.epoch, keep=tombstone.id)
 
     def _write_version(self, scope: str, memory_id: str, text: str, embedding: Sequence[float], at: Position,
                        user: Mapping[str, Any]) -> None:
+        at = self._after_current(scope, memory_id, at)
         version = derived_id("version", memory_id, at.writer)
         doc = StoredDoc(version, text, tuple(float(x) for x in embedding),
                         _metadata("version", memory_id, scope, at, user))
-        self._close(scope, memory_id, at.epoch)
-        self.store.upsert(self.writes_to, [doc])  # after closing: a call made again re-opens its own version
+        # Write first, close after: a write that fails between the two leaves the old version current, and the
+        # call made again finds it (closing first would lose the memory if the write never came).
+        self.store.upsert(self.writes_to, [doc])
+        self._close(scope, memory_id, at.epoch, keep=version)
 
-    def _close(self, scope: str, memory_id: str, epoch: int) -> None:
-        """End the current versions of ``memory_id`` in the namespace written to."""
+    def _after_current(self, scope: str, memory_id: str, at: Position) -> Position:
+        """``at``, its epoch raised to the current version's ``valid_from`` if that is later: a version never
+        starts before the one it replaces. (In a shared scope a run in flight at checkpoint C can write after a
+        run of epoch C + 1 wrote the same memory; its write then counts after C.)"""
+        current = self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id))
+        latest = max((int(d.metadata["valid_from"]) for d in current), default=at.epoch)
+        return at if latest <= at.epoch else replace(at, epoch=latest)
+
+    def _close(self, scope: str, memory_id: str, epoch: int, *, keep: str) -> None:
+        """End the current versions of ``memory_id`` in the namespace written to, but ``keep``'s."""
         for doc in self.store.get(self.writes_to, _current(scope).and_("memory_id", "eq", memory_id)):
-            self.store.update_metadata(self.writes_to, doc.id, {"valid_to": epoch})
+            if doc.id != keep:
+                self.store.update_metadata(self.writes_to, doc.id, {"valid_to": epoch})
+
+
+def _one_per_memory(items: list[tuple]) -> list[tuple]:
+    """``items`` (tuples starting with the document) with one per memory id: the latest version where a write
+    left two current (it failed between writing the new version and closing the old one; made again later)."""
+    latest: dict[str, Any] = {}
+    for item in items:
+        meta = item[0].metadata
+        order = (meta["valid_from"], meta.get("step", 0), meta.get("written_ms", 0))
+        kept = latest.get(meta["memory_id"])
+        if kept is None or order > kept[0]:
+            latest[meta["memory_id"]] = (order, item)
+    return [item for _, item in latest.values()]
 
 
 def _user(where: Where, filters: Mapping[str, Any] | None) -> Where:

@@ -18,6 +18,7 @@ from tests.unit.test_longterm_versions import (  # noqa: F401 - collected here a
     test_a_reader_as_of_a_checkpoint_sees_memory_as_it_was,
     test_a_replay_writes_only_to_its_overlay_and_reads_both,
     test_a_run_in_flight_at_the_savepoint_writes_into_it,
+    test_a_run_in_flight_writing_after_a_later_epoch_in_a_shared_scope_leaves_one_version_per_reader,
     test_a_write_made_again_by_the_same_call_is_one_memory,
     test_bad_metadata_and_filters_are_refused_by_name,
     test_compaction_keeps_what_a_reader_as_of_a_retained_savepoint_sees,

@@ -2,10 +2,11 @@
 server and the local model service's embeddings (outside the Flink worker, where real requests are counted).
 
 The agent searches a customer's memories for what the ticket is about, answers with what it found, and
-remembers the ticket. The job fails over once mid-stream. Invariants: every answer committed once and equal to
-a failure-free run's (which a search seeing a duplicate, or missing a memory, would change); each customer's
-memory holds each ticket once; every embedding request executed once (a reused search or add asks nothing);
-and the restore did reuse memory calls from the journal (the fault hit runs that had used the memory).
+remembers the ticket; one ticket's action raises once, after its add. The job fails over once mid-stream.
+Invariants: every answer committed once and equal to a failure-free run's (which a search seeing a
+duplicate, or missing a memory, would change); each customer's memory holds each ticket once; every
+embedding request executed once (a reused search or add asks nothing); and the restore did reuse memory
+calls from the journal (the fault hit runs that had used the memory).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
 from flink_agents_replay.longterm.store import Where
-from flink_agents_replay.testing import AgentTestEnvironment, FailOver
+from flink_agents_replay.testing import AgentTestEnvironment, FailOver, InvocationCounter
 
 pytestmark = pytest.mark.integration
 
@@ -28,14 +29,23 @@ _REPLAYED = re.compile(r"recovered journal fully replayed; so far actions execut
 
 
 class RememberingAgent(Agent):
-    """Answers a ticket with the customer's past tickets (a search), then remembers it (an add)."""
+    """Answers a ticket with the customer's past tickets (a search), then remembers it (an add). The first
+    attempt at one ticket raises after its add (``raise_once``: a claim in a counter file, once per job)."""
 
     @action(InputEvent)
     def answer(event, ctx):
         ticket = event.input
         past = ctx.call("memory", "search", ticket["text"], limit=10)["results"]
         ctx.call("memory", "add", ticket["text"], metadata={"n": ticket["n"]})
+        ctx.call("raise_once", ticket["customer"], ticket["n"])
         ctx.send_event(OutputEvent(output={"n": ticket["n"], "past": sorted(hit["memory"] for hit in past)}))
+
+
+def raise_once(claims: InvocationCounter, customer: str, n: int):
+    def check(key: str, seq: int) -> None:
+        if (key, seq) == (customer, n) and claims.increment("raised") == 1:
+            raise RuntimeError(f"the action of {key}/{seq} fails once, after its add")
+    return check
 
 
 def tickets() -> list[dict]:
@@ -50,8 +60,11 @@ def test_memory_calls_are_reused_after_a_fail_over_and_no_memory_is_duplicated(
     memory = LongTermMemory(ChromaVectorStore(url), OpenAIEmbeddings("local-embed", base_url=model.base_url,
                                                                      api_key="unused"))
     with AgentTestEnvironment.from_bootstrap(kafka_bootstrap) as env:
-        result = env.run(RememberingAgent(name=name, resources={"memory": memory}), inputs=tickets(),
+        claims = InvocationCounter(env.work_dir / "raised.sqlite")
+        resources = {"memory": memory, "raise_once": Tool(raise_once(claims, "c1", 2), side_effects="none")}
+        result = env.run(RememberingAgent(name=name, resources=resources), inputs=tickets(),
                          key=lambda ticket: ticket["customer"], fail_over=FailOver(after_outputs=7))
+        assert claims.count("raised") >= 1  # the exception after the add did fire
 
     assert result.failure is None, result.failure
     assert result.failed_over and result.duplicate_outputs() == []

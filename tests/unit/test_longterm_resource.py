@@ -302,3 +302,17 @@ def test_a_delete_of_a_memory_not_seen_is_journaled_by_name_and_reused_as_the_sa
     with pytest.raises(MemoryNotFoundError, match="no memory gone-id"):
         again.call("memory", "delete", "gone-id")
     assert again.stats.calls_reused == 1
+
+
+def test_the_memory_diff_orders_one_runs_writes_by_their_place_in_the_run_not_by_the_clock(model, monkeypatch):
+    import flink_agents_replay.longterm.versions as versions
+
+    monkeypatch.setattr(versions.time, "time_ns", lambda: 1_700_000_000_000_000_000)  # every write in one ms
+    store = InMemoryVectorStore()
+    later = action_calls(agent_with(store, model), None, epoch=5)
+    added = later.call("memory", "add", "order 9 late")["results"][0]["id"]
+    later.call("memory", "update", added, "order 9 refunded")
+    later.call("memory", "delete", added)
+    [scope] = memory_diff(store, NAMESPACE, as_of=3, replay="none", keys=[KEY]).scopes
+    assert [(c.event, c.memory) for c in scope.production] == [
+        ("ADD", "order 9 late"), ("UPDATE", "order 9 refunded"), ("DELETE", "")]

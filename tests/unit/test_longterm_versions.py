@@ -150,3 +150,56 @@ def test_compaction_keeps_what_a_reader_as_of_a_retained_savepoint_sees(store):
     assert texts(memory.get_all(SCOPE)) == ["v3"]
     assert sorted(d.text for d in store.get(NS, Where())) == ["v2", "v3"]
     assert compact(store, NS, oldest_retained=4) == 0
+
+
+class FailsOnce(InMemoryVectorStore):
+    """A store whose next ``method`` call raises ``ConnectionError`` after (``after=True``) or before doing it."""
+
+    def __init__(self):
+        super().__init__()
+        self.armed: tuple[str, bool] | None = None
+
+    def arm(self, method: str, *, after: bool) -> None:
+        self.armed = (method, after)
+
+    def _maybe_fail(self, method: str, when_after: bool) -> None:
+        if self.armed == (method, when_after):
+            self.armed = None
+            raise ConnectionError(f"{method} lost")
+
+    def upsert(self, namespace, docs):
+        self._maybe_fail("upsert", False)
+        super().upsert(namespace, docs)
+        self._maybe_fail("upsert", True)
+
+    def update_metadata(self, namespace, doc_id, changes):
+        self._maybe_fail("update_metadata", False)
+        super().update_metadata(namespace, doc_id, changes)
+
+
+@pytest.mark.parametrize("fault", [("upsert", False), ("upsert", True), ("update_metadata", False)])
+@pytest.mark.parametrize("operation", ["update", "delete"])
+def test_a_write_that_failed_halfway_is_completed_by_the_call_made_again(fault, operation):
+    store = FailsOnce()
+    memory = VersionedMemory(store, NS)
+    mid = memory.add(SCOPE, "v1", NEAR_A, at(1, "add"))
+    write = (lambda: memory.update(SCOPE, mid, "v2", NEAR_B, at(2, "w"))) if operation == "update" else (
+        lambda: memory.delete(SCOPE, mid, at(2, "w")))
+    store.arm(fault[0], after=fault[1])
+    with pytest.raises(ConnectionError):
+        write()
+    assert len(memory.get_all(SCOPE)) == 1  # never none: the memory is not lost between the two steps
+    write()  # the same call, made again
+    assert texts(memory.get_all(SCOPE)) == (["v2"] if operation == "update" else [])
+    assert texts(VersionedMemory(store, NS, as_of=1, overlay="o").get_all(SCOPE)) == ["v1"]
+
+
+def test_a_run_in_flight_writing_after_a_later_epoch_in_a_shared_scope_leaves_one_version_per_reader(store):
+    memory = VersionedMemory(store, NS)
+    mid = memory.add("shared", "v1", NEAR_A, at(1, "add"))
+    memory.update("shared", mid, "by the run of epoch 6", NEAR_A, at(6, "b"))
+    memory.update("shared", mid, "by the run in flight at 5", NEAR_A, at(5, "a"))  # written last, epoch 5
+    for as_of in range(1, 9):
+        assert len(VersionedMemory(store, NS, as_of=as_of, overlay="o").get_all("shared")) == 1, as_of
+    assert texts(memory.get_all("shared")) == ["by the run in flight at 5"]  # the last write is current
+    assert texts(VersionedMemory(store, NS, as_of=5, overlay="o").get_all("shared")) == ["v1"]  # counted after 5
