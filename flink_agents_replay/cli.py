@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -232,16 +233,26 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _memory_diff(args: argparse.Namespace, *, keys=()):
     """The long-term memory comparison of ``diff --memory-namespace`` and ``memory diff``."""
-    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
     from flink_agents_replay.longterm.fork_diff import memory_diff
 
-    if not args.memory_store:
-        raise ConfigError("give the memory store's URL: --memory-store http://127.0.0.1:8100 or $CHROMA_URL")
     if args.as_of is None:
         raise ConfigError("give the savepoint's checkpoint id (--as-of; replay_job.py prints it)")
+    with _memory_store(args) as store:
+        return memory_diff(store, args.memory_namespace, as_of=args.as_of, replay=args.replay, keys=keys)
+
+
+@contextlib.contextmanager
+def _memory_store(args: argparse.Namespace):
+    """The Chroma store the command names (``--store``, or ``diff``'s ``--memory-store``); a store that does not
+    answer is a usage error, not a traceback."""
+    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+
+    if not args.memory_store:
+        option = "--store" if args.command == "memory" else "--memory-store"
+        raise ConfigError(f"give the memory store's URL: {option} http://127.0.0.1:8100 or $CHROMA_URL")
     with ChromaVectorStore(args.memory_store) as store:
         try:
-            return memory_diff(store, args.memory_namespace, as_of=args.as_of, replay=args.replay, keys=keys)
+            yield store
         except (ConnectionError, OSError, ValueError) as exc:
             raise ConfigError(f"the memory store at {args.memory_store} did not answer: {exc}") from exc
 
@@ -451,7 +462,6 @@ def _add_memory_diff_options(command, *, required: bool) -> None:
 def _memory(args: argparse.Namespace) -> int:
     import json
 
-    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
     from flink_agents_replay.longterm.fork_diff import clean_replay
     from flink_agents_replay.longterm.versions import compact
 
@@ -462,18 +472,13 @@ def _memory(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
             print(f"JSON report: {args.json}")
         return 0
-    if not args.memory_store:
-        raise ConfigError("give the memory store's URL: --store http://127.0.0.1:8100 or $CHROMA_URL")
-    with ChromaVectorStore(args.memory_store) as store:
-        try:
-            if args.action == "compact":
-                removed = compact(store, args.memory_namespace, oldest_retained=args.oldest_retained)
-                print(f"deleted {removed} document(s) of {args.memory_namespace} no savepoint from checkpoint "
-                      f"{args.oldest_retained} on needs")
-                return 0
-            dropped = clean_replay(store, args.replay)
-        except (ConnectionError, OSError, ValueError) as exc:
-            raise ConfigError(f"the memory store at {args.memory_store} did not answer: {exc}") from exc
+    with _memory_store(args) as store:
+        if args.action == "compact":
+            removed = compact(store, args.memory_namespace, oldest_retained=args.oldest_retained)
+            print(f"deleted {removed} document(s) of {args.memory_namespace} no savepoint from checkpoint "
+                  f"{args.oldest_retained} on needs")
+            return 0
+        dropped = clean_replay(store, args.replay)
     print(f"deleted {len(dropped)} overlay namespace(s) of replay {args.replay}: " + (", ".join(dropped) or "none"))
     return 0
 

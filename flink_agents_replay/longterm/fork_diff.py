@@ -18,6 +18,7 @@ from typing import Any
 
 from flink_agents_replay.longterm.resource import overlay_namespace
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
+from flink_agents_replay.longterm.versions import seen_as_of
 from flink_agents_replay.records.journal import key_digest
 
 __all__ = ["MemoryChange", "MemoryDiff", "ScopeDiff", "clean_replay", "memory_diff"]
@@ -104,8 +105,8 @@ def memory_diff(store: VectorStore, namespace: str, *, as_of: int, replay: str,
     overlay = overlay_namespace(namespace, replay)
     names = {f"key:{key_digest(key)}": key for key in keys}
     production_docs = store.get(namespace, Where())
-    seen_at = {d.metadata["memory_id"] for d in production_docs
-               if d.metadata["kind"] == "version" and d.metadata["valid_from"] <= as_of < d.metadata["valid_to"]}
+    seen = seen_as_of(Where(), as_of)
+    seen_at = {d.metadata["memory_id"] for d in production_docs if seen.matches(d.metadata)}
     existed = {d.metadata["memory_id"] for d in production_docs
                if d.metadata["kind"] == "version" and d.metadata["valid_from"] <= as_of}
     after = _by_scope(d for d in production_docs if d.metadata["valid_from"] > as_of)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["InMemoryVectorStore", "Metadata", "StoredDoc", "VectorStore", "Where", "cosine_distance", "exact_query"]
+__all__ = ["Metadata", "StoredDoc", "VectorStore", "InMemoryVectorStore", "Where"]
 
 Metadata = Mapping[str, str | int | float | bool]
 
@@ -79,7 +79,7 @@ class VectorStore(Protocol):
         """Remove documents for good (compaction and cleaning only)."""
 
     def namespaces(self) -> list[str]:
-        """The names of the namespaces there are, sorted (what ``replay clean`` looks through)."""
+        """The names of the namespaces there are, sorted (what ``memory clean`` looks through)."""
 
     def drop(self, namespace: str) -> None:
         """Remove a namespace with everything in it (a missing one is ignored)."""
@@ -89,12 +89,6 @@ def cosine_distance(a: Sequence[float], b: Sequence[float]) -> float:
     """``1 - cos(a, b)``; 1.0 when either vector is zero."""
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
     return 1.0 - sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 1.0
-
-
-def exact_query(docs: Sequence[StoredDoc], embedding: Sequence[float], limit: int) -> list[tuple[StoredDoc, float]]:
-    """The ``limit`` documents of ``docs`` nearest to ``embedding`` by exact cosine distance, ties by id."""
-    scored = [(doc, cosine_distance(embedding, doc.embedding)) for doc in docs]
-    return sorted(scored, key=lambda pair: (pair[1], pair[0].id))[:limit]
 
 
 class InMemoryVectorStore:
@@ -120,7 +114,8 @@ class InMemoryVectorStore:
 
     def query(self, namespace: str, embedding: Sequence[float], where: Where,
               limit: int) -> list[tuple[StoredDoc, float]]:
-        return exact_query(self.get(namespace, where), embedding, limit)
+        scored = [(doc, cosine_distance(embedding, doc.embedding)) for doc in self.get(namespace, where)]
+        return sorted(scored, key=lambda pair: (pair[1], pair[0].id))[:limit]
 
     def delete(self, namespace: str, doc_ids: Sequence[str]) -> None:
         space = self.spaces.get(namespace, {})

@@ -35,7 +35,8 @@ from typing import Any
 from flink_agents_replay.errors import MemoryNotFoundError
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
 
-__all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id"]
+__all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id",
+           "seen_as_of"]
 
 SCHEMA = 1
 #: ``valid_to`` of a current version: the largest integer every backend stores exactly (JSON, float64).
@@ -138,9 +139,7 @@ class VersionedMemory:
         return [as_item(d, source, dist) for d, dist, source in found[:limit]]
 
     def _production(self, scope: str) -> Where:
-        if self.as_of is None:
-            return _current(scope)
-        return _versions(scope).and_("valid_from", "lte", self.as_of).and_("valid_to", "gt", self.as_of)
+        return _current(scope) if self.as_of is None else seen_as_of(Where((("scope", "eq", scope),)), self.as_of)
 
     def _overlay_ids(self, scope: str) -> set[str]:
         """Memories the overlay wrote or deleted: production's versions of them are hidden."""
@@ -234,6 +233,11 @@ def _user(where: Where, filters: Mapping[str, Any] | None) -> Where:
             raise TypeError(f"a memory filter compares with a str, int, float or bool: {name}={value!r:.60}")
         where = where.and_(_USER + name, "eq", value)
     return where
+
+
+def seen_as_of(where: Where, checkpoint: int) -> Where:
+    """``where`` narrowed to the versions a reader as of ``checkpoint`` sees: ``valid_from <= C < valid_to``."""
+    return where.and_("kind", "eq", "version").and_("valid_from", "lte", checkpoint).and_("valid_to", "gt", checkpoint)
 
 
 def _versions(scope: str) -> Where:
