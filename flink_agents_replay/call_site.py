@@ -3,17 +3,18 @@
 The run engine sets a :class:`CallSite` around each call it makes for real (not around a reused one) and
 resources read it with :func:`current_call_site`. Most need only the call id (:func:`current_call_id`, an
 idempotency key). Resources that keep state outside the job, long-term memory, also need the call's place in
-the job's history: the key, the input's seq and event time, and the *epoch* of the run, the checkpoint its
-writes belong to. A replay's live calls carry a :class:`Fork`: read that outside state as of the savepoint,
-write into the replay's own copy.
+the job's history: the key, the input's seq and event time, and the *epoch* of the run, which checkpoint its
+writes belong to (:mod:`flink_agents_replay.flink.epochs`). A replay's live calls carry a :class:`Fork`: read
+that outside state as of the savepoint, write into the replay's own copy.
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["CallSite", "Fork", "current_call_id", "current_call_site"]
+__all__ = ["CallSite", "Fork", "current_call_id", "current_call_site", "report_call"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Fork:
     """How a replay's live calls treat state kept outside the job (a store other jobs share).
 
     Attributes:
-        as_of: the savepoint's checkpoint id: read production's state as it was at that checkpoint.
+        as_of: the savepoint's epoch (its trigger time in epoch ms; its checkpoint id if taken before 0.5): read
+            production's state as it was at that checkpoint.
         name: the replay's name: write into a copy of its own (an overlay), never into production's.
     """
 
@@ -41,9 +43,9 @@ class CallSite:
         agent: the top-level agent's name. resource: the resource's name in the agent.
         key_digest: the stable digest of the run's key. seq: the input's number within its key.
         event_time_ms: the input's event time (epoch milliseconds), ``None`` without one.
-        epoch: the checkpoint the run's effects belong to: the last checkpoint before the run started, + 1.
-            Kept with the run in Flink state, so a run in flight at checkpoint ``C`` has an epoch ``<= C``
-            in every attempt.
+        epoch: which checkpoint the run's effects belong to: the trigger time (epoch ms) of the last checkpoint
+            before the run started, + 1. Kept with the run in Flink state, so a run in flight at checkpoint ``C``
+            has an epoch ``<= time(C)`` in every attempt.
         step: the call's place in its run: a later call of the run has a larger step.
         fork: in a replay, how to treat outside state (:class:`Fork`); ``None`` in production.
     """
@@ -61,6 +63,22 @@ class CallSite:
 
 
 _CALL_SITE: ContextVar[CallSite | None] = ContextVar("flink_agents_replay_call_site", default=None)
+#: What the resource reported about the call under way (:func:`report_call`); set by the engine around it.
+_CALL_REPORT: ContextVar[dict[str, Any] | None] = ContextVar("flink_agents_replay_call_report", default=None)
+
+
+def report_call(**fields: str | int | float | None) -> None:
+    """Record facts about the ``ctx.call`` being made now with the call (journal and capture), e.g. a model's
+    ``model``, ``prompt_tokens`` and ``completion_tokens``: the replay report compares them. Plain strings and
+    numbers only. Outside a call made for real (a reused call, a test calling ``invoke`` directly) it does
+    nothing."""
+    report = _CALL_REPORT.get()
+    if report is None:
+        return
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, (str, int, float)):
+            raise TypeError(f"report_call({name}=...) takes a string or a number, not {type(value).__name__}")
+        report[name] = value
 
 
 def current_call_site() -> CallSite | None:

@@ -16,9 +16,9 @@
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
     flink-agents-replay diff --production CAPTURE --replay REPLAY_CAPTURE [--agent-id NAME] [--html FILE]
                              [--json FILE] [--fail-on-diff]
-    flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of CHECKPOINT [--json FILE]
+    flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of EPOCH [--json FILE]
     flink-agents-replay memory clean --store URL --replay NAME
-    flink-agents-replay memory compact --store URL --namespace NS --oldest-retained CHECKPOINT
+    flink-agents-replay memory compact --store URL --namespace NS --oldest-retained EPOCH|TIME
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def _memory_diff(args: argparse.Namespace, *, keys=()):
     from flink_agents_replay.longterm.fork_diff import memory_diff
 
     if args.as_of is None:
-        raise ConfigError("give the savepoint's checkpoint id (--as-of; replay_job.py prints it)")
+        raise ConfigError("give the savepoint's memory epoch (--as-of; replay_job.py prints it)")
     with _memory_store(args) as store:
         return memory_diff(store, args.memory_namespace, as_of=args.as_of, replay=args.replay, keys=keys)
 
@@ -435,8 +435,10 @@ def _add_memory_commands(commands) -> None:
     compact = actions.add_parser("compact", help="delete versions and tombstones no retained savepoint needs")
     compact.add_argument("--namespace", dest="memory_namespace", required=True, metavar="NS",
                          help="production's memory namespace")
-    compact.add_argument("--oldest-retained", type=int, required=True, metavar="CHECKPOINT",
-                         help="the checkpoint id of the oldest savepoint a replay may still start from")
+    compact.add_argument("--oldest-retained", type=_epoch_or_time, required=True, metavar="EPOCH|TIME",
+                         help="the oldest savepoint a replay may still start from: its memory epoch (its trigger "
+                              "time in epoch ms; its checkpoint id if taken before 0.5), or a time at or before "
+                              "it, ISO 8601 (2026-11-01T08:00:00Z)")
     for command in (clean, compact):
         command.add_argument("--store", dest="memory_store", default=os.environ.get("CHROMA_URL"), metavar="URL",
                              help="the Chroma server (default $CHROMA_URL)")
@@ -455,8 +457,24 @@ def _add_memory_diff_options(command, *, required: bool) -> None:
     command.add_argument(f"--{prefix}namespace", dest="memory_namespace", required=required, metavar="NS",
                          help="production's memory namespace (a LongTermMemory's default: <agent>/<resource>)"
                               + ("" if required else "; compares long-term memory too"))
-    command.add_argument("--as-of", type=int, required=required, default=None, metavar="CHECKPOINT",
-                         help="the savepoint's checkpoint id (replay_job.py prints it)")
+    command.add_argument("--as-of", type=int, required=required, default=None, metavar="EPOCH",
+                         help="the savepoint's memory epoch: its trigger time in epoch ms, its checkpoint id if "
+                              "taken before 0.5 (replay_job.py prints it)")
+
+
+def _epoch_or_time(text: str) -> int:
+    """A memory epoch (an integer), or an ISO 8601 time as its epoch (milliseconds; UTC without a zone)."""
+    from datetime import datetime, timezone
+
+    if text.strip().lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an epoch nor an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 def _memory(args: argparse.Namespace) -> int:
@@ -475,7 +493,7 @@ def _memory(args: argparse.Namespace) -> int:
     with _memory_store(args) as store:
         if args.action == "compact":
             removed = compact(store, args.memory_namespace, oldest_retained=args.oldest_retained)
-            print(f"deleted {removed} document(s) of {args.memory_namespace} no savepoint from checkpoint "
+            print(f"deleted {removed} document(s) of {args.memory_namespace} no savepoint from epoch "
                   f"{args.oldest_retained} on needs")
             return 0
         dropped = clean_replay(store, args.replay)

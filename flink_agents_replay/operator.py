@@ -10,9 +10,10 @@ restore its timer fires, the run is not in memory, and it is submitted again, re
 had journaled, so it repeats no effect. The run itself is the engine's (:mod:`flink_agents_replay.engine`).
 
 Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.checkpoint_bridge`), each
-handed to :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`, and each also keeping the id of
-the last checkpoint restored or taken: a run's *epoch* (the checkpoint its effects belong to, kept with the run
-in ``in_flight``) is that id + 1 when the run starts (for long-term memory's as-of views, docs/design.md §13).
+handed to :class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`, and each also moving the run
+epochs on (:mod:`flink_agents_replay.flink.epochs`): a run's *epoch*, the checkpoint its effects belong to, kept with
+the run in ``in_flight``, is the last checkpoint's trigger time + 1 when the run starts (for long-term memory's
+as-of views, docs/design.md §13).
 
 * ``initialize_state``: take, per owned journal partition, the offset recorded at the checkpoint and
   read the partition from there into a recovery index (docs/design.md §5.1); without a checkpoint, reuse an earlier
@@ -50,6 +51,7 @@ from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.flink import parts
+from flink_agents_replay.flink.epochs import RunEpochs
 from flink_agents_replay.flink.input_hold import InputHold
 from flink_agents_replay.flink.logs import LOG_FILE_ENV, configure_logging, describe_stats
 from flink_agents_replay.flink.order import DRAIN_TIMER, OrderRestoration
@@ -64,6 +66,7 @@ from flink_agents_replay.formats.state import (
     encode_waiting,
 )
 from flink_agents_replay.journal.checkpoints import RunInFlight
+from flink_agents_replay.journal.markers import checkpoint_time
 from flink_agents_replay.keygroups import key_group, key_group_range
 from flink_agents_replay.records.journal import key_digest
 from flink_agents_replay.runtime_info import subtask_info
@@ -113,8 +116,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._declare_state(runtime_context)
         self._create_metrics(runtime_context)
         self.totals = RunStats()
-        # The last checkpoint this attempt restored or snapshotted: a run started now has epoch last + 1.
-        self.last_checkpoint = 0
+        self.epochs = RunEpochs()
         self.restored_from: int | None = None
         self.applied = dict.fromkeys(APPLIED_BY, 0)
         self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
@@ -197,27 +199,32 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self.wakeups = self.hold.wakeups = CompletionWakeups(wakeups)
 
     def restored_checkpoint(self, checkpoint_id: int) -> None:
-        """This attempt restored checkpoint (or savepoint) ``checkpoint_id``: runs started from now on belong to
-        the next one (their epoch)."""
-        self.restored_from = self.last_checkpoint = checkpoint_id
+        """This attempt restored checkpoint (or savepoint) ``checkpoint_id`` (its markers follow)."""
+        self.restored_from = checkpoint_id
 
     def initialize_state(self, values: list[bytes]) -> None:
-        """Find this subtask's journal offsets in the restored markers and read the journal from them."""
+        """Find this subtask's journal offsets in the restored markers and read the journal from them; runs
+        started from now on belong after the restored checkpoint (their epoch)."""
+        if self.restored_from is not None:
+            restored_time = checkpoint_time(values)
+            self.mode.restored(checkpoint_id=self.restored_from, checkpoint_time_ms=restored_time)
+            self.epochs.restored(self.restored_from, restored_time)
         self.journal.restore(values, job_id=self.job_id)
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
         if self.journal.last_restore_ms is not None:
             self.restore_gauge.inc(int(self.journal.last_restore_ms))  # set: it starts at 0 in every attempt
 
-    def snapshot_state(self, checkpoint_id: int) -> bytes | None:
+    def snapshot_state(self, checkpoint_id: int, timestamp_ms: int) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read."""
-        self.last_checkpoint = checkpoint_id  # runs started after this barrier belong to the next checkpoint
+        self.epochs.checkpoint(timestamp_ms)  # runs started after this barrier belong after this checkpoint
         for observer in self.observers:
-            observer.checkpoint(checkpoint_id=checkpoint_id, subtask=self.subtask, partitions=self.owned)
+            observer.checkpoint(checkpoint_id=checkpoint_id, checkpoint_time_ms=timestamp_ms, subtask=self.subtask,
+                                partitions=self.owned)
         in_flight = self.runs.in_flight()
         expired = self.journal.expire_histories(in_flight)  # before the marker: expired records are not kept
         if expired:
             self.counters["histories_expired"].inc(expired)
-        return self.journal.snapshot(checkpoint_id, in_flight)
+        return self.journal.snapshot(checkpoint_id, in_flight, checkpoint_time_ms=timestamp_ms)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
@@ -259,7 +266,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if not self.runs.has(key):  # restored from a checkpoint with this run in flight: submit it again
             in_flight = decode_in_flight(raw)
             # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
-            epoch = in_flight.epoch if in_flight.epoch is not None else self.restored_from or self.last_checkpoint
+            epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
             self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
         own_check = self._checks.get(key) == timestamp  # the key's check timer, not a wake-up or an order timer
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
@@ -293,7 +300,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _start(self, key, waiting: WaitingInput, ctx) -> None:
         seq = self.mode.seq_for(key, waiting, self._accepted_seq() + 1)
         self.seq_state.update(seq)
-        epoch = self.last_checkpoint + 1
+        epoch = self.epochs.current
         self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time, epoch)))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         group = key_group(key, self.key_type, self.max_parallelism)

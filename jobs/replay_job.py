@@ -138,18 +138,18 @@ def build(args: argparse.Namespace):
     print(f"replay {args.replay_name} from checkpoint {settings.checkpoint_id} of {savepoint}: capture "
           f"{capture_topic} -> journal {topics['journal']}, capture {topics['capture']}, outputs {topics['outputs']}",
           flush=True)
-    return env, topics, settings.checkpoint_id
+    return env, topics, settings.memory_as_of
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        env, topics, checkpoint_id = build(args)
+        env, topics, memory_as_of = build(args)
     except ReplayError as exc:  # a clear message, not a traceback from the Flink client
         print(f"replay_job.py: {exc}", file=sys.stderr)
         return 2
     env.execute(f"flink-agents-replay replay {args.replay_name}")
-    memory = (f" --memory-store {args.memory_url} --memory-namespace {args.agent_id}/memory --as-of {checkpoint_id}"
+    memory = (f" --memory-store {args.memory_url} --memory-namespace {args.agent_id}/memory --as-of {memory_as_of}"
               if args.memory_url else "")
     print(f"replay done; compare it: flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}"
           + memory)

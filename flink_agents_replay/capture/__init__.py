@@ -33,9 +33,15 @@ Limits
   traffic you want to be able to replay.
 """
 
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, manifest_topic, read_capture_start
+from flink_agents_replay.capture.manifest import (
+    CaptureDescription,
+    CaptureStart,
+    ManifestEntry,
+    manifest_topic,
+    read_capture_start,
+)
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import BlockedCall, CapturedInput, CapturedOutput, CapturedRun
 
 __all__ = ["BlockedCall", "CaptureDecoder", "CaptureDescription", "CapturedInput", "CapturedOutput", "CapturedRun",
-           "ManifestEntry", "manifest_topic", "read_capture", "read_capture_start"]
+           "CaptureStart", "ManifestEntry", "manifest_topic", "read_capture", "read_capture_start"]

@@ -10,7 +10,9 @@ production topics.
 
 Entries are written while the checkpoint is taken, flushed before the subtask acknowledges it: every
 completed checkpoint has its entries (those of a checkpoint that is later aborted are never looked up).
-The Kafka key is ``"<checkpoint id>:<first>-<last partition>"``.
+The Kafka key is ``"<checkpoint id>:<first>-<last partition>"``. Since 0.5 an entry also holds the
+checkpoint's trigger time (``checkpoint_time_ms``, optional within version 1): the moment a replay from that
+savepoint reads long-term memory as of (:mod:`flink_agents_replay.flink.epochs`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from flink_agents_replay.kafka.settings import KafkaSettingsLike
 from flink_agents_replay.kafka.store import KafkaTopicStore
 from flink_agents_replay.kafka.topics import MANIFEST
 
-__all__ = ["CaptureDescription", "ManifestEntry", "ManifestWriter", "manifest_topic", "read_capture_start"]
+__all__ = ["CaptureDescription", "CaptureStart", "ManifestEntry", "ManifestWriter", "manifest_topic",
+           "read_capture_start"]
 
 
 #: Version of a manifest entry's JSON (0.1.0's entries, without a version field, are version 1).
@@ -64,6 +67,7 @@ class ManifestEntry:
     offsets: Mapping[int, int]
     description: CaptureDescription
     subtask: int = 0
+    checkpoint_time_ms: int | None = None  # the checkpoint's trigger time (None: written before 0.5)
 
     def encode(self) -> tuple[bytes, bytes]:
         """Kafka key and JSON value."""
@@ -72,6 +76,8 @@ class ManifestEntry:
         value = {"version": MANIFEST_VERSION, "checkpoint_id": self.checkpoint_id, "subtask": self.subtask,
                  "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
                  **asdict(self.description), "output_topics": list(self.description.output_topics)}
+        if self.checkpoint_time_ms is not None:
+            value["checkpoint_time_ms"] = self.checkpoint_time_ms
         return key.encode(), json.dumps(value, sort_keys=True).encode()
 
     @classmethod
@@ -85,8 +91,9 @@ class ManifestEntry:
             uid=data["uid"], capture_topic=data["capture_topic"], key_type=data["key_type"],
             max_parallelism=int(data["max_parallelism"]), codec_version=int(data["codec_version"]),
             journal_topic=data.get("journal_topic"), output_topics=tuple(data.get("output_topics") or ()))
+        time_ms = data.get("checkpoint_time_ms")
         return cls(int(data["checkpoint_id"]), {int(p): int(o) for p, o in data["offsets"].items()}, description,
-                   int(data.get("subtask", 0)))
+                   int(data.get("subtask", 0)), None if time_ms is None else int(time_ms))
 
 
 class ManifestWriter:
@@ -127,15 +134,37 @@ def read_entries(kafka_config: KafkaSettingsLike, topic: str, timeout_s: float =
         store.close()
 
 
+@dataclass(frozen=True)
+class CaptureStart:
+    """Where a replay from a checkpoint starts in the capture, and what the capture is.
+
+    Attributes:
+        offsets: per capture partition (every one), the first record after the checkpoint's barrier.
+        description: the capture's description.
+        checkpoint_time_ms: the checkpoint's trigger time; ``None`` when it was taken before 0.5.
+    """
+
+    offsets: dict[int, int]
+    description: CaptureDescription
+    checkpoint_time_ms: int | None = None
+
+
 def read_capture_start(kafka_config: KafkaSettingsLike, capture_topic: str, checkpoint_id: int,
-                       timeout_s: float = 30.0) -> tuple[dict[int, int], CaptureDescription]:
-    """The capture offsets (every partition) at ``checkpoint_id`` and the capture's description.
+                       timeout_s: float = 30.0) -> CaptureStart:
+    """The capture offsets (every partition) at ``checkpoint_id``, the capture's description and the checkpoint's
+    trigger time.
 
     Raises :class:`ReplayConfigError` when the manifest has no entry for the checkpoint, or entries that do
     not cover every partition of the capture.
     """
     topic = manifest_topic(capture_topic)
     entries = [e for e in read_entries(kafka_config, topic, timeout_s) if e.checkpoint_id == checkpoint_id]
+    return capture_start(entries, checkpoint_id, topic=topic, capture_topic=capture_topic)
+
+
+def capture_start(entries: Sequence[ManifestEntry], checkpoint_id: int, *, topic: str,
+                  capture_topic: str) -> CaptureStart:
+    """Combine the manifest entries of ``checkpoint_id`` (every subtask's) into where a replay starts."""
     if not entries:
         raise ReplayConfigError(
             f"the capture manifest {topic!r} has no entry for checkpoint {checkpoint_id}, the savepoint's: the "
@@ -148,4 +177,10 @@ def read_capture_start(kafka_config: KafkaSettingsLike, capture_topic: str, chec
     if missing:
         raise ReplayConfigError(f"the capture manifest's entries for checkpoint {checkpoint_id} miss partitions "
                                 f"{missing[:10]}{'...' if len(missing) > 10 else ''} of {capture_topic!r}")
-    return offsets, description
+    times = {e.checkpoint_time_ms for e in entries if e.checkpoint_time_ms is not None}
+    if len(times) > 1:  # checkpoint ids restart with every job started without a savepoint
+        raise ReplayConfigError(
+            f"the capture manifest {topic!r} holds checkpoint {checkpoint_id} of {len(times)} different jobs (taken "
+            "at different times): jobs started without a savepoint share this capture topic, so the savepoint's "
+            "entries cannot be told apart; give each new job its own capture topic")
+    return CaptureStart(offsets, description, next(iter(times), None))

@@ -85,9 +85,11 @@ class CaptureWriter:
         with self._lock:
             self._pending.append(delivery)
 
-    def checkpoint(self, checkpoint_id: int, subtask: int, partitions: Iterable[int]) -> None:
+    def checkpoint(self, checkpoint_id: int, subtask: int, partitions: Iterable[int], *,
+                   checkpoint_time_ms: int | None = None) -> None:
         """Flush, check that every record since the last checkpoint was written, then write the manifest entry
-        of ``checkpoint_id`` for ``partitions`` (no manifest entry without a manifest).
+        of ``checkpoint_id`` (triggered at ``checkpoint_time_ms``) for ``partitions`` (no manifest entry without a
+        manifest).
 
         Raises :class:`JournalError` when Kafka refused any of those records: the checkpoint must fail.
         """
@@ -96,7 +98,7 @@ class CaptureWriter:
         if self.manifest is None:
             return
         offsets = self.store.end_offsets(partitions)
-        self.manifest.write(ManifestEntry(checkpoint_id, offsets, self.description, subtask))
+        self.manifest.write(ManifestEntry(checkpoint_id, offsets, self.description, subtask, checkpoint_time_ms))
 
     def _check_deliveries(self, checkpoint_id: int) -> None:
         """Raise :class:`JournalError` naming the first refusals if any pending delivery failed."""

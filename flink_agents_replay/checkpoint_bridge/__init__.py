@@ -18,7 +18,7 @@ Usage::
     class MyFunction(CheckpointHooks, KeyedProcessFunction):
         def restored_checkpoint(self, checkpoint_id): ...  # the restored checkpoint's id (not on a fresh start)
         def initialize_state(self, values): ...        # once, after open(), before the first element
-        def snapshot_state(self, checkpoint_id): ...    # bytes for the union list state, or None
+        def snapshot_state(self, checkpoint_id, timestamp_ms): ...  # bytes for the union list state, or None
         def notify_checkpoint_complete(self, checkpoint_id): ...
         def notify_checkpoint_aborted(self, checkpoint_id): ...
         def process_element(self, value, ctx): ...
@@ -40,7 +40,8 @@ What the operator does
   ``user_defined_func`` of ``operation._operations[0]._open_func``), exposes a small bridge object to
   Java, calls ``restored_checkpoint(checkpoint_id)`` when the attempt restored a checkpoint or savepoint, then
   ``initialize_state(values)`` (``[]`` on a fresh start).
-- ``snapshotState``: ``snapshot_state(checkpoint_id)``; the bytes become this subtask's single entry.
+- ``snapshotState``: ``snapshot_state(checkpoint_id, timestamp_ms)`` (``timestamp_ms``: when the JobManager
+  triggered the checkpoint); the bytes become this subtask's single entry.
 - ``notifyCheckpointComplete`` / ``notifyCheckpointAborted``: forwarded.
 - ``copy``: PyFlink's optimizer fuses a following Python operator of equal parallelism into this one by
   calling ``copy()``; the override keeps the bridge (without it, it would silently disappear).

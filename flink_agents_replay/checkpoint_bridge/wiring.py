@@ -51,9 +51,12 @@ class CheckpointHooks:
         what belongs to this subtask's key groups.
         """
 
-    def snapshot_state(self, checkpoint_id: int) -> bytes | None:
+    def snapshot_state(self, checkpoint_id: int, timestamp_ms: int) -> bytes | None:
         """Called at each checkpoint (synchronously, before the barrier moves on); the returned bytes
-        become this subtask's single entry in the union list state. ``None`` stores no entry."""
+        become this subtask's single entry in the union list state. ``None`` stores no entry.
+
+        ``timestamp_ms`` is when the JobManager triggered the checkpoint (epoch milliseconds, its clock): the
+        same in every subtask, and later for every later checkpoint of the job, also across job lineages."""
         return None
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

@@ -43,6 +43,8 @@ class JobMode(Protocol):
 
     def journal_to_restore(self, own: JournalStore | None) -> JournalStore | None: ...
 
+    def restored(self, *, checkpoint_id: int, checkpoint_time_ms: int | None) -> None: ...
+
     def admit(self, value: Any, event_time: int | None, accepted_seq: Callable[[], int]) -> WaitingInput | None: ...
 
     def drop_held(self, waiting: list[bytes], accepted_seq: Callable[[], int]) -> list[bytes]: ...
@@ -66,6 +68,9 @@ class ProductionMode:
 
     def journal_to_restore(self, own: JournalStore | None) -> JournalStore | None:
         return own
+
+    def restored(self, *, checkpoint_id: int, checkpoint_time_ms: int | None) -> None:
+        return None
 
     def admit(self, value: Any, event_time: int | None, accepted_seq: Callable[[], int]) -> WaitingInput | None:
         return WaitingInput(value, event_time)

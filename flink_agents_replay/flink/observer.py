@@ -32,8 +32,10 @@ class OperatorObserver(Protocol):
         """The run of ``result.seq`` finished and was applied to the key's state."""
         ...
 
-    def checkpoint(self, *, checkpoint_id: int, subtask: int, partitions: Iterable[int]) -> None:
-        """Checkpoint ``checkpoint_id``'s barrier reached this subtask (owning ``partitions``)."""
+    def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
+                   partitions: Iterable[int]) -> None:
+        """Checkpoint ``checkpoint_id`` (triggered at ``checkpoint_time_ms``) reached this subtask (owning
+        ``partitions``)."""
         ...
 
     def close(self) -> None:

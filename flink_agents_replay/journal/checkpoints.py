@@ -276,8 +276,10 @@ class JournalCheckpoints:
         return len(stale)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def snapshot(self, checkpoint_id: int, runs_in_flight: Iterable[RunInFlight]) -> bytes | None:
-        """The recovery marker: per owned partition, the first offset a restore from here must read."""
+    def snapshot(self, checkpoint_id: int, runs_in_flight: Iterable[RunInFlight], *,
+                 checkpoint_time_ms: int | None = None) -> bytes | None:
+        """The recovery marker: per owned partition, the first offset a restore from here must read (and the
+        checkpoint's trigger time, for the run epochs of a restore)."""
         if self.store is None or not self.resumable:  # a replay is run again from the savepoint, not resumed
             return None
         self.writer.acknowledge_appended(self.ack_timeout_s)  # what the barrier covers; not later appends
@@ -295,7 +297,7 @@ class JournalCheckpoints:
         since = {digest: self.waiting_since[digest] for keys in unreplayed.values() for digest, _ in keys
                  if digest in self.waiting_since}
         return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, unreplayed,
-                             fences=self.writer.fences, replaying_since=since)
+                             fences=self.writer.fences, replaying_since=since, checkpoint_time_ms=checkpoint_time_ms)
 
     def completed(self, checkpoint_id: int) -> int:
         """Delete the journal records this checkpoint made unnecessary; return how many."""

@@ -16,6 +16,8 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``replaying_since`` (optional, added in 0.3; readers without it ignore it) — per such key, since when
   (epoch seconds) its history has waited for its inputs, so that the expiry of recovered histories
   (:mod:`.checkpoints`) counts across further restores.
+* ``checkpoint_time_ms`` (optional, added in 0.5) — the checkpoint's trigger time, so that a restore goes on
+  counting run epochs from it (:mod:`flink_agents_replay.flink.epochs`).
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 
 from flink_agents_replay.errors import JournalError
 
-__all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "encode_marker", "plan_restore"]
+__all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "checkpoint_time", "encode_marker",
+           "plan_restore"]
 
 MARKER_VERSION = 1
 _NEVER = float("inf")
@@ -52,7 +55,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
                   in_flight: Mapping[int, list[tuple[str, int]]],
                   replaying: Mapping[int, list[tuple[str, int]]] | None = None,
                   fences: Mapping[int, int] | None = None,
-                  replaying_since: Mapping[str, float] | None = None) -> bytes:
+                  replaying_since: Mapping[str, float] | None = None, checkpoint_time_ms: int | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -62,7 +65,14 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "replaying": {str(p): [list(key) for key in keys] for p, keys in (replaying or {}).items()},
         "fences": {str(p): fence for p, fence in (fences or {}).items()},
         "replaying_since": dict(replaying_since or {}),
+        **({} if checkpoint_time_ms is None else {"checkpoint_time_ms": checkpoint_time_ms}),
     }).encode()
+
+
+def checkpoint_time(values: Iterable[bytes]) -> int | None:
+    """The restored checkpoint's trigger time, from its markers (``None``: no marker kept it)."""
+    times = [json.loads(value).get("checkpoint_time_ms") for value in values if value]
+    return max((t for t in times if t is not None), default=None)
 
 
 @dataclass

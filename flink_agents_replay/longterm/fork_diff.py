@@ -1,7 +1,7 @@
 """What a replay did to long-term memory, next to what production did after the savepoint, per scope (key).
 
 Both sides are read from the store, not from captures: production's changes are its documents written after
-the savepoint's checkpoint (``valid_from > as_of``: versions and tombstones), the replay's are everything in
+the savepoint (``valid_from > as_of``, the savepoint's epoch: versions and tombstones), the replay's are everything in
 its overlay namespace. Each change is an ``ADD`` (a memory the side had not seen), an ``UPDATE`` (a new
 version of one it had) or a ``DELETE`` (a tombstone). A replay's call and production's call of the same
 logical call derive the same memory id, so the two sides line up by id.
@@ -18,7 +18,7 @@ from typing import Any
 
 from flink_agents_replay.longterm.resource import overlay_namespace
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
-from flink_agents_replay.longterm.versions import seen_as_of
+from flink_agents_replay.longterm.versions import describe_epoch, seen_as_of
 from flink_agents_replay.records.journal import key_digest
 
 __all__ = ["MemoryChange", "MemoryDiff", "ScopeDiff", "clean_replay", "memory_diff"]
@@ -86,7 +86,7 @@ class MemoryDiff:
     def render_text(self) -> str:
         """Lines for a terminal: the counts, then each differing scope's changes side by side."""
         counts = ", ".join(f"{name} {n}" for name, n in self.summary.items())
-        lines = [f"Long-term memory {self.namespace!r} after checkpoint {self.as_of}: {counts}"]
+        lines = [f"Long-term memory {self.namespace!r} after the savepoint, {describe_epoch(self.as_of)}: {counts}"]
         for scope in self.differing:
             lines.append(f"  {scope.key if scope.key is not None else scope.scope}:")
             lines += [f"    production {_change_text(c)}" for c in scope.production] or ["    production: none"]
@@ -98,7 +98,8 @@ class MemoryDiff:
 
 def memory_diff(store: VectorStore, namespace: str, *, as_of: int, replay: str,
                 keys: Iterable[Any] = ()) -> MemoryDiff:
-    """Compare replay ``replay``'s overlay of ``namespace`` with production's changes after checkpoint ``as_of``.
+    """Compare replay ``replay``'s overlay of ``namespace`` with production's changes after epoch ``as_of`` (the
+    savepoint's).
 
     ``keys``: the keys to name in the report (a scope is a key's digest); others are shown by scope.
     """

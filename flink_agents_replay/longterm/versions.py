@@ -3,12 +3,13 @@ an agent's writes, so the memory can be read as of any earlier checkpoint, and a
 
 Every ``add`` or ``update`` writes a new *version* document; the version it replaces is *closed*: its
 ``valid_to`` becomes the epoch of the write. A ``delete`` closes the current version and writes a
-*tombstone* (the deleted-at position). An epoch is the id of the checkpoint a run's writes belong to:
-the last snapshot's checkpoint id + 1 when the run started, kept with the run in Flink state, so a run
-in flight at checkpoint ``C`` writes in an epoch ``<= C`` even after ``C``. A reader *as of* checkpoint
-``C`` (a replay from a savepoint of ``C``) sees the versions with ``valid_from <= C < valid_to``: nothing
-written after the savepoint, and what was updated or deleted after it as it was; the writes of runs in flight
-in the savepoint count as part of it (the replay reuses those runs from production's journal).
+*tombstone* (the deleted-at position). An epoch says which checkpoint a run's writes belong to
+(:mod:`flink_agents_replay.flink.epochs`): the trigger time of the last checkpoint before the run started, + 1,
+kept with the run in Flink state, so a run in flight at checkpoint ``C`` writes in an epoch ``<= time(C)`` even
+after ``C``, whichever job lineage wrote. A reader *as of* ``C`` (a replay from a savepoint of ``C``, as of
+``T = time(C)``) sees the versions with ``valid_from <= T < valid_to``: nothing written after the savepoint, and
+what was updated or deleted after it as it was; the writes of runs in flight in the savepoint count as part of
+it (the replay reuses those runs from production's journal).
 
 Ids come from the call that writes, its *stable id* (:attr:`~flink_agents_replay.call_site.CallSite.stable_id`,
 the same for every attempt of one logical call): a write made again after a crash, or by the retry of an
@@ -30,17 +31,19 @@ import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any
 
 from flink_agents_replay.errors import MemoryNotFoundError
 from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
 
 __all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id",
-           "seen_as_of"]
+           "describe_epoch", "seen_as_of"]
 
 SCHEMA = 1
 #: ``valid_to`` of a current version: the largest integer every backend stores exactly (JSON, float64).
 CURRENT = 2 ** 53 - 1
+_FIRST_TIME_EPOCH = 10 ** 11  # 1973 in epoch ms: a smaller epoch is a checkpoint id (written before 0.5)
 _USER = "m."
 
 
@@ -97,7 +100,7 @@ class VersionedMemory:
     Args:
         store: the vector store.
         namespace: production's namespace (the agent's, or a shared one).
-        as_of: ``None`` to read and write production now; a checkpoint id to read production as of it.
+        as_of: ``None`` to read and write production now; a savepoint's epoch to read production as of it.
         overlay: the namespace a replay writes to (required with ``as_of``).
     """
 
@@ -235,9 +238,17 @@ def _user(where: Where, filters: Mapping[str, Any] | None) -> Where:
     return where
 
 
-def seen_as_of(where: Where, checkpoint: int) -> Where:
-    """``where`` narrowed to the versions a reader as of ``checkpoint`` sees: ``valid_from <= C < valid_to``."""
-    return where.and_("kind", "eq", "version").and_("valid_from", "lte", checkpoint).and_("valid_to", "gt", checkpoint)
+def describe_epoch(epoch: int) -> str:
+    """An epoch for people: a checkpoint time as UTC, or a checkpoint id (epochs before 0.5)."""
+    if epoch < _FIRST_TIME_EPOCH:
+        return f"checkpoint {epoch}"
+    moment = datetime.fromtimestamp(epoch / 1000, timezone.utc)
+    return f"epoch {epoch} ({moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
+
+
+def seen_as_of(where: Where, epoch: int) -> Where:
+    """``where`` narrowed to the versions a reader as of ``epoch`` sees: ``valid_from <= epoch < valid_to``."""
+    return where.and_("kind", "eq", "version").and_("valid_from", "lte", epoch).and_("valid_to", "gt", epoch)
 
 
 def _versions(scope: str) -> Where:
@@ -251,9 +262,10 @@ def _current(scope: str) -> Where:
 def compact(store: VectorStore, namespace: str, *, oldest_retained: int) -> int:
     """Delete what no reader as of a retained savepoint can need; return how many documents went.
 
-    The rule: with ``oldest_retained`` the checkpoint id of the oldest savepoint (or retained checkpoint) a
-    replay may still start from, a version closed at or before it (``valid_to <= oldest_retained``) is seen by
-    no reader as of ``C >= oldest_retained``, nor by production now; a tombstone written at or before it only
+    The rule: with ``oldest_retained`` the epoch of the oldest savepoint (or retained checkpoint) a replay may
+    still start from (its trigger time; its checkpoint id if taken before 0.5), a version closed at or before it
+    (``valid_to <= oldest_retained``) is seen by no reader as of an epoch ``>= oldest_retained``, nor by production
+    now; a tombstone written at or before it only
     marks a removal that no such reader sees either. Both go. Limit: a run in flight since before
     ``oldest_retained`` that makes its delete again after a crash then finds no memory to delete.
     """

@@ -40,8 +40,9 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
                    timeout_s: float = 30.0) -> ReplaySettings:
     """Check that ``savepoint`` and ``capture_topic`` fit a replay of operator ``uid``; return its settings.
 
-    Reads the savepoint's checkpoint id from its ``_metadata`` and the capture offsets at that checkpoint
-    from the capture manifest. Raises :class:`~flink_agents_replay.errors.ReplayConfigError` otherwise.
+    Reads the savepoint's checkpoint id from its ``_metadata``, and the capture offsets at that checkpoint and its
+    trigger time (what long-term memory is read as of) from the capture manifest. Raises
+    :class:`~flink_agents_replay.errors.ReplayConfigError` otherwise.
     """
     if key_type not in SUPPORTED_KEY_TYPES:
         raise ReplayConfigError(f"key_type must be one of {list(SUPPORTED_KEY_TYPES)}, got {key_type!r}")
@@ -51,7 +52,8 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
         raise ReplayConfigError(
             f"the savepoint {info.path} holds no state of operator {uid!r}: it was taken from another agent or job "
             "(the replay must use the production agent's name / uid)")
-    offsets, description = read_capture_start(kafka, capture_topic, info.checkpoint_id, timeout_s)
+    start = read_capture_start(kafka, capture_topic, info.checkpoint_id, timeout_s)
+    description = start.description
     problems = []
     if description.uid != uid:
         problems.append(f"it was written by operator {description.uid!r}, not {uid!r}")
@@ -64,8 +66,9 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
                         f"{READABLE_VERSIONS}")
     if problems:
         raise ReplayConfigError(f"the capture {capture_topic!r} does not fit this replay: " + "; ".join(problems))
-    return ReplaySettings(capture_topic, offsets, description.journal_topic, frozenset(description.production_topics),
-                          parsed_policies, info.checkpoint_id)
+    return ReplaySettings(capture_topic, start.offsets, description.journal_topic,
+                          frozenset(description.production_topics), parsed_policies, info.checkpoint_id,
+                          start.checkpoint_time_ms)
 
 
 def savepoint_of(env) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any
 from flink_agents_replay.call_site import Fork
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.errors import NO_RESTART_MARKER, ReplayConfigError
 from flink_agents_replay.formats.state import WaitingInput, decode_waiting
 from flink_agents_replay.journal.checkpoints import describe_partitions
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
@@ -75,8 +76,8 @@ class ReplayMode:
         self.verification_keys = verification_keys
         self.uid = uid
         self.call_id_prefix = f"replay:{journal_topic}:"
-        # Without the savepoint's checkpoint id (settings built by hand), production's outside state is not read.
-        self.fork = Fork(as_of=settings.checkpoint_id or 0, name=name)
+        # Without the savepoint's time or id (settings built by hand), production's outside state is not read.
+        self.fork = Fork(as_of=settings.memory_as_of, name=name)
         self.max_parallelism = max_parallelism
         self.read_production_journal = read_production_journal
         self.kafka_timeout_s = kafka_timeout_s
@@ -119,6 +120,18 @@ class ReplayMode:
         """Production's journal: what is left of it finishes the savepoint's runs in flight; what production
         pruned since is re-executed under the side-effect policy."""
         return self.production_journal
+
+    def restored(self, *, checkpoint_id: int, checkpoint_time_ms: int | None) -> None:
+        """Refuse a savepoint that is not the checkpoint the capture manifest's entry describes: checkpoint ids
+        restart with every job started without a savepoint, so on a capture topic two jobs shared, the manifest
+        may name another job's checkpoint of the same id (its trigger time tells them apart)."""
+        expected = self.settings.checkpoint_time_ms
+        if expected is not None and checkpoint_time_ms is not None and expected != checkpoint_time_ms:
+            raise ReplayConfigError(
+                f"the savepoint's checkpoint {checkpoint_id} was taken at {checkpoint_time_ms}, but the capture "
+                f"manifest of {self.settings.production_capture_topic!r} describes a checkpoint {checkpoint_id} "
+                f"taken at {expected}, by another job on the same capture topic (the manifest kept only that job's "
+                f"entries): give each job started without a savepoint its own capture topic {NO_RESTART_MARKER}")
 
     def admit(self, value: Any, event_time: int | None, accepted_seq: Callable[[], int]) -> WaitingInput | None:
         """A captured input as a waiting input with production's seq and event time; ``None`` when the

@@ -26,6 +26,7 @@ class ReplaySettings:
         policies: side-effect policy per resource name (``*``: every other); unnamed resources follow
             their declared side effects (:mod:`flink_agents_replay.replay.policy`).
         checkpoint_id: the savepoint's checkpoint id (for logs and the report).
+        checkpoint_time_ms: the savepoint's trigger time (from the capture manifest; ``None`` before 0.5).
     """
 
     production_capture_topic: str
@@ -34,3 +35,12 @@ class ReplaySettings:
     production_topics: frozenset[str] = frozenset()
     policies: Mapping[str, CallPolicy] = field(default_factory=dict)
     checkpoint_id: int | None = None
+    checkpoint_time_ms: int | None = None
+
+    @property
+    def memory_as_of(self) -> int:
+        """The epoch long-term memory is read as of: the savepoint's trigger time, or its checkpoint id when it
+        was taken before 0.5 (whose epochs were checkpoint ids); 0 without either (settings built by hand)."""
+        if self.checkpoint_time_ms is not None:
+            return self.checkpoint_time_ms
+        return self.checkpoint_id or 0

@@ -512,8 +512,8 @@ class ObservedOperator(ActionExecutionOperator):
                 self.recorder.output(self.attempt, output)
             yield output
 
-    def snapshot_state(self, checkpoint_id: int):
-        marker = super().snapshot_state(checkpoint_id)
+    def snapshot_state(self, checkpoint_id: int, timestamp_ms: int):
+        marker = super().snapshot_state(checkpoint_id, timestamp_ms)
         self.recorder.snapshot(self.attempt, checkpoint_id)
         return marker
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,9 @@ class Recording(CheckpointHooks, KeyedProcessFunction):
         if value < self.emit_below:
             yield value
 
-    def snapshot_state(self, checkpoint_id):
+    def snapshot_state(self, checkpoint_id, timestamp_ms):
         value = f"{self.subtask}:{checkpoint_id}:{self.count}"
-        self.record("snapshot", checkpoint_id=checkpoint_id, value=value)
+        self.record("snapshot", checkpoint_id=checkpoint_id, value=value, timestamp_ms=timestamp_ms, now=time.time())
         return value.encode()
 
     def notify_checkpoint_complete(self, checkpoint_id):
@@ -130,9 +131,9 @@ class FailingHook(Recording):
     def initialize_state(self, values):
         self.explode("initialize_state", values)
 
-    def snapshot_state(self, checkpoint_id):
+    def snapshot_state(self, checkpoint_id, timestamp_ms):
         self.explode("snapshot_state", checkpoint_id)
-        return super().snapshot_state(checkpoint_id)
+        return super().snapshot_state(checkpoint_id, timestamp_ms)
 
     def notify_checkpoint_complete(self, checkpoint_id):
         self.explode("notify_checkpoint_complete", checkpoint_id)
@@ -151,7 +152,7 @@ class OnlySomeHooks(KeyedProcessFunction):
         self.seen += 1
         return []
 
-    def snapshot_state(self, checkpoint_id):
+    def snapshot_state(self, checkpoint_id, timestamp_ms):
         self.log.record("snapshot", checkpoint_id=checkpoint_id, seen=self.seen)
         return None
 
@@ -269,6 +270,11 @@ def test_smoke_hooks_are_called_in_order(tmp_path):
                     e["event"] == "snapshot" and e["checkpoint_id"] == event["checkpoint_id"] for e in rows[:position]
                 ), f"subtask {subtask}: complete({event['checkpoint_id']}) without an earlier snapshot"
         assert completes >= 3
+    # Each checkpoint has one trigger time, the same in every subtask, later for a later checkpoint, and past.
+    times = {(e["checkpoint_id"], e["timestamp_ms"]) for e in log.events(run="run", event="snapshot")}
+    assert len(times) == len({checkpoint for checkpoint, _ in times}), times
+    assert [t for _, t in sorted(times)] == sorted(t for _, t in times)
+    assert all(e["timestamp_ms"] / 1000 <= e["now"] for e in log.events(run="run", event="snapshot"))
     # A completed checkpoint holds the snapshots of every subtask.
     for event in log.events(run="run", event="complete"):
         assert all(event["checkpoint_id"] in ids for ids in snapshot_ids.values()), event

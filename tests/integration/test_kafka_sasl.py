@@ -69,11 +69,12 @@ def test_capture_and_manifest_write_and_read_with_the_users_security_settings(sa
                                     kafka_timeout_s=30, ack_timeout_s=30)
     try:
         writer.write_input(1, CapturedInput("alice", 1, None, {"text": "hi"}, "digest"))
-        writer.checkpoint(7, 0, [0, 1])
+        writer.checkpoint(7, 0, [0, 1], checkpoint_time_ms=1_780_000_000_000)
     finally:
         writer.close()
-    offsets, found = read_capture_start(sasl_settings, capture_topic, 7)
-    assert offsets == {0: 0, 1: 1} and found.uid == "op"
+    start = read_capture_start(sasl_settings, capture_topic, 7)
+    assert start.offsets == {0: 0, 1: 1} and start.description.uid == "op"
+    assert start.checkpoint_time_ms == 1_780_000_000_000
     records = list(read_capture(sasl_settings, capture_topic, None, CaptureDecoder(b"k" * 32, "op")))
     assert [(r.key, r.seq) for r in records] == [("alice", 1)]
 

@@ -167,7 +167,7 @@ def production(kafka_bootstrap, chroma_server, tmp_path_factory):
 
 
 def _replay(production: Production, name: str, *, changed: bool):
-    """Replay the post-savepoint inputs; returns (the diff report, the checkpoint id replayed from)."""
+    """Replay the post-savepoint inputs; returns (the report, its capture topic, the memory epoch it read as of)."""
     settings = prepare_replay({"bootstrap.servers": production.bootstrap}, production.config["capture_topic"],
                               production.savepoint, uid=production.uid, key_type="STRING",
                               max_parallelism=MAX_PARALLELISM, policies={})
@@ -189,7 +189,7 @@ def _replay(production: Production, name: str, *, changed: bool):
     runs = [r for r in production.captured(production.config["capture_topic"]) if isinstance(r, CapturedRun)]
     report = compare(runs, [r for r in replayed if isinstance(r, CapturedRun)],
                      [r for r in replayed if isinstance(r, CapturedInput)])
-    return report, capture_topic, settings.checkpoint_id
+    return report, capture_topic, settings.memory_as_of
 
 
 @pytest.fixture(scope="module")

@@ -67,3 +67,23 @@ def test_replay_gate_serves_the_calls_of_production_run_of_the_same_input_once()
     assert gate.fork == Fork(as_of=0, name="replay.capture")
     assert mode.gate_for("digest", 4).recorded == {}, "a run's recorded calls are handed out once"
     assert not mode.resumable and not mode.restores_input_order and mode.report_failures
+
+
+def test_a_replay_refuses_a_savepoint_whose_checkpoint_time_is_not_the_manifests():
+    """Checkpoint ids restart with each job started without a savepoint: on a shared capture topic the manifest
+    may describe another job's checkpoint of the same id. Its trigger time tells them apart."""
+    import pytest
+
+    from flink_agents_replay.errors import NO_RESTART_MARKER, ReplayConfigError
+
+    settings = ReplaySettings("prod.capture", {0: 5}, "prod.journal", checkpoint_id=3,
+                              checkpoint_time_ms=1_780_000_000_000)
+    mode = ReplayMode(settings=settings, kafka={"bootstrap.servers": "unused:9092"}, signing_key=b"k" * 16,
+                      uid="agent", journal_topic="replay.journal", max_parallelism=4, read_production_journal=True,
+                      kafka_timeout_s=1.0, name="replay.capture")
+    mode.restored(checkpoint_id=3, checkpoint_time_ms=1_780_000_000_000)  # the manifest's: fine
+    mode.restored(checkpoint_id=3, checkpoint_time_ms=None)  # a marker without a time cannot be checked
+    with pytest.raises(ReplayConfigError, match="another job on the same capture topic") as refused:
+        mode.restored(checkpoint_id=3, checkpoint_time_ms=1_770_000_000_000)
+    assert NO_RESTART_MARKER in str(refused.value)
+    PRODUCTION.restored(checkpoint_id=3, checkpoint_time_ms=1)  # production restores any checkpoint

@@ -47,7 +47,7 @@ import java.util.List;
  *
  * <p>The Python function may define {@code restored_checkpoint(checkpoint_id)} (called before
  * {@code initialize_state} when the attempt restored a checkpoint or savepoint), {@code initialize_state(values)},
- * {@code snapshot_state(checkpoint_id)},
+ * {@code snapshot_state(checkpoint_id, timestamp_ms)} (the checkpoint's trigger time, JobManager clock),
  * {@code notify_checkpoint_complete(checkpoint_id)} and {@code notify_checkpoint_aborted(checkpoint_id)}.
  * The bytes {@code snapshot_state} returns are this subtask's single entry in a union list state; on
  * restore every subtask receives every entry of the snapshot (all old subtasks), so rescaling works.
@@ -125,10 +125,10 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "            if self._initialize is not None:",
             "                call(self._initialize, values)",
             "",
-            "        def snapshot(self, checkpoint_id):",
+            "        def snapshot(self, checkpoint_id, timestamp_ms):",
             "            if self._snapshot is None:",
             "                return None",
-            "            value = call(self._snapshot, int(checkpoint_id))",
+            "            value = call(self._snapshot, int(checkpoint_id), int(timestamp_ms))",
             "            if value is None:",
             "                return None",
             "            if not isinstance(value, (bytes, bytearray, memoryview)):",
@@ -255,8 +255,10 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     public void snapshotState(StateSnapshotContext context) throws Exception {
         super.snapshotState(context);
         long checkpointId = context.getCheckpointId();
+        long timestamp = context.getCheckpointTimestamp(); // the JobManager's clock when it triggered the checkpoint
         if (pythonLive) {
-            Object value = callPython("snapshot", "snapshot_state(" + checkpointId + ")", checkpointId);
+            Object value = callPython("snapshot", "snapshot_state(" + checkpointId + ", " + timestamp + ")",
+                    checkpointId, timestamp);
             if (value != null && !(value instanceof byte[])) {
                 throw new IllegalStateException("checkpoint bridge: snapshot_state(" + checkpointId
                         + ") returned a " + value.getClass().getName() + " to Java, expected bytes");
@@ -419,9 +421,9 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         return new CheckpointBridgeOperator<K, IN, T>(config, pythonFunctionInfo, bridgeInputTypeInfo, outputTypeInfo);
     }
 
-    private Object callPython(String method, String description, Object argument) throws CheckpointHookException {
+    private Object callPython(String method, String description, Object... arguments) throws CheckpointHookException {
         try {
-            return interpreter.invokeMethod(BRIDGE, method, argument);
+            return interpreter.invokeMethod(BRIDGE, method, arguments);
         } catch (Exception e) {
             throw new CheckpointHookException(
                     "Python " + description + " failed in " + getOperatorName() + ": " + e.getMessage(), e);
