@@ -55,6 +55,7 @@ __all__ = [
     "AgentOutput",
     "CallBlocked",
     "ChatModel",
+    "ChatResult",
     "Event",
     "InDoubtPolicy",
     "InputEvent",
@@ -62,9 +63,12 @@ __all__ = [
     "RunnerContext",
     "SideEffects",
     "Tool",
+    "ToolCall",
     "action",
     "connect_to_agent",
     "current_call_id",
+    "run_tool_loop",
+    "tool",
 ]
 
 _EXPORTS = {
@@ -76,7 +80,11 @@ _EXPORTS = {
     "action": "flink_agents_replay.agent",
     "AgentConfig": "flink_agents_replay.config",
     "CallBlocked": "flink_agents_replay.errors",
-    "ChatModel": "flink_agents_replay.resources",
+    "ChatModel": "flink_agents_replay.chat_model",
+    "ChatResult": "flink_agents_replay.records.chat",
+    "ToolCall": "flink_agents_replay.records.chat",
+    "run_tool_loop": "flink_agents_replay.tool_loop",
+    "tool": "flink_agents_replay.tools",
     "InDoubtPolicy": "flink_agents_replay.resources",
     "SideEffects": "flink_agents_replay.resources",
     "Tool": "flink_agents_replay.resources",
@@ -87,11 +95,15 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+    from flink_agents_replay.chat_model import ChatModel
     from flink_agents_replay.config import AgentConfig
     from flink_agents_replay.errors import CallBlocked
     from flink_agents_replay.operator import AgentOutput
     from flink_agents_replay.pipeline import connect_to_agent
-    from flink_agents_replay.resources import ChatModel, InDoubtPolicy, SideEffects, Tool, current_call_id
+    from flink_agents_replay.records.chat import ChatResult, ToolCall
+    from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
+    from flink_agents_replay.tool_loop import run_tool_loop
+    from flink_agents_replay.tools import tool
 
 
 def __getattr__(name: str):

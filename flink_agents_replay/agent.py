@@ -244,7 +244,8 @@ class RunnerContext:
 
     def __init__(self, *, key: Any, seq: int, memory: Memory, send: Callable[[Event], None],
                  call: Callable[..., Any], call_agents: Callable[..., list[list[Any]]] | None = None,
-                 event_time: int | None = None):
+                 event_time: int | None = None, resources: Mapping[str, Resource] | None = None):
+        self._resources = resources or {}
         self._key = key
         self._event_time = event_time
         self._seq = seq
@@ -293,6 +294,19 @@ class RunnerContext:
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered resource; journaled, and reused instead of repeated after a failure."""
         return self._call(resource_name, *args, **kwargs)
+
+    def tool_schemas(self, *names: str) -> list[dict[str, Any]]:
+        """The tools registered under ``names`` as a chat model is shown them (OpenAI's ``tools`` format, named
+        by their resource name, plain data): pass them as ``ctx.call("llm", messages=..., tools=...)``."""
+        schemas = []
+        for name in names:
+            resource = self._resources.get(name)
+            if not isinstance(resource, Tool):
+                raise UnknownResourceError(f"{name!r} is not a tool of this agent (tools: "
+                                           f"{sorted(n for n, r in self._resources.items() if isinstance(r, Tool))})")
+            schema = resource.openai_schema()
+            schemas.append({**schema, "function": {**schema["function"], "name": name}})
+        return schemas
 
     def call_agent(self, agent: Agent | str, input: Any, *, timeout: float | None = None) -> list[Any]:  # noqa: A002
         """Run a registered sub-agent on ``input`` and return its outputs (the ``output`` of each OutputEvent).

@@ -15,7 +15,7 @@
     flink-agents-replay tickets feed [--count N] [--start N] [--topic tickets] [--bootstrap-servers HOST:PORT]
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
     flink-agents-replay diff --production CAPTURE --replay REPLAY_CAPTURE [--agent-id NAME] [--html FILE]
-                             [--json FILE] [--fail-on-diff]
+                             [--json FILE] [--fail-on-diff] [--price MODEL=IN/OUT ... | --prices FILE]
     flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of EPOCH [--json FILE]
     flink-agents-replay memory clean --store URL --replay NAME
     flink-agents-replay memory compact --store URL --namespace NS --oldest-retained EPOCH|TIME
@@ -207,14 +207,16 @@ def _diff(args: argparse.Namespace) -> int:
     import json
 
     from flink_agents_replay.config import SIGNING_KEY_ENV, default_capture_topic, default_uid
+    from flink_agents_replay.replay.prices import price_table
     from flink_agents_replay.replay.report import diff_captures
 
+    prices = price_table(args.price, args.prices)  # before Kafka: a bad price fails at once
     if not args.signing_key:
         raise ConfigError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
     uid = args.uid or default_uid(args.agent_id)
     production = args.production or default_capture_topic(uid)
     report = diff_captures(_kafka_settings(args).client, production, args.replay,
-                           signing_key=args.signing_key.encode(), uid=uid)
+                           signing_key=args.signing_key.encode(), uid=uid, prices=prices)
     print(f"production capture {production} vs replay capture {args.replay}")
     print(report.render_text(max_width=args.width))
     memory = _memory_diff(args, keys={run.key for run in report.runs}) if args.memory_namespace else None
@@ -416,6 +418,13 @@ def _add_diff_command(commands) -> None:
     diff.add_argument("--width", type=_at_least_one, default=110, help="terminal table width (default 110)")
     diff.add_argument("--fail-on-diff", action="store_true",
                       help="exit 1 when any run is changed, new or missing, or memory differs (for CI)")
+    diff.add_argument("--price", action="append", default=[], metavar="MODEL=PROMPT_PER_1M/COMPLETION_PER_1M",
+                      help="a model's price in USD per 1M prompt and per 1M completion tokens, for the cost in the "
+                           "model usage table (repeatable; MODEL '*' prices every other model), e.g. "
+                           "--price gpt-4o-mini=0.15/0.60 --price '*=1/2'; overrides --prices")
+    diff.add_argument("--prices", default=None, metavar="FILE",
+                      help='a JSON price table: {"MODEL": {"prompt_per_1m": 0.15, "completion_per_1m": 0.6}, ...} '
+                           "(without prices, costs are n/a)")
     _add_memory_diff_options(diff, required=False)
     _add_kafka_settings_option(diff)
     diff.set_defaults(handler=_diff)

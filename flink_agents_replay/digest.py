@@ -34,6 +34,8 @@ def _canonical(value: Any, depth: int = 0) -> Any:
         return ("dict", tuple(items))
     if isinstance(value, (set, frozenset)):
         return (type(value).__name__, tuple(sorted((_canonical(v, depth + 1) for v in value), key=repr)))
+    if isinstance(value, type):
+        return _canonical_class(value, depth)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return ("dataclass", type(value).__qualname__, _canonical(fields, depth + 1))
@@ -41,6 +43,15 @@ def _canonical(value: Any, depth: int = 0) -> Any:
         return ("object", type(value).__qualname__, _canonical(vars(value), depth + 1))
     # Anything else (PyFlink Rows, numpy scalars...): its pickle, which is stable for such leaf values.
     return ("pickle", type(value).__qualname__, cloudpickle.dumps(value))
+
+
+def _canonical_class(kind: type, depth: int) -> Any:
+    """A class passed as a value (``response_format=Answer``): by name, and a pydantic model also by its JSON
+    schema, so a changed model is a different argument. (Its pickle would hold the class by value when the
+    user's module is pickled by value, and pydantic's validators do not pickle.)"""
+    schema = getattr(kind, "model_json_schema", None)
+    fields = _canonical(schema(), depth + 1) if callable(schema) else None
+    return ("class", kind.__module__, kind.__qualname__, fields)
 
 
 def digest_value(value: Any) -> str:

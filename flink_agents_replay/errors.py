@@ -22,6 +22,7 @@ __all__ = [
     "ReplayError",
     "ReplayIsolationError",
     "RunSlotTimeoutError",
+    "ToolLoopLimitError",
     "SignatureError",
     "SubAgentCycleError",
     "SubAgentTimeoutError",
@@ -145,7 +146,9 @@ class CallBlocked(FlinkAgentsReplayError, RuntimeError):  # noqa: N818 - the nam
 
 
 class ChatModelError(RuntimeError):
-    """The chat-completions endpoint answered with an error or could not be reached."""
+    """A chat model's reply this package cannot use (no choices, structured output that is not JSON, no text for
+    a prompt). The service's own errors are the ``openai`` SDK's exceptions; 0.4 and earlier raised this one for
+    HTTP failures too, and journals keep those."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -158,6 +161,10 @@ class ChatModelError(RuntimeError):
     def transient(self) -> bool:
         """Worth trying again: the endpoint was unreachable, rate-limited (429) or failed itself (5xx)."""
         return self.status is None or self.status == 429 or self.status >= 500
+
+
+class ToolLoopLimitError(FlinkAgentsReplayError, RuntimeError):
+    """A tool loop's model still asked for tools after ``max_turns`` turns."""
 
 
 class RunSlotTimeoutError(FlinkAgentsReplayError, TimeoutError):

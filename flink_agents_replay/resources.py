@@ -1,4 +1,5 @@
-"""Resources an agent calls through ``ctx.call``: tools (Python callables) and chat models.
+"""Resources an agent calls through ``ctx.call``: tools (Python callables) here, chat models in
+:mod:`flink_agents_replay.chat_model`.
 
 Every resource declares its *side effects*, which decide what happens to a call that started before a
 failure and never reported back (*in doubt*), and later what a replay may do with it:
@@ -14,20 +15,16 @@ from __future__ import annotations
 
 import contextvars
 import enum
-import json
-import os
 import threading
-import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flink_agents_replay.call_site import current_call_id
 from flink_agents_replay.errors import CallTimeoutError, ChatModelError
 
-__all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
+__all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool",  # noqa: F822
+           "current_call_id"]
 
 
 class SideEffects(str, enum.Enum):
@@ -57,6 +54,12 @@ class Resource(ABC):
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call for real."""
 
+    def restore_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
+        """The result an action gets from a call's result as journaled (``result``), given the call's arguments:
+        itself by default. A resource whose result the journal keeps as plain data rebuilds typed parts here
+        (a chat model, the parsed pydantic object), the same for a call made now and one reused later."""
+        return result
+
     @property
     def tracks_start(self) -> bool:
         """Whether calls journal an acknowledged *started* record first (to detect calls in doubt)."""
@@ -73,10 +76,14 @@ class Tool(Resource):
         timeout_s: give up waiting after this many seconds and raise :class:`CallTimeoutError` (the function
             keeps running on its own thread: Python cannot stop it, so its effect is in doubt). ``None``
             (default) waits as long as the function runs.
+        name, description, schema: how a model sees the tool (:mod:`flink_agents_replay.tools`): by default
+            the function's name, its docstring's summary and the JSON schema of its signature.
     """
 
     def __init__(self, function: Callable[..., Any], *, side_effects: SideEffects | str = SideEffects.EXTERNAL,
-                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None):
+                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None,
+                 name: str | None = None, description: str | None = None,
+                 schema: Mapping[str, Any] | None = None):
         if not callable(function):
             raise TypeError(f"Tool needs a callable, got {function!r}")
         if timeout_s is not None and not timeout_s > 0:
@@ -84,6 +91,32 @@ class Tool(Resource):
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.function = function
         self.timeout_s = timeout_s
+        self.name = name or getattr(function, "__name__", "tool")
+        self.description = description
+        self.schema = dict(schema) if schema is not None else None
+        self._schema_error: str | None = None
+        if schema is None:
+            self._derive_schema()
+
+    def _derive_schema(self) -> None:
+        """The schema of the function's signature, derived now: in the job's client process, where the module
+        the hints name is whole (a job script's function reaches the workers pickled by value, and names used
+        only in string annotations do not travel with it). A tool no model is shown may have any signature."""
+        from flink_agents_replay.tools import function_schema, summary
+
+        try:
+            self.schema = function_schema(self.function)
+            self.description = self.description or summary(self.function)
+        except Exception as exc:  # noqa: BLE001 - reported when a model is to be shown the tool
+            self._schema_error = f"{type(exc).__name__}: {exc}"
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as a chat model is shown it (OpenAI's ``tools`` format)."""
+        if self.schema is None:
+            raise TypeError(f"{self!r} has no schema a model could be shown ({self._schema_error}); give "
+                            "Tool(..., schema={...})")
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description or "", "parameters": self.schema}}
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         if self.timeout_s is None:
@@ -112,80 +145,10 @@ class Tool(Resource):
         return f"Tool({name!r}, side_effects={self.side_effects.value})"
 
 
-class ChatModel(Resource):
-    """An OpenAI-compatible chat-completions model (OpenAI, Ollama, vLLM, a local stub).
+def __getattr__(name: str) -> Any:
+    # ChatModel moved to flink_agents_replay.chat_model (it builds on Resource); its old home keeps working.
+    if name == "ChatModel":
+        from flink_agents_replay.chat_model import ChatModel
 
-    ``ctx.call("llm", prompt="...")`` or ``ctx.call("llm", messages=[...])`` returns the reply text.
-
-    Args:
-        model: model name sent with each request (default ``$OPENAI_MODEL``).
-        base_url: API root, e.g. ``https://api.openai.com/v1`` (default ``$OPENAI_BASE_URL``).
-        api_key: bearer token (default ``$OPENAI_API_KEY``; none for local servers).
-        timeout_s: per-request timeout.
-        retries: further attempts after a transient failure (connection refused or reset, timeout, HTTP 429
-            or 5xx), with a growing pause; the request is the same each time, so the call stays one call.
-        params: extra request fields (``temperature`` ...), passed through as given.
-    """
-
-    def __init__(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 60.0, retries: int = 3, params: Mapping[str, Any] | None = None,
-                 side_effects: SideEffects | str = SideEffects.NONE,
-                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
-        super().__init__(side_effects=side_effects, in_doubt=in_doubt)
-        self.model = model or os.environ.get("OPENAI_MODEL")
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
-        self._api_key = api_key
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.params = dict(params or {})
-        if not self.model:
-            raise ValueError("ChatModel needs a model name: ChatModel('gpt-4o-mini', ...) or $OPENAI_MODEL")
-        if not self.base_url:
-            raise ValueError(
-                "ChatModel needs a base URL: ChatModel(..., base_url='http://host/v1') or $OPENAI_BASE_URL"
-            )
-
-    def invoke(self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
-               **params: Any) -> str:
-        if (prompt is None) == (messages is None):
-            raise TypeError("ChatModel call takes exactly one of prompt=... or messages=[...]")
-        body = {"model": self.model, "messages": list(messages or [{"role": "user", "content": prompt}]),
-                **self.params, **params}
-        reply = self._post("/chat/completions", body)
-        try:
-            return reply["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise ChatModelError(f"unexpected chat-completions reply from {self.base_url}: {reply!r:.300}") from exc
-
-    def _post(self, path: str, body: Mapping[str, Any]) -> Any:
-        headers = {"Content-Type": "application/json"}
-        call_id = current_call_id()
-        if call_id is not None:  # lets an endpoint that honours idempotency keys answer a call in doubt once
-            headers["Idempotency-Key"] = call_id
-        api_key = self._api_key or os.environ.get("OPENAI_API_KEY")
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        data = json.dumps(body).encode()
-        attempt = 0
-        while True:
-            try:
-                return self._post_once(path, data, headers)
-            except ChatModelError as error:
-                if not error.transient or attempt == self.retries:
-                    raise
-            time.sleep(min(0.25 * 2**attempt, 5.0))
-            attempt += 1
-
-    def _post_once(self, path: str, data: bytes, headers: Mapping[str, str]) -> Any:
-        request = urllib.request.Request(self.base_url + path, data=data, headers=dict(headers))
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            raise ChatModelError(f"{self.base_url}{path} answered {exc.code}: {detail}", exc.code) from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise ChatModelError(f"could not reach {self.base_url}{path}: {exc}") from None
-
-    def __repr__(self) -> str:
-        return f"ChatModel({self.model!r}, base_url={self.base_url!r})"
+        return ChatModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The capture's records as plain data (schema version 2 of each kind; see :mod:`flink_agents_replay.formats`).
+"""The capture's records as plain data (schema version 2 of inputs, 3 of runs; see :mod:`flink_agents_replay.formats`).
 
 =========  ==============================================================================================
 kind       plain payload (``bytes`` fields are user values, pickled)
@@ -10,7 +10,8 @@ kind       plain payload (``bytes`` fields are user values, pickled)
 =========  ==============================================================================================
 
 Version 2 added ``key_group`` to both kinds (the partition the record was written to); version 1 records
-(0.1.0, 0.2.0) read with ``key_group=None``.
+(0.1.0, 0.2.0) read with ``key_group=None``. Run version 3 (0.5) holds calls of journal call schema 2 (their
+``meta``: latency, a model's tokens; a chat model's answer as plain data).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _run_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedRun:
 #: The capture topic's record kinds, by header kind.
 CAPTURE_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(CAPTURED_INPUT, 2, _input_to_plain, _input_from_plain, CapturedInput),
-    RecordSchema(CAPTURED_RUN, 2, _run_to_plain, _run_from_plain, CapturedRun),
+    RecordSchema(CAPTURED_RUN, 3, _run_to_plain, _run_from_plain, CapturedRun),
 )}
 
 

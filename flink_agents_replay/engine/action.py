@@ -46,7 +46,8 @@ def execute_action(context: RunContext, scope: Scope, site: ActionSite, state: M
     try:
         site.spec.function(site.event, RunnerContext(
             key=run.key, seq=run.seq, memory=state, send=send, call=calls.call,
-            call_agents=functools.partial(call_agents, calls, state), event_time=run.event_time))
+            call_agents=functools.partial(call_agents, calls, state), event_time=run.event_time,
+            resources=scope.agent.resources))
     except Exception as exc:
         if journal is not None and not isinstance(exc, (RunCancelled, JournalClosedError)):
             journal_action_failed(journal, site.record_key, site.spec, ActionFailedRecord(

@@ -31,11 +31,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from flink_agents_replay.call_site import _CALL_SITE, CallSite
+from flink_agents_replay.call_site import _CALL_REPORT, _CALL_SITE, CallSite
 from flink_agents_replay.digest import digest_value
 from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
@@ -141,11 +142,11 @@ class ActionCalls:
                      self.context.run.key, self.context.run.seq, self.site.action, position, resource_name)
 
     def write_call(self, position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
-                   *, must_ack: bool = False) -> None:
+                   *, must_ack: bool = False, meta: dict[str, Any] | None = None) -> None:
         """Journal the call's state (started, returned, raised); list finished ones in the run's calls."""
         context, site = self.context, self.site
         record = CallRecord(context.run.seq, site.order, site.event.id, site.action, position, resource_name,
-                            args_digest, outcome, result, context.input_digest)
+                            args_digest, outcome, result, context.input_digest, meta=meta or {})
         if outcome is not CallOutcome.STARTED:
             context.calls.append(record)
         if context.journal is None:
@@ -161,7 +162,7 @@ class ActionCalls:
         if record is not None and record.outcome is not CallOutcome.STARTED:
             self.stats.calls_reused += 1
             self.context.calls.append(record)
-            return recorded_outcome(record)
+            return resource.restore_result(recorded_outcome(record), args, kwargs)
         if record is not None and self._assumed_done(position, resource_name, resource, args_digest):
             return None
         self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
@@ -172,7 +173,7 @@ class ActionCalls:
         if isinstance(decision, Recorded):
             self.stats.calls_recorded += 1
             self.write_call(position, resource_name, args_digest, decision.record.outcome, decision.record.result)
-            return recorded_outcome(decision.record)
+            return resource.restore_result(recorded_outcome(decision.record), args, kwargs)
         if isinstance(decision, Blocked):
             self.stats.calls_blocked += 1
             self.context.blocked.append(decision.report)
@@ -205,9 +206,12 @@ class ActionCalls:
             self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         self.note_retry(position, resource_name)
         token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live))
+        meta: dict[str, Any] = {}
+        report = _CALL_REPORT.set(meta)
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
+        begun = time.monotonic()
         try:
             result = resource.invoke(*call_args, **call_kwargs)
         except CallTimeoutError:
@@ -217,13 +221,17 @@ class ActionCalls:
             raise
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             self.stats.calls_executed += 1
-            self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc))
+            self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
+                            meta=_with_latency(meta, begun))
             raise
         finally:
+            _CALL_REPORT.reset(report)
             _CALL_SITE.reset(token)
         self.stats.calls_executed += 1
-        self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result)
-        return private_copy(result)  # the journaled result stays as it was, whatever the action does to its copy
+        self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result,
+                        meta=_with_latency(meta, begun))
+        # A copy: the journaled result stays as it was, whatever the action does to its copy.
+        return resource.restore_result(private_copy(result), args, kwargs)
 
     def _site(self, position: int, resource_name: str, args_digest: str, live: Live) -> CallSite:
         """What the resource learns about the call (``current_call_site()``)."""
@@ -239,6 +247,11 @@ class ActionCalls:
         retry = self._retried.get(position, 0) if retry is None else retry
         request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest, retry)
         return call_id(self.scope.path[0], self.site.action, self.context.run.seq, position, request)
+
+
+def _with_latency(meta: dict[str, Any], begun: float) -> dict[str, Any]:
+    """The call's meta: its wall time and what the resource reported (``report_call``)."""
+    return {"latency_ms": round((time.monotonic() - begun) * 1000, 3), **meta}
 
 
 def call_id(agent: str, action: str, seq: int, position: int, request: tuple) -> str:

@@ -1,23 +1,25 @@
-"""A support-ticket triage agent: classify with a chat model, look up the order, draft a reply.
+"""A support-ticket triage agent: classify with a chat model, let the model look up the order, draft a reply.
 
 Each input is a ticket ``{"ticket_id", "customer", "order_id", "text"}``, keyed by customer. The agent
-runs three actions, each a journaled step:
+runs two actions, each a journaled step:
 
 1. ``classify`` (on the input): asks the chat model for one of :data:`CATEGORIES`;
-2. ``look_up_order`` (on ``Classified``): calls the order-lookup tool (an HTTP service);
-3. ``draft_reply`` (on ``OrderLooked``): asks the chat model for a reply that uses the category, the
-   order's status and how many tickets this customer opened before (short-term memory), then emits the
-   output event ``{"ticket_id", "customer", "category", "order_status", "customer_ticket_number", "reply"}``.
+2. ``draft_reply`` (on ``Classified``): a tool loop (:func:`flink_agents_replay.tool_loop.run_tool_loop`): the
+   model is given the ticket, the category, how many tickets this customer opened before (short-term memory)
+   and the order-lookup tool ``orders``; it calls the tool when the ticket names an order, then writes the
+   reply. Every model turn and every lookup is its own journaled call. The output event is
+   ``{"ticket_id", "customer", "category", "order_status", "customer_ticket_number", "reply"}``.
 
 With a long-term memory store (``support_triage_agent(memory_url=...)``, a Chroma server) the agent also
 remembers: ``draft_reply`` searches the customer's past issues (``ctx.call("memory", "search", ...)``),
-mentions them in the prompt, lists them in the output (``past_issues``: their ticket ids) and remembers the
+mentions them to the model, lists them in the output (``past_issues``: their ticket ids) and remembers the
 ticket. Those memories outlive the job; the searches and writes are journaled like any call.
 
-Both resources send the call's stable id as an ``Idempotency-Key`` header
+Both services receive the call's stable id as an ``Idempotency-Key`` header
 (:func:`flink_agents_replay.resources.current_call_id`), so a service that honours it (the local stub
 service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
-twice. Point the model at any OpenAI-compatible endpoint (OpenAI, Ollama, vLLM) with ``model_base_url``.
+twice. Point the model at any OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, a LiteLLM proxy) with
+``model_base_url`` (:mod:`flink_agents_replay.chat_model` lists the settings of each).
 """
 
 from __future__ import annotations
@@ -25,24 +27,26 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.chat_model import ChatModel
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
-from flink_agents_replay.resources import ChatModel, Tool, current_call_id
+from flink_agents_replay.resources import Tool, current_call_id
+from flink_agents_replay.tool_loop import run_tool_loop
 
 __all__ = ["CATEGORIES", "OrderLookup", "RememberingSupportTriage", "RememberingSupportTriageV2", "SupportTriage",
            "SupportTriageV2", "make_tickets", "produce_tickets", "support_triage_agent", "support_triage_agent_v2"]
 
 CATEGORIES = ("refund", "shipping", "account", "other")
+_SYSTEM = ("You are a support agent. Look up the order with the orders tool when the ticket names one, then "
+           "answer the customer.")
 
 
 class Classified(Event):
     """The ticket and its category."""
-
-
-class OrderLooked(Event):
-    """The ticket, its category and the order found for it."""
 
 
 class OrderLookup:
@@ -52,7 +56,12 @@ class OrderLookup:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
 
-    def __call__(self, order_id: str) -> dict[str, Any]:
+    def __call__(self, order_id: Annotated[str, Field(pattern=r"O-\d{5}")]) -> dict[str, Any]:
+        """Look up an order: its status, items, total and carrier.
+
+        Args:
+            order_id: the order's id, like O-12345.
+        """
         headers = {"Accept": "application/json"}
         call_id = current_call_id()
         if call_id is not None:
@@ -68,7 +77,7 @@ class OrderLookup:
 
 
 class SupportTriage(Agent):
-    """Classify, look up the order, draft a reply; remembers each customer's tickets."""
+    """Classify, then let the model look up the order and draft a reply; remembers each customer's tickets."""
 
     @action(InputEvent)
     def classify(event, ctx):
@@ -83,28 +92,25 @@ class SupportTriage(Agent):
         ctx.send_event(Classified(ticket=ticket, category=category))
 
     @action(Classified)
-    def look_up_order(event, ctx):
-        order_id = event.ticket.get("order_id")
-        order = ctx.call("orders", order_id) if order_id else {"status": "no order given"}
-        ctx.send_event(OrderLooked(ticket=event.ticket, category=event.category, order=order))
-
-    @action(OrderLooked)
     def draft_reply(event, ctx):
         SupportTriage._reply(event, ctx, "Draft a short, friendly reply")
 
     @staticmethod
-    def _reply(event, ctx, instruction: str, past_issues: list[str] | None = None) -> None:
+    def _reply(event, ctx, instruction: str, past_issues: list[str] | None = None,
+               background: str | None = None) -> None:
         ticket = event.ticket
         earlier = ctx.memory.get("tickets", [])
-        reply = ctx.call("llm", prompt=(
-            f"{instruction} to a {event.category} ticket. The order is "
-            f"{event.order.get('status')}. The customer opened {len(earlier)} ticket(s) before.\n"
-            f"Ticket {ticket['ticket_id']}: {ticket['text']}"
-        ))
+        # Background (past issues) in the system message: the ticket itself is what the model acts on.
+        answer = run_tool_loop(ctx, "llm", tools=["orders"], max_turns=3, messages=[
+            {"role": "system", "content": _SYSTEM + (f"\n{background}" if background else "")},
+            {"role": "user", "content": (
+                f"{instruction} to a {event.category} ticket. The customer opened {len(earlier)} ticket(s) "
+                f"before.\nTicket {ticket['ticket_id']}: {ticket['text']}")}])
+        looked_up = [result for call, result in answer.tool_calls if call.name == "orders"]
         ctx.memory.set("tickets", [*earlier, ticket["ticket_id"]][-20:])
         output = {"ticket_id": ticket["ticket_id"], "customer": ticket["customer"], "category": event.category,
-                  "order_status": event.order.get("status"), "customer_ticket_number": len(earlier) + 1,
-                  "reply": reply}
+                  "order_status": looked_up[-1].get("status") if looked_up else "no order given",
+                  "customer_ticket_number": len(earlier) + 1, "reply": answer.content}
         if past_issues is not None:
             output["past_issues"] = past_issues
         ctx.send_event(OutputEvent(output=output))
@@ -119,7 +125,7 @@ def _voucher_instruction(category: str) -> str:
 class SupportTriageV2(SupportTriage):
     """A change to try in a replay before shipping it: refund tickets get a reply that offers a voucher."""
 
-    @action(OrderLooked)
+    @action(Classified)
     def draft_reply(event, ctx):
         SupportTriage._reply(event, ctx, _voucher_instruction(event.category))
 
@@ -127,7 +133,7 @@ class SupportTriageV2(SupportTriage):
 class RememberingSupportTriage(SupportTriage):
     """:class:`SupportTriage` that also remembers each customer's issues in long-term memory."""
 
-    @action(OrderLooked)
+    @action(Classified)
     def draft_reply(event, ctx):
         RememberingSupportTriage._reply_remembering(event, ctx, "Draft a short, friendly reply")
 
@@ -138,8 +144,8 @@ class RememberingSupportTriage(SupportTriage):
         # equal requests as repeated).
         found = ctx.call("memory", "search", f"{ticket['text']} (ticket {ticket['ticket_id']})", limit=3)["results"]
         past = [f"{m['memory']} ({m['metadata']['category']})" for m in found]
-        SupportTriage._reply(event, ctx, instruction + (f". Past issues: {'; '.join(past)}" if past else ""),
-                             past_issues=[m["metadata"]["ticket_id"] for m in found])
+        SupportTriage._reply(event, ctx, instruction, past_issues=[m["metadata"]["ticket_id"] for m in found],
+                             background=f"The customer's past issues: {'; '.join(past)}" if past else None)
         ctx.call("memory", "add", f"{ticket['ticket_id']}: {ticket['text']}",
                  metadata={"ticket_id": ticket["ticket_id"], "category": event.category})
 
@@ -147,7 +153,7 @@ class RememberingSupportTriage(SupportTriage):
 class RememberingSupportTriageV2(RememberingSupportTriage):
     """:class:`SupportTriageV2`'s change, with long-term memory."""
 
-    @action(OrderLooked)
+    @action(Classified)
     def draft_reply(event, ctx):
         RememberingSupportTriage._reply_remembering(event, ctx, _voucher_instruction(event.category))
 
@@ -163,8 +169,8 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
                          model_base_url: str = "http://127.0.0.1:8000/v1", orders_base_url: str | None = None,
                          api_key: str | None = None, memory_url: str | None = None,
                          embedding_model: str = "stub-embeddings") -> SupportTriage:
-    """The agent with its resources: chat model ``llm`` and order-lookup tool ``orders`` (and with
-    ``memory_url``, long-term memory ``memory``).
+    """The agent with its resources: chat model ``llm`` and the order-lookup tool ``orders`` the model may call
+    (and with ``memory_url``, long-term memory ``memory``).
 
     Args:
         name: the agent's name; it derives the operator uid and the journal topic, so keep it stable.
@@ -182,7 +188,7 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
     resources: dict[str, Any] = {
         "llm": ChatModel(model, base_url=model_base_url, api_key=api_key),
         # Reading an order changes nothing: a call in doubt is simply made again.
-        "orders": Tool(OrderLookup(orders_base_url), side_effects="none"),
+        "orders": Tool(OrderLookup(orders_base_url), side_effects="none", name="orders"),
     }
     if memory_url is None:
         return SupportTriage(name=name, resources=resources)

@@ -30,7 +30,7 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "JournalRecordTooLargeError", "MemoryNotFoundError", "NoSubAgentOutputError", "NotPicklableError",
         "ReplayConfigError",
         "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
-        "TopicMismatchError", "UnknownResourceError", "UnknownSubAgentError",
+        "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }

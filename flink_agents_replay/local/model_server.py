@@ -7,19 +7,49 @@ restarted cannot lose or repeat them. Standard library only (:class:`http.server
 Endpoints:
 
 * ``POST /v1/chat/completions`` — OpenAI request and reply format. The reply is a pure function of the
-  request, so equal requests get byte-equal bodies (``created`` and ``id`` come from a digest, not the
+  request, so equal requests get byte-equal bodies (``created`` and the ids come from a digest, not the
   clock). Its text depends on the last ``user`` message: if a line starts with ``Categories:`` followed by
   comma-separated names, the reply is exactly one of them — the first (in listed order) that appears as a
   whole word, case-insensitively, in the rest of the message, else one picked by hash of the message.
   Otherwise the reply is a short draft (``Thank you for reaching out. ... (ref 1a2b3c4d)``) derived from
-  all messages.
+  the roles and texts of all messages (a ``tool`` message's too; ``content: null`` is no text). A model
+  name containing ``verbose`` (:data:`VERBOSE_MODEL_NAME`) appends :data:`VERBOSE_SENTENCE` to that text.
+  ``usage``: ``prompt_tokens`` are the words of all messages' texts, ``completion_tokens`` the words of the
+  reply's content, or of a tool-call reply's function names and argument JSON.
+
+  *Tools* (``tools``: OpenAI function tools; ``tool_choice``: ``auto`` (the default), ``none``, ``required``
+  or ``{"type": "function", "function": {"name": ...}}``; ``parallel_tool_calls``). Unless ``tool_choice`` is
+  ``none`` or a ``tool`` (or legacy ``function``) message follows the last ``user`` message (the results are
+  in: the reply is text again), the reply may be ``content: null`` with ``tool_calls`` (ids ``call_<digest>``,
+  ``arguments`` a JSON string) and ``finish_reason: "tool_calls"``. Reading values from the last user message
+  (*typed rules*): an ``enum`` gives its first value found as a whole word, a string with ``pattern`` its
+  first match, an integer or number the first number (a token, not digits inside ``A-1001``), clamped to its
+  bounds; a ``const`` gives it. Arguments: every parameter these rules fill; booleans ``false``; a required
+  one they cannot fill is ``null`` if nullable, else made up as for ``json_schema`` below except that plain
+  strings are the message's first 200 characters. A tool is *wanted* if its name appears as a whole word
+  (case-insensitive, ``_`` and ``-`` also match a space), or if it has required parameters, none made up and
+  at least one filled from the text. Called: a named ``tool_choice``'s tool; else every wanted tool, in
+  declared order (only the first with ``parallel_tool_calls: false``); with none wanted ``required`` calls the
+  first tool and ``auto`` answers with text. Tool calls take precedence over ``response_format``.
+
+  *Structured output* (``response_format``). ``{"type": "json_object"}``: the content is ``{"reply": <the
+  text>}``. ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``: the content is an object
+  valid against the schema (root: an object schema), made up from it (see :mod:`.structured`): ``$ref``
+  (``#/$defs/...``), ``allOf`` (merged), ``anyOf``/``oneOf`` (the first non-null branch) resolved; every
+  property; ``const``; ``enum`` as for ``Categories:`` (the first value found as a whole word, else by hash);
+  strings: the ``pattern``'s first match, a ``format`` value, else a draft sentence with a ref (fitted to
+  ``minLength``/``maxLength``); integers the message's word count and numbers that plus a fraction, clamped to
+  their bounds; booleans a digest's parity; arrays ``minItems`` items, at least 1; null. Malformed ``tools``,
+  ``tool_choice`` or ``response_format`` and schemas it cannot fill are 400s, not executed.
 * ``POST /v1/embeddings`` — OpenAI request and reply format (``input``: a string or a list of strings,
   optional ``dimensions``): hashed bags of words (:mod:`flink_agents_replay.local.embeddings`), so texts that
   share words are near each other. Counted as ``embeddings``; not subject to the delay or an outage.
-* ``GET /v1/models`` — one model, ``stub-model`` (any model name is accepted and echoed).
+* ``GET /v1/models`` — one model, ``stub-model`` (any model name is accepted and echoed; ``verbose`` in it
+  lengthens text replies, see above).
 * ``GET /orders/<order_id>`` — a deterministic order (status, items, total, carrier) derived from the id;
   an empty id is 404.
-* ``GET /stats`` — the counters as JSON (see :class:`ServerStats`); ``POST /stats/reset`` zeroes them.
+* ``GET /stats`` — the counters as JSON (see :class:`ServerStats`; also the token totals and the tool-call
+  replies of executed chat completions); ``POST /stats/reset`` zeroes them.
 
 Every chat and order request waits ``delay_ms`` first (a slow model), or the ``X-Stub-Delay-Ms`` header's
 value. An *outage* can be scheduled (:meth:`StubModelServer.schedule_outage`, tests): once a given number of
@@ -74,9 +104,20 @@ from flink_agents_replay.local.processes import (
     pid_alive,
     wait_until_ready,
 )
+from flink_agents_replay.local.structured import (
+    Context,
+    SchemaError,
+    choose_tools,
+    generate,
+    parse_response_format,
+    parse_tool_choice,
+    parse_tools,
+)
 
 __all__ = [
     "MODEL_NAME",
+    "VERBOSE_MODEL_NAME",
+    "VERBOSE_SENTENCE",
     "LocalModelServer",
     "ModelServerStatus",
     "ServerStats",
@@ -94,6 +135,12 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "stub-model"
 """The one model ``GET /v1/models`` lists (chat requests may name any model)."""
+
+VERBOSE_MODEL_NAME = "stub-model-verbose"
+"""A second model for replay tests: any model name containing ``verbose`` appends :data:`VERBOSE_SENTENCE`."""
+
+VERBOSE_SENTENCE = "Please let us know if there is anything else we can help you with."
+"""The sentence a ``verbose`` model appends to its text replies."""
 
 DELAY_HEADER = "X-Stub-Delay-Ms"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -127,6 +174,9 @@ class ServerStats:
         idempotent_replays: requests answered from the idempotency store, without executing.
         distinct: different requests executed (``executions == distinct + repeated``).
         unavailable: chat requests answered 503 during a scheduled outage (not executed).
+        prompt_tokens: the ``usage.prompt_tokens`` of the chat completions executed, summed.
+        completion_tokens: their ``usage.completion_tokens``, summed.
+        tool_call_replies: chat completions executed that answered with tool calls.
     """
 
     chat: int = 0
@@ -137,6 +187,9 @@ class ServerStats:
     idempotent_replays: int = 0
     distinct: int = 0
     unavailable: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_call_replies: int = 0
 
     @property
     def executions(self) -> int:
@@ -157,6 +210,10 @@ class ServerStats:
 class _Response:
     status: int
     body: bytes
+    # What an executed chat completion adds to the totals (zero for everything else).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: bool = False
 
 
 class _Slot:
@@ -180,6 +237,7 @@ class _State:
         self._seen: set[bytes] = set()
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._unavailable = 0
+        self._tokens = {"prompt_tokens": 0, "completion_tokens": 0, "tool_call_replies": 0}
         self._outage: tuple[int, float] | None = None  # (after this many chat executions, for seconds)
         self._outage_ends: float | None = None
 
@@ -205,11 +263,12 @@ class _State:
                                embeddings=self._executions["embeddings"],
                                in_flight=self._in_flight, repeated=self._repeated,
                                idempotent_replays=self._replays, distinct=len(self._seen),
-                               unavailable=self._unavailable)
+                               unavailable=self._unavailable, **self._tokens)
 
     def reset(self) -> None:
         with self._lock:
             self._executions = dict.fromkeys(self._executions, 0)
+            self._tokens = dict.fromkeys(self._tokens, 0)
             self._repeated = self._replays = self._unavailable = 0
             self._seen.clear()
             # Pending requests keep their own slot and still answer whoever waits on it.
@@ -255,13 +314,19 @@ class _State:
                 self._repeated += 1
             else:
                 self._seen.add(digest)
+        response = None
         try:
             if delay_s > 0:
                 time.sleep(delay_s)  # the simulated model at work
-            return produce()
+            response = produce()
+            return response
         finally:
             with self._lock:
                 self._in_flight -= 1
+                if response is not None:
+                    self._tokens["prompt_tokens"] += response.prompt_tokens
+                    self._tokens["completion_tokens"] += response.completion_tokens
+                    self._tokens["tool_call_replies"] += response.tool_calls
 
 
 # --- replies ------------------------------------------------------------------------------------------------
@@ -333,31 +398,88 @@ def choose_category(text: str) -> str | None:
     return names[int(_sha256_hex(text), 16) % len(names)]
 
 
+def _conversation_digest(messages: Sequence[dict[str, Any]]) -> str:
+    return _sha256_hex(_json_bytes([[m.get("role"), _text(m.get("content"))] for m in messages]).decode())
+
+
 def draft_reply(messages: Sequence[dict[str, Any]]) -> str:
     """The draft answer to a conversation without a ``Categories:`` line."""
-    digest = _sha256_hex(_json_bytes([[m.get("role"), _text(m.get("content"))] for m in messages]).decode())
+    digest = _conversation_digest(messages)
     sentence = _DRAFT_SENTENCES[int(digest, 16) % len(_DRAFT_SENTENCES)]
     return f"Thank you for reaching out. {sentence} (ref {digest[:8]})"
 
 
+def _text_reply(request: dict[str, Any], last_user: str | None) -> str:
+    category = choose_category(last_user) if last_user is not None else None
+    reply = category if category is not None else draft_reply(request["messages"])
+    if "verbose" in request.get("model", MODEL_NAME).lower():
+        reply = f"{reply} {VERBOSE_SENTENCE}"
+    return reply
+
+
+def _content(request: dict[str, Any], ctx: Context, last_user: str | None) -> str:
+    """The reply's text: the category or draft, or JSON for a ``response_format`` asking for it."""
+    kind, schema = parse_response_format(request.get("response_format"))
+    if kind == "json_schema":
+        try:
+            return _json_bytes(generate(schema, ctx)).decode()
+        except SchemaError as exc:
+            raise _BadRequest(f"response_format.json_schema.schema: {exc}") from None
+    text = _text_reply(request, last_user)
+    return _json_bytes({"reply": text}).decode() if kind == "json_object" else text
+
+
+def _has_tool_results(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a ``tool`` (or legacy ``function``) message follows the last ``user`` message."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    return any(m["role"] in ("tool", "function") for m in messages[last_user + 1:])
+
+
+def _tool_calls(request: dict[str, Any], ctx: Context, canonical: str) -> list[dict[str, Any]]:
+    """The ``tool_calls`` of the reply: empty for a text reply."""
+    tools = parse_tools(request.get("tools"))
+    choice = parse_tool_choice(request.get("tool_choice"), tools)
+    parallel = request.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _BadRequest(f"'parallel_tool_calls' must be a boolean, got {parallel!r}")
+    if not tools or choice == "none" or _has_tool_results(request["messages"]):
+        return []
+    calls = choose_tools(tools, choice, ctx)
+    return [{"id": f"call_{_sha256_hex(canonical + chr(0) + str(index))[:24]}", "type": "function",
+             "function": {"name": tool.name, "arguments": _json_bytes(arguments).decode()}}
+            for index, (tool, arguments) in enumerate(calls[:1] if parallel is False else calls)]
+
+
 def _chat_completion(request: dict[str, Any], canonical: str) -> _Response:
+    """The reply to a parsed request; a bad ``tools``, ``tool_choice`` or ``response_format`` is a _BadRequest."""
     messages = request["messages"]
     user_texts = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
-    category = choose_category(user_texts[-1]) if user_texts else None
-    reply = category if category is not None else draft_reply(messages)
+    last_user = user_texts[-1] if user_texts else None
+    ctx = Context(last_user or "", _conversation_digest(messages), _DRAFT_SENTENCES)
+    try:
+        content = _content(request, ctx, last_user)
+        calls = _tool_calls(request, ctx, canonical)
+    except SchemaError as exc:
+        raise _BadRequest(str(exc)) from None
+    if calls:
+        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+        completion_tokens = sum(len(c["function"]["name"].split()) + len(c["function"]["arguments"].split())
+                                for c in calls)
+    else:
+        message = {"role": "assistant", "content": content}
+        completion_tokens = len(content.split())
     digest = _sha256_hex(canonical)
     prompt_tokens = sum(len(_text(m.get("content")).split()) for m in messages)
-    completion_tokens = len(reply.split())
     return _Response(200, _json_bytes({
         "id": f"chatcmpl-{digest[:24]}",
         "object": "chat.completion",
         # From the digest, not the clock: equal requests give byte-equal replies.
         "created": 1_700_000_000 + int(digest[24:32], 16) % 100_000_000,
         "model": request.get("model", MODEL_NAME),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
-    }))
+    }), prompt_tokens, completion_tokens, bool(calls))
 
 
 def _parse_embeddings(raw: bytes) -> tuple[list[str], int, str, bool]:
@@ -455,11 +577,13 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/v1/chat/completions":
             try:
                 request = _parse_chat(raw)
+                canonical = _json_bytes(request).decode()
+                # A pure function of the request: made now, so that a bad tool or schema is a 400, not executed.
+                reply = _chat_completion(request, canonical)
             except _BadRequest as exc:
                 self._send(_error(400, str(exc)))
                 return
-            canonical = _json_bytes(request).decode()
-            self._run("chat", canonical, lambda: _chat_completion(request, canonical))
+            self._run("chat", canonical, lambda: reply)
         elif path == "/v1/embeddings":
             try:
                 texts, dimensions, model, as_base64 = _parse_embeddings(raw)

@@ -131,6 +131,13 @@ class CallRecord:
     outcome: CallOutcome
     result: Any = None  # the return value, or the raised exception
     input_digest: str = ""
+    # How the call went, plain data: "latency_ms" (every call made for real) and what the resource reported
+    # (a model's "model", "prompt_tokens", "completion_tokens"). Absent from records before 0.5.
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # 0.1.0's journal pickled call records: theirs have no meta (a default factory leaves no class attribute).
+        self.__dict__.update({"meta": {}, **state})
 
     def identity(self) -> tuple[int, str, str]:
         """Call identity for reuse: position, resource, argument digest."""

@@ -1,4 +1,5 @@
-"""The journal's records as plain data (schema version 1 of each kind; see :mod:`flink_agents_replay.formats`).
+"""The journal's records as plain data (schema version 1 of each kind, 2 of ``call``; see
+:mod:`flink_agents_replay.formats`).
 
 =============  ==========================================================================================
 kind           plain payload (``bytes`` fields are user values, pickled)
@@ -6,13 +7,18 @@ kind           plain payload (``bytes`` fields are user values, pickled)
 ``accepted``   ``seq``, ``input_digest``, ``event_time``
 ``call``       ``seq``, ``order``, ``event_id``, ``action``, ``position``, ``resource``, ``args_digest``,
                ``outcome`` (``started``/``returned``/``raised``), ``result`` (``None``; the return value as
-               bytes; or an exception, :mod:`flink_agents_replay.formats.exceptions`), ``input_digest``
+               bytes; a chat model's answer as ``{"chat": ...}``, :mod:`flink_agents_replay.records.chat`; or an
+               exception, :mod:`flink_agents_replay.formats.exceptions`), ``input_digest``, ``meta`` (how the
+               call went: ``latency_ms`` and what the resource reported, e.g. a model's tokens)
 ``completion`` ``seq``, ``order``, ``event_id``, ``action``, ``fingerprint``, ``memory`` (a list of
                ``[path, deleted, value bytes or None]``), ``events`` (:mod:`flink_agents_replay.formats.events`),
                ``calls``, ``input_digest``
 ``failed``     ``seq``, ``order``, ``event_id``, ``action``, ``error``, ``input_digest``, ``retry_calls``
 ``attempt``    ``version``, ``job_id``, ``attempt``, ``subtask`` (see :mod:`.attempts`)
 =============  ==========================================================================================
+
+``call`` version 2 (0.5) added ``meta`` and the ``chat`` form of results; version 1 records read with
+``meta == {}``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from flink_agents_replay.formats.events import event_from_plain, event_to_plain
 from flink_agents_replay.formats.exceptions import exception_from_plain, exception_to_plain
 from flink_agents_replay.formats.plain import dump_user, load_user
 from flink_agents_replay.formats.schema import RecordSchema
+from flink_agents_replay.records.chat import ChatResult, chat_result_from_plain, chat_result_to_plain
 from flink_agents_replay.records.journal import (
     DELETED,
     AcceptedRecord,
@@ -50,7 +57,9 @@ def _accepted_from_plain(plain: dict[str, Any], _: EventTypes) -> AcceptedRecord
 
 def call_to_plain(record: CallRecord) -> dict[str, Any]:
     """The plain form of a call record (capture runs hold them too)."""
-    if record.outcome is CallOutcome.RETURNED:
+    if record.outcome is CallOutcome.RETURNED and isinstance(record.result, ChatResult):
+        result = {"chat": chat_result_to_plain(record.result)}  # plain data, not a class of this package
+    elif record.outcome is CallOutcome.RETURNED:
         result = dump_user(record.result, what=f"the result of call {record.position} to {record.resource!r}")
     elif record.outcome is CallOutcome.RAISED:
         result = exception_to_plain(record.result)
@@ -58,7 +67,7 @@ def call_to_plain(record: CallRecord) -> dict[str, Any]:
         result = None
     return {**{name: getattr(record, name) for name in _POSITION}, "position": record.position,
             "resource": record.resource, "args_digest": record.args_digest, "outcome": record.outcome.value,
-            "result": result, "input_digest": record.input_digest}
+            "result": result, "input_digest": record.input_digest, "meta": dict(record.meta)}
 
 
 def call_from_plain(plain: dict[str, Any], _: EventTypes | None = None) -> CallRecord:
@@ -66,12 +75,12 @@ def call_from_plain(plain: dict[str, Any], _: EventTypes | None = None) -> CallR
     outcome = CallOutcome(plain["outcome"])
     result = plain["result"]
     if outcome is CallOutcome.RETURNED:
-        result = load_user(result)
+        result = chat_result_from_plain(result["chat"]) if isinstance(result, dict) else load_user(result)
     elif outcome is CallOutcome.RAISED:
         result = exception_from_plain(result)
     return CallRecord(*(plain[name] for name in _POSITION), position=plain["position"], resource=plain["resource"],
                       args_digest=plain["args_digest"], outcome=outcome, result=result,
-                      input_digest=plain["input_digest"])
+                      input_digest=plain["input_digest"], meta=dict(plain.get("meta") or {}))
 
 
 def _update_to_plain(update: MemoryUpdate) -> list[Any]:
@@ -115,7 +124,7 @@ def _attempt_from_plain(plain: dict[str, Any], _: EventTypes) -> dict[str, Any]:
 #: The journal's record kinds, by header kind.
 JOURNAL_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(RecordKind.ACCEPTED.value, 1, _accepted_to_plain, _accepted_from_plain, AcceptedRecord),
-    RecordSchema(RecordKind.CALL.value, 1, call_to_plain, call_from_plain, CallRecord),
+    RecordSchema(RecordKind.CALL.value, 2, call_to_plain, call_from_plain, CallRecord),
     RecordSchema(RecordKind.COMPLETION.value, 1, _completion_to_plain, _completion_from_plain, CompletionRecord),
     RecordSchema(RecordKind.ACTION_FAILED.value, 1, _failed_to_plain, _failed_from_plain, ActionFailedRecord),
     RecordSchema(RecordKind.ATTEMPT.value, 1, _attempt_to_plain, _attempt_from_plain, dict),

@@ -24,8 +24,19 @@ How a run is classified
     nothing (note "no production run recorded for this input"). A replay run's ``error`` and the calls its
     side-effect policy blocked are kept on the run's :class:`RunDiff`, whatever its status.
 
+Usage and cost
+    Each :class:`RunDiff` also holds the :class:`~.usage.Usage` of both runs' model calls (calls whose meta
+    names a ``"model"``): how many, their latency p50 and p95 (nearest rank), prompt and completion tokens,
+    and the cost in USD from the ``prices`` table given to :func:`compare` (per model, ``"*"`` for any other;
+    unknown, ``None``, for a model without a price). :attr:`DiffReport.usage` adds them up over the report;
+    :mod:`.usage` says exactly what is measured. Records written before calls had meta count no model calls.
+
 The :class:`DiffReport` renders as JSON (:meth:`DiffReport.to_json`), as a terminal report
-(:meth:`DiffReport.render_text`) and as one self-contained HTML page (:meth:`DiffReport.render_html`).
+(:meth:`DiffReport.render_text`) and as one self-contained HTML page (:meth:`DiffReport.render_html`). Each
+shows the model usage, production against replay with deltas (the text report says in one line when neither
+side made a model call). In the HTML page, the outputs of a differing run are shown with the words the replay
+removed struck out (``<del>``) and those it inserted marked (``<ins>``), word by word over their JSON
+(:mod:`.word_diff`).
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from typing import Any
 
 from flink_agents_replay.capture.records import BlockedCall, CapturedInput, CapturedRun
 from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay.replay.usage import METRICS, PriceTable, Usage, UsageComparison, usage_of
+from flink_agents_replay.replay.word_diff import highlight_words
 
 __all__ = [
     "BlockedCallEntry",
@@ -66,7 +79,8 @@ class RunDiff:
     """How the replay of one input compares with its production run.
 
     ``production`` and ``replay`` are the runs' output values; ``blocked`` and ``error`` come from the
-    replay run; ``note`` says when a side had no run record (or the two sides ran different inputs).
+    replay run; ``note`` says when a side had no run record (or the two sides ran different inputs);
+    ``production_usage`` and ``replay_usage`` are the model calls of each side's run (none without a run).
     """
 
     key: Any
@@ -77,6 +91,13 @@ class RunDiff:
     blocked: list[BlockedCall] = field(default_factory=list)
     error: str | None = None
     note: str | None = None
+    production_usage: Usage = field(default_factory=Usage)
+    replay_usage: Usage = field(default_factory=Usage)
+
+    @property
+    def usage(self) -> UsageComparison:
+        """This run's model usage, production against replay."""
+        return UsageComparison(self.production_usage, self.replay_usage)
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,11 @@ class DiffReport:
         return counts
 
     @property
+    def usage(self) -> UsageComparison:
+        """The model usage of all compared runs, production against replay (percentiles over all their calls)."""
+        return _total_usage(self.runs)
+
+    @property
     def blocked_calls(self) -> list[BlockedCallEntry]:
         """Every blocked call of every compared run, in run order."""
         return [
@@ -137,6 +163,7 @@ class DiffReport:
         """The report as a JSON-serialisable dict (values converted by :func:`to_json_value`)."""
         return {
             "summary": self.summary,
+            "usage": self.usage.to_json(),
             "runs": [
                 {
                     "key": to_json_value(run.key),
@@ -147,6 +174,8 @@ class DiffReport:
                     "blocked": [_blocked_json(call) for call in run.blocked],
                     "error": run.error,
                     "note": run.note,
+                    "production_usage": run.production_usage.to_json(),
+                    "replay_usage": run.replay_usage.to_json(),
                 }
                 for run in self.runs
             ],
@@ -157,13 +186,15 @@ class DiffReport:
         }
 
     def render_text(self, max_width: int = 100) -> str:
-        """A terminal report, lines at most ``max_width`` wide: counts, differing runs, blocked calls, errors.
+        """A terminal report, lines at most ``max_width`` wide: counts, model usage, differing runs, blocked
+        calls, errors.
 
         Values are shown on one line, as JSON where possible, and shortened with "…" to fit.
         """
         summary = self.summary
         parts = ["Replay diff", "", _text_table(["", "count"], [[name, str(n)] for name, n in summary.items()],
                                                 max_width)]
+        parts += _text_usage(self.usage, max_width)
 
         differing = [[_one_line(run.key), str(run.seq), run.status,
                       *(_one_line_json(side) for side in _differing_fields(run.production, run.replay))]
@@ -179,72 +210,27 @@ class DiffReport:
 
     def render_html(self) -> str:
         """One self-contained HTML page (inline CSS, no external resources, every value escaped)."""
-        summary = self.summary
-        body: list[str] = ["<h1>Replay diff</h1>"]
-
-        body.append("<h2>Summary</h2>")
-        body.append(_html_table(["", "count"], [[_esc(name), _esc(n)] for name, n in summary.items()],
-                                cls="summary"))
-
-        differing = self.differing
-        body.append(f"<h2>Differing runs ({len(differing)})</h2>")
-        if differing:
-            body.append(_html_table(
-                ["key", "seq", "status", "production", "replay"],
-                [[_esc(run.key), _esc(run.seq), _status_html(run.status), _pre(run.production), _pre(run.replay)]
-                 for run in differing],
-                cls="runs"))
-        else:
-            body.append("<p>None: the replay produced the same outputs as production.</p>")
-
-        body.append("<h2>Runs by key</h2>")
-        if not self.runs:
-            body.append("<p>No runs were compared.</p>")
-        for key, runs in _group_by_key(self.runs):
-            n_differing = sum(1 for run in runs if run.status != "same")
-            opened = " open" if n_differing else ""
-            body.append(f"<details{opened}><summary>key {_esc(key)}: {len(runs)} run(s), "
-                        f"{n_differing} differing</summary>")
-            body.append(_html_table(
-                ["seq", "status", "production", "replay", "note", "error", "blocked"],
-                [[_esc(run.seq), _status_html(run.status), _pre(run.production), _pre(run.replay),
-                  _esc(run.note or ""), _pre_text(run.error) if run.error is not None else "",
-                  _esc(len(run.blocked))] for run in runs],
-                cls="key-runs"))
-            body.append("</details>")
-
-        blocked = self.blocked_calls
-        body.append(f"<h2>Blocked calls ({len(blocked)})</h2>")
-        if blocked:
-            body.append(_html_table(
-                ["key", "seq", "event", "action", "position", "resource", "arguments"],
-                [[_esc(e.key), _esc(e.seq), _esc(e.event_id), _esc(e.action), _esc(e.position), _esc(e.resource),
-                  _pre_text(e.arguments)] for e in blocked],
-                cls="blocked"))
-        else:
-            body.append("<p>None.</p>")
-
-        errors = self.errors
-        body.append(f"<h2>Errors ({len(errors)})</h2>")
-        if errors:
-            body.append(_html_table(["key", "seq", "error"],
-                                    [[_esc(run.key), _esc(run.seq), _pre_text(run.error or "")] for run in errors],
-                                    cls="errors"))
-        else:
-            body.append("<p>None.</p>")
-
+        body: list[str] = ["<h1>Replay diff</h1>", "<h2>Summary</h2>",
+                           _html_table(["", "count"], [[_esc(name), _esc(n)] for name, n in self.summary.items()],
+                                       cls="summary"),
+                           "<h2>Model usage</h2>", *_html_usage(self.usage)]
+        for section in (_html_differing(self.differing), _html_runs_by_key(self.runs),
+                        _html_blocked(self.blocked_calls), _html_errors(self.errors)):
+            body += section
         return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 "<title>Replay diff</title>\n<style>\n" + _CSS + "</style>\n</head>\n<body>\n"
                 + "\n".join(body) + "\n</body>\n</html>\n")
 
 
 def compare(production_runs: Iterable[CapturedRun], replay_runs: Iterable[CapturedRun],
-            replay_inputs: Iterable[CapturedInput]) -> DiffReport:
+            replay_inputs: Iterable[CapturedInput], *, prices: PriceTable | None = None) -> DiffReport:
     """Compare the replay's runs with production's for every input the replay accepted.
 
     The compared inputs are those of ``replay_inputs`` and ``replay_runs``, matched by
     ``(key_digest(key), seq)``; production runs of other inputs are ignored. For each input the last record
-    of each iterable wins. See the module docstring for how runs are classified.
+    of each iterable wins. See the module docstring for how runs are classified. ``prices`` (model name ->
+    :class:`~.usage.Price`, ``"*"`` for any other model) prices the runs' model calls; without it, or for a
+    model it does not price, costs are unknown (``None``).
     """
     inputs = _last_by_identity(replay_inputs)
     replayed = _last_by_identity(replay_runs)
@@ -253,36 +239,8 @@ def compare(production_runs: Iterable[CapturedRun], replay_runs: Iterable[Captur
     # streamed and only the runs of compared inputs are kept.
     production = _last_by_identity(run for run in production_runs if _identity(run) in compared)
 
-    diffs = []
-    for identity in compared:
-        replay_run = replayed.get(identity)
-        production_run = production.get(identity)
-        replay_input = inputs.get(identity)
-        key = (replay_run or replay_input).key
-
-        notes = []
-        if replay_run is None:
-            notes.append(NOTE_REPLAY_NOT_FINISHED)
-        if production_run is None:
-            notes.append(NOTE_NO_PRODUCTION_RUN)
-        # Outputs of different inputs are not comparable: say so rather than report a silent "changed".
-        digests = {r.input_digest for r in (production_run, replay_run, replay_input) if r is not None}
-        digests.discard("")
-        if len(digests) > 1:
-            notes.append(NOTE_INPUT_DIGEST_DIFFERS)
-
-        production_outputs = _outputs(production_run)
-        replay_outputs = _outputs(replay_run)
-        diffs.append(RunDiff(
-            key=key,
-            seq=identity[1],
-            status=_classify(production_outputs, replay_outputs),
-            production=production_outputs,
-            replay=replay_outputs,
-            blocked=list(replay_run.blocked) if replay_run is not None else [],
-            error=replay_run.error if replay_run is not None else None,
-            note="; ".join(notes) or None,
-        ))
+    diffs = [_run_diff(identity[1], production.get(identity), replayed.get(identity), inputs.get(identity), prices)
+             for identity in compared]
     # The digest breaks ties between keys with the same str() (1 and "1"), so the order is deterministic.
     diffs.sort(key=lambda run: (str(run.key), run.seq, key_digest(run.key)))
     return DiffReport(diffs)
@@ -298,6 +256,52 @@ def to_json_value(value: Any) -> Any:
 
 
 # -- comparison ----------------------------------------------------------------------------------------
+
+
+def _run_diff(seq: int, production_run: CapturedRun | None, replay_run: CapturedRun | None,
+              replay_input: CapturedInput | None, prices: PriceTable | None) -> RunDiff:
+    """The comparison of one input's runs (either may be missing, not both of the run and the input)."""
+    production_outputs = _outputs(production_run)
+    replay_outputs = _outputs(replay_run)
+    return RunDiff(
+        key=(replay_run or replay_input).key,
+        seq=seq,
+        status=_classify(production_outputs, replay_outputs),
+        production=production_outputs,
+        replay=replay_outputs,
+        blocked=list(replay_run.blocked) if replay_run is not None else [],
+        error=replay_run.error if replay_run is not None else None,
+        note=_note(production_run, replay_run, replay_input),
+        production_usage=_usage(production_run, prices),
+        replay_usage=_usage(replay_run, prices),
+    )
+
+
+def _note(production_run: CapturedRun | None, replay_run: CapturedRun | None,
+          replay_input: CapturedInput | None) -> str | None:
+    notes = []
+    if replay_run is None:
+        notes.append(NOTE_REPLAY_NOT_FINISHED)
+    if production_run is None:
+        notes.append(NOTE_NO_PRODUCTION_RUN)
+    # Outputs of different inputs are not comparable: say so rather than report a silent "changed".
+    digests = {r.input_digest for r in (production_run, replay_run, replay_input) if r is not None}
+    digests.discard("")
+    if len(digests) > 1:
+        notes.append(NOTE_INPUT_DIGEST_DIFFERS)
+    return "; ".join(notes) or None
+
+
+def _usage(run: CapturedRun | None, prices: PriceTable | None) -> Usage:
+    return Usage() if run is None else usage_of(run.calls, prices)
+
+
+def _total_usage(runs: Iterable[RunDiff]) -> UsageComparison:
+    production, replay = Usage(), Usage()
+    for run in runs:
+        production += run.production_usage
+        replay += run.replay_usage
+    return UsageComparison(production, replay)
 
 
 def _identity(record: CapturedInput | CapturedRun) -> tuple[str, int]:
@@ -436,6 +440,47 @@ def _text_table(headers: list[str], rows: list[list[str]], max_width: int) -> st
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(row) for row in rows])
 
 
+_USAGE_HEADERS = ["", "production", "replay", "delta", "delta %"]
+_NO_MODEL_CALLS = "no model calls on either side"
+
+
+def _text_usage(usage: UsageComparison, max_width: int) -> list[str]:
+    """The "Model usage" table, or one line when neither side made a model call."""
+    if not usage.has_model_calls:
+        return ["", _shorten(f"Model usage: none, {_NO_MODEL_CALLS}", max_width)]
+    lines = ["", "Model usage", _text_table(_USAGE_HEADERS, _usage_rows(usage), max_width)]
+    unpriced = _unpriced(usage)
+    if unpriced:
+        lines.append(_shorten(f"  cost n/a: {unpriced}", max_width))
+    return lines
+
+
+def _usage_rows(usage: UsageComparison) -> list[list[str]]:
+    """Per metric: its label, production's and the replay's values, the delta and the delta in percent."""
+    before, after = usage.production.metrics(), usage.replay.metrics()
+    delta, percent = usage.delta(), usage.delta_percent()
+    return [[label, _metric(name, before[name]), _metric(name, after[name]), _metric(name, delta[name], sign="+"),
+             "n/a" if percent[name] is None else f"{percent[name]:+.1f}%"]
+            for name, label in METRICS]
+
+
+def _metric(name: str, value: int | float | None, sign: str = "") -> str:
+    """A metric's value for people: costs to the micro-dollar, latencies to a tenth of a ms, counts whole."""
+    if value is None:
+        return "n/a"
+    if name == "cost_usd":
+        return f"{value:{sign}.6f}"
+    if name.startswith("latency"):
+        return f"{value:{sign}.1f}"
+    return f"{int(value):{sign}d}"
+
+
+def _unpriced(usage: UsageComparison) -> str:
+    """Which models left a cost unknown, or "" when every model call was priced."""
+    models = sorted({*usage.production.unpriced_models, *usage.replay.unpriced_models})
+    return f"no price for model(s) {', '.join(models)}" if models else ""
+
+
 # -- HTML rendering ------------------------------------------------------------------------------------
 
 _CSS = """\
@@ -451,6 +496,10 @@ pre { margin: 0; white-space: pre-wrap; word-break: break-word; font-size: 0.9em
 .status-same { color: #2a7a2a; } .status-changed { color: #b36b00; }
 .status-new { color: #1f5fb3; } .status-missing { color: #b32020; }
 details { margin: 0.4em 0; } summary { cursor: pointer; }
+table.usage td:not(:first-child) { text-align: right; font-variant-numeric: tabular-nums; }
+.usage-title { margin: 0.6em 0 0.2em; font-weight: bold; }
+del { background: #fbd3d3; color: #8a1010; text-decoration: line-through; }
+ins { background: #cdeccd; color: #0f5a0f; text-decoration: none; }
 """
 
 
@@ -458,8 +507,20 @@ def _esc(value: Any) -> str:
     return html.escape(value if isinstance(value, str) else str(value), quote=True)
 
 
+def _json_text(values: Any) -> str:
+    return json.dumps(to_json_value(values), ensure_ascii=False, indent=2)
+
+
 def _pre(values: Any) -> str:
-    return _pre_text(json.dumps(to_json_value(values), ensure_ascii=False, indent=2))
+    return _pre_text(_json_text(values))
+
+
+def _output_cells(run: RunDiff) -> list[str]:
+    """Production's and the replay's outputs; for a differing run, with the changed words marked."""
+    if run.status == "same":
+        return [_pre(run.production), _pre(run.replay)]
+    return [f"<pre>{fragment}</pre>" for fragment in highlight_words(_json_text(run.production),
+                                                                     _json_text(run.replay))]
 
 
 def _pre_text(text: str) -> str:
@@ -475,6 +536,66 @@ def _html_table(headers: list[str], rows: list[list[str]], cls: str) -> str:
     head = "".join(f"<th>{_esc(header)}</th>" for header in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>\n" for row in rows)
     return f'<table class="{_esc(cls)}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>'
+
+
+def _html_usage(usage: UsageComparison) -> list[str]:
+    """The model usage table (already escaped), or a line saying neither side made a model call."""
+    if not usage.has_model_calls:
+        return [f"<p>None: {_NO_MODEL_CALLS}.</p>"]
+    table = _html_table(_USAGE_HEADERS, [[_esc(cell) for cell in row] for row in _usage_rows(usage)], cls="usage")
+    unpriced = _unpriced(usage)
+    return [table, f"<p>Cost n/a: {_esc(unpriced)}.</p>"] if unpriced else [table]
+
+
+def _html_differing(differing: list[RunDiff]) -> list[str]:
+    parts = [f"<h2>Differing runs ({len(differing)})</h2>"]
+    if not differing:
+        return parts + ["<p>None: the replay produced the same outputs as production.</p>"]
+    return parts + [_html_table(["key", "seq", "status", "production", "replay"],
+                                [[_esc(run.key), _esc(run.seq), _status_html(run.status), *_output_cells(run)]
+                                 for run in differing],
+                                cls="runs")]
+
+
+def _html_runs_by_key(runs: list[RunDiff]) -> list[str]:
+    parts = ["<h2>Runs by key</h2>"]
+    if not runs:
+        parts.append("<p>No runs were compared.</p>")
+    for key, key_runs in _group_by_key(runs):
+        n_differing = sum(1 for run in key_runs if run.status != "same")
+        opened = " open" if n_differing else ""
+        parts.append(f"<details{opened}><summary>key {_esc(key)}: {len(key_runs)} run(s), "
+                     f"{n_differing} differing</summary>")
+        parts.append(_html_table(
+            ["seq", "status", "production", "replay", "note", "error", "blocked"],
+            [[_esc(run.seq), _status_html(run.status), *_output_cells(run), _esc(run.note or ""),
+              _pre_text(run.error) if run.error is not None else "", _esc(len(run.blocked))] for run in key_runs],
+            cls="key-runs"))
+        usage = _total_usage(key_runs)
+        if usage.has_model_calls:
+            parts += [f"<p class=\"usage-title\">Model usage of key {_esc(key)}</p>", *_html_usage(usage)]
+        parts.append("</details>")
+    return parts
+
+
+def _html_blocked(blocked: list[BlockedCallEntry]) -> list[str]:
+    parts = [f"<h2>Blocked calls ({len(blocked)})</h2>"]
+    if not blocked:
+        return parts + ["<p>None.</p>"]
+    return parts + [_html_table(
+        ["key", "seq", "event", "action", "position", "resource", "arguments"],
+        [[_esc(e.key), _esc(e.seq), _esc(e.event_id), _esc(e.action), _esc(e.position), _esc(e.resource),
+          _pre_text(e.arguments)] for e in blocked],
+        cls="blocked")]
+
+
+def _html_errors(errors: list[RunDiff]) -> list[str]:
+    parts = [f"<h2>Errors ({len(errors)})</h2>"]
+    if not errors:
+        return parts + ["<p>None.</p>"]
+    return parts + [_html_table(["key", "seq", "error"],
+                                [[_esc(run.key), _esc(run.seq), _pre_text(run.error or "")] for run in errors],
+                                cls="errors")]
 
 
 def _group_by_key(runs: list[RunDiff]) -> list[tuple[Any, list[RunDiff]]]:

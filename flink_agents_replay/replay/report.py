@@ -8,21 +8,23 @@ from typing import Any
 from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.replay.diff import DiffReport, compare
+from flink_agents_replay.replay.usage import PriceTable
 
 __all__ = ["diff_captures"]
 
 
 def diff_captures(kafka: Mapping[str, Any], production_capture: str, replay_capture: str, *, signing_key: bytes,
-                  uid: str, verification_keys: tuple[bytes, ...] = (), timeout_s: float = 30.0) -> DiffReport:
+                  uid: str, verification_keys: tuple[bytes, ...] = (), timeout_s: float = 30.0,
+                  prices: PriceTable | None = None) -> DiffReport:
     """Compare every run the replay captured with production's run of the same (key, seq).
 
     Reads the replay's capture whole and production's from its earliest kept record (its retention bounds
     it); both are verified with ``signing_key`` (or one of ``verification_keys``) as records of operator ``uid``,
-    each for its own topic.
+    each for its own topic. ``prices`` prices the runs' model calls (see :func:`~.diff.compare`).
     """
     decoder = CaptureDecoder(signing_key, uid, verification_keys=verification_keys)
     replayed = list(read_capture(kafka, replay_capture, None, decoder, timeout_s=timeout_s))
     production = (record for record in read_capture(kafka, production_capture, None, decoder, timeout_s=timeout_s)
                   if isinstance(record, CapturedRun))
     return compare(production, [r for r in replayed if isinstance(r, CapturedRun)],
-                   [r for r in replayed if isinstance(r, CapturedInput)])
+                   [r for r in replayed if isinstance(r, CapturedInput)], prices=prices)

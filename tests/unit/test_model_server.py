@@ -5,21 +5,30 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import socket
 import struct
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
+from enum import Enum
+from typing import Literal, Optional
 
+import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from flink_agents_replay.cli import main as cli_main
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.model_server import (
+    VERBOSE_MODEL_NAME,
+    VERBOSE_SENTENCE,
     LocalModelServer,
     ServerStats,
     StubModelServer,
+    draft_reply,
     fetch_stats,
     reset_stats,
 )
@@ -54,6 +63,11 @@ def _wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.002)
+
+
+def _counts(stats: ServerStats) -> ServerStats:
+    """The counters without the token totals (which tests of counting executions do not care about)."""
+    return replace(stats, prompt_tokens=0, completion_tokens=0, tool_call_replies=0)
 
 
 def _reply(server: StubModelServer, text: str) -> str:
@@ -155,6 +169,331 @@ def test_orders_are_deterministic_and_empty_id_is_404(server):
     assert server.stats().orders == 32
 
 
+# --- tool calls -----------------------------------------------------------------------------------------------
+
+_GET_ORDER = {"type": "function", "function": {
+    "name": "get_order", "description": "Look an order up",
+    "parameters": {"type": "object", "required": ["order_id"], "properties": {
+        "order_id": {"type": "string", "pattern": r"[A-Z]-\d{4}"},
+        "quantity": {"type": "integer", "minimum": 1},
+        "carrier": {"type": "string", "enum": ["UPS", "DHL"]},
+        "express": {"type": "boolean"}}}}}
+_SEND_EMAIL = {"type": "function", "function": {
+    "name": "send-email",
+    "parameters": {"type": "object", "required": ["body"], "properties": {
+        "body": {"type": "string"}, "urgent": {"type": "boolean"}}}}}
+_TOOLS = [_GET_ORDER, _SEND_EMAIL]
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+
+
+def _ask(client, text: str | list, **extra):
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
+    return client.chat.completions.create(model="stub-model", messages=messages, **extra)
+
+
+def _calls(completion) -> list[tuple[str, dict]]:
+    return [(call.function.name, json.loads(call.function.arguments))
+            for call in completion.choices[0].message.tool_calls or []]
+
+
+def test_a_tool_mentioned_by_name_is_called_with_the_text(client):
+    text = "Please Send Email to the customer"  # '-' in the name matches a space, any case
+    completion = _ask(client, text, tools=_TOOLS)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert _calls(completion) == [("send-email", {"body": text, "urgent": False})]
+    assert choice.message.tool_calls[0].id.startswith("call_") and choice.message.tool_calls[0].type == "function"
+    # A required plain string is the text; the pattern does not match, so the text is the order id.
+    assert _calls(_ask(client, "what does GET ORDER say", tools=_TOOLS)) == [
+        ("get_order", {"order_id": "what does GET ORDER say", "express": False})]
+    # The name as a whole word only: "get_order_status" is not "get_order".
+    assert _calls(_ask(client, "get_order_status please", tools=_TOOLS)) == []
+
+
+def test_a_tool_whose_required_parameters_the_text_fills_is_called(client):
+    completion = _ask(client, "I ordered 3 parcels (order A-1001), shipped by dhl.", tools=_TOOLS)
+    assert _calls(completion) == [
+        ("get_order", {"order_id": "A-1001", "quantity": 3, "carrier": "DHL", "express": False})]
+    # The first number is the quantity, clamped to the minimum; digits in a word ("B-2002", "2nd") are no number.
+    assert _calls(_ask(client, "2nd try: 0 items in B-2002", tools=_TOOLS))[0][1]["quantity"] == 1
+    assert _calls(_ask(client, "order A-1001", tools=_TOOLS))[0][1] == {"order_id": "A-1001", "express": False}
+    usage = completion.usage  # the function name and the arguments' JSON, in words
+    assert usage.completion_tokens == 2 and usage.prompt_tokens == 9
+
+
+def test_no_wanted_tool_answers_with_text(server, client):
+    completion = _ask(client, "Hello there", tools=_TOOLS)
+    assert completion.choices[0].finish_reason == "stop" and completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].message.content == _reply(server, "Hello there")
+
+
+def test_tool_choice_required_none_and_named(server, client):
+    assert _calls(_ask(client, "Hello there", tools=_TOOLS, tool_choice="required")) == [
+        ("get_order", {"order_id": "Hello there", "express": False})]
+    named = {"type": "function", "function": {"name": "send-email"}}
+    assert _calls(_ask(client, "order A-1001", tools=_TOOLS, tool_choice=named)) == [
+        ("send-email", {"body": "order A-1001", "urgent": False})]
+    off = _ask(client, "order A-1001", tools=_TOOLS, tool_choice="none")
+    assert _calls(off) == [] and off.choices[0].message.content == _reply(server, "order A-1001")
+
+
+def test_several_wanted_tools_are_parallel_calls_in_declared_order(client):
+    text = "Order A-1001 is late: send email to the customer"
+    completion = _ask(client, text, tools=list(reversed(_TOOLS)))
+    assert _calls(completion) == [("send-email", {"body": text, "urgent": False}),
+                                  ("get_order", {"order_id": "A-1001", "express": False})]
+    ids = [call.id for call in completion.choices[0].message.tool_calls]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") and len(i) == 29 for i in ids)
+    assert _calls(_ask(client, text, tools=_TOOLS, parallel_tool_calls=False)) == [
+        ("get_order", {"order_id": "A-1001", "express": False})]
+
+
+def test_after_tool_results_the_reply_is_text_that_depends_on_them(client):
+    first = _ask(client, "Where is order A-1001?", tools=_TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+
+    def answer(result, then=()):
+        messages = [{"role": "user", "content": "Where is order A-1001?"},
+                    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                    {"role": "tool", "tool_call_id": call.id, "content": result}, *then]
+        return _ask(client, messages, tools=_TOOLS), messages
+
+    shipped, messages = answer('{"status": "shipped"}')
+    assert shipped.choices[0].finish_reason == "stop"
+    assert shipped.choices[0].message.content == draft_reply(messages)
+    assert shipped.choices[0].message.content.startswith("Thank you for reaching out. ")
+    assert shipped.usage.prompt_tokens == 4 + 2
+    assert answer('{"status": "delivered"}')[0].choices[0].message.content != shipped.choices[0].message.content
+    # A list of text parts is the same text.
+    listed = answer([{"type": "text", "text": '{"status": "shipped"}'}])[0]
+    assert listed.choices[0].message.content == shipped.choices[0].message.content
+    # A new user message after the results: a tool call again.
+    again = answer('{"status": "shipped"}', [{"role": "user", "content": "And B-2002?"}])[0]
+    assert _calls(again) == [("get_order", {"order_id": "B-2002", "express": False})]
+
+
+class GetOrder(BaseModel):
+    order_id: str = Field(pattern=r"[A-Z]-\d{4}")
+    express: bool
+    note: Optional[str] = None  # noqa: UP045 -- strict tools make it required: null, not made up
+
+
+def test_pydantic_function_tools_parse(client):
+    completion = client.chat.completions.parse(
+        model="stub-model", messages=[{"role": "user", "content": "where is B-2002?"}],
+        tools=[openai.pydantic_function_tool(GetOrder)])
+    call = completion.choices[0].message.tool_calls[0]
+    assert call.function.name == "GetOrder"
+    assert call.function.parsed_arguments == GetOrder(order_id="B-2002", express=False, note=None)
+    assert json.loads(call.function.arguments) == {"order_id": "B-2002", "express": False, "note": None}
+
+
+def test_tool_replies_are_deterministic(server):
+    url = server.base_url + "/chat/completions"
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "order A-1001"}], "tools": _TOOLS}
+    first = _request(url, body)
+    assert first[0] == 200 and first == _request(url, body)
+    other = json.loads(_request(url, {**body, "messages": [{"role": "user", "content": "order A-1002"}]})[1])
+    assert other["choices"][0]["message"]["tool_calls"][0]["id"] != \
+        json.loads(first[1])["choices"][0]["message"]["tool_calls"][0]["id"]
+
+
+def test_bad_tools_are_400_and_not_executed(server):
+    url = server.base_url + "/chat/completions"
+    params = _GET_ORDER["function"]["parameters"]
+    bad = {
+        "'tools' must be a non-empty list": {"tools": []},
+        "tools[0] must be an object with \"type\": \"function\"": {"tools": [{"type": "retrieval"}]},
+        "tools[0].function must be an object": {"tools": [{"type": "function"}]},
+        "tools[1].function.name must be 1 to 64": {"tools": [_GET_ORDER, {"type": "function", "function": {
+            "name": "has space"}}]},
+        "declares 'get_order' more than once": {"tools": [_GET_ORDER, _GET_ORDER]},
+        "parameters must be a JSON schema of \"type\": \"object\"": {"tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "string"}}}]},
+        "required names 'nope', not among its properties": {"tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {**params, "required": ["nope"]}}}]},
+        "tool 'f': its parameters: '$ref' '#/$defs/Gone' points at nothing": {"tools": [{
+            "type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"x": {"$ref": "#/$defs/Gone"}}}}}]},
+        "'tool_choice' is only allowed when 'tools' are declared": {"tool_choice": "auto"},
+        "'tool_choice' must be 'auto', 'none', 'required' or": {"tools": _TOOLS, "tool_choice": "always"},
+        "names the function 'lookup', which 'tools' does not declare": {
+            "tools": _TOOLS, "tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+        "'parallel_tool_calls' must be a boolean": {"tools": _TOOLS, "parallel_tool_calls": "yes"},
+    }
+    for message, extra in bad.items():
+        status, body = _request(url, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra})
+        assert status == 400, (message, body)
+        assert message in json.loads(body)["error"]["message"], body
+    assert server.stats() == ServerStats()
+
+
+# --- structured output ------------------------------------------------------------------------------------------
+
+
+class Priority(str, Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+class Customer(BaseModel):
+    name: str
+    orders: int = Field(ge=0, le=5)
+
+
+class Ticket(BaseModel):
+    priority: Priority
+    kind: Literal["billing", "shipping"]
+    customer: Customer
+    note: Optional[str]  # noqa: UP045 -- the Optional spelling pydantic users write
+    tags: list[str]
+    confidence: float = Field(ge=0, le=1)
+    escalate: bool
+
+
+class Node(BaseModel):
+    name: str
+    children: list[Node]
+    parent: Node | None = None
+
+
+def test_pydantic_structured_output_parses(client):
+    completion = client.chat.completions.parse(
+        model="stub-model", messages=[{"role": "user", "content": "My SHIPPING is late, priority high!"}],
+        response_format=Ticket)
+    ticket = completion.choices[0].message.parsed
+    assert (ticket.priority, ticket.kind) == (Priority.HIGH, "shipping")
+    assert ticket.customer.orders == 5  # six words, clamped to the maximum
+    assert ticket.customer.name.endswith(")") and "(ref " in ticket.customer.name
+    assert isinstance(ticket.note, str) and len(ticket.tags) == 1 and ticket.tags[0] != ticket.note
+    assert ticket.confidence == 1.0 and isinstance(ticket.escalate, bool)
+    assert Ticket.model_validate_json(completion.choices[0].message.content) == ticket
+    assert completion.usage.completion_tokens == len(completion.choices[0].message.content.split())
+    other = client.chat.completions.parse(
+        model="stub-model", messages=[{"role": "user", "content": "billing question"}], response_format=Ticket)
+    assert other.choices[0].message.parsed.kind == "billing" and other.choices[0].message.parsed.customer.orders == 2
+
+
+def test_recursive_pydantic_models_end(client):
+    node = client.chat.completions.parse(model="stub-model", messages=[{"role": "user", "content": "a tree"}],
+                                         response_format=Node).choices[0].message.parsed
+    assert [child.children for child in node.children] == [[]]
+    assert node.parent is not None and node.parent.parent is None and node.parent.children == []
+
+
+_SCHEMA = {
+    "$defs": {"Money": {"type": "object", "properties": {
+        "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}, "currency": {"const": "EUR"}}}},
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string", "pattern": r"[A-Z]-\d{4}"},
+        "when": {"type": "string", "format": "date-time"},
+        "words": {"type": "integer", "minimum": 0},
+        "capped": {"type": "integer", "maximum": 2},
+        "code": {"type": "string", "maxLength": 5},
+        "refund": {"$ref": "#/$defs/Money"},
+        "either": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": 100}]},
+        "both": {"allOf": [{"type": "object", "properties": {"a": {"type": "boolean"}}},
+                           {"properties": {"b": {"type": ["null", "string"], "enum": ["x", "y"]}}}]},
+        "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"enum": ["late", "lost"]}], "items": False},
+        "many": {"type": "array", "items": {"type": "null"}, "minItems": 3},
+    },
+}
+
+
+def _structured(server: StubModelServer, text: str, schema: dict) -> tuple[int, bytes]:
+    return _chat(server, text, response_format={"type": "json_schema",
+                                                "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+
+
+def test_json_schema_content_validates(server):
+    first = _structured(server, "Order A-1001 is lost, please refund it", _SCHEMA)
+    assert first[0] == 200 and first == _structured(server, "Order A-1001 is lost, please refund it", _SCHEMA)
+    reply = json.loads(first[1])
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    value = json.loads(reply["choices"][0]["message"]["content"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", value.pop("when"))
+    assert len(value.pop("code")) == 5
+    assert 7 < value["refund"].pop("amount") < 8  # seven words and a fraction
+    assert value.pop("both")["b"] in ("x", "y")
+    assert value == {"order_id": "A-1001", "words": 7, "capped": 2, "refund": {"currency": "EUR"}, "either": 100,
+                     "pair": [7, "lost"], "many": [None, None, None]}
+    assert _structured(server, "Order A-1002 is late", _SCHEMA)[1] != first[1]
+
+
+def test_json_object_is_the_text_reply_as_json(server):
+    status, body = _chat(server, "Write a reply", response_format={"type": "json_object"})
+    assert status == 200
+    content = json.loads(body)["choices"][0]["message"]["content"]
+    assert json.loads(content) == {"reply": _reply(server, "Write a reply")}
+    assert json.loads(body)["usage"]["completion_tokens"] == len(content.split())
+    as_text = json.loads(_chat(server, "Write a reply", response_format={"type": "text"})[1])
+    assert as_text["choices"][0]["message"]["content"] == _reply(server, "Write a reply")
+
+
+def test_bad_response_formats_are_400_and_not_executed(server):
+    bad = {
+        "'response_format' must be": {"type": "xml"},
+        "json_schema must be an object with 'name' and 'schema'": {"type": "json_schema"},
+        "json_schema.name must be 1 to 64": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+        "json_schema.schema must be a JSON schema object": {"type": "json_schema", "json_schema": {"name": "a"}},
+    }
+    for message, response_format in bad.items():
+        status, body = _chat(server, "hi", response_format=response_format)
+        assert status == 400 and message in json.loads(body)["error"]["message"], body
+    schemas = {
+        "root must be an object schema": {"type": "string"},
+        "unknown type 'text'": {"type": "object", "properties": {"a": {"type": "text"}}},
+        "'$ref' '#/$defs/Gone' points at nothing": {"type": "object", "properties": {"a": {"$ref": "#/$defs/Gone"}}},
+        "only '$ref's into the same schema": {"type": "object", "properties": {"a": {"$ref": "other.json#/a"}}},
+        "'enum' must be a non-empty list": {"type": "object", "properties": {"a": {"enum": []}}},
+        "is not a regular expression": {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}},
+        "recursive without an end": {"$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}},
+                                     "$ref": "#/$defs/A"},
+    }
+    for message, schema in schemas.items():
+        status, body = _structured(server, "hi", schema)
+        assert status == 400 and message in json.loads(body)["error"]["message"], body
+    assert server.stats() == ServerStats()
+
+
+# --- usage and the verbose model -----------------------------------------------------------------------------
+
+
+def test_token_totals_count_executed_completions_only(server):
+    usages = [json.loads(_chat(server, "one two three")[1])["usage"],
+              json.loads(_chat(server, "order A-1001", tools=_TOOLS)[1])["usage"],
+              json.loads(_chat(server, "keyed", {"Idempotency-Key": "k"})[1])["usage"]]
+    assert _chat(server, "keyed", {"Idempotency-Key": "k"})[0] == 200  # a replay: not counted
+    server.schedule_outage(after_chat=3, seconds=60)
+    assert _chat(server, "refused")[0] == 503  # not counted
+    stats = server.stats()
+    assert stats.prompt_tokens == 3 + 2 + 1 == sum(u["prompt_tokens"] for u in usages)
+    assert stats.completion_tokens == sum(u["completion_tokens"] for u in usages)
+    assert usages[1]["completion_tokens"] == 2 and stats.tool_call_replies == 1
+    assert (stats.chat, stats.idempotent_replays, stats.unavailable) == (3, 1, 1)
+    status, body = _request(server.url + "/stats")
+    assert status == 200 and json.loads(body)["completion_tokens"] == stats.completion_tokens
+    assert ServerStats.from_dict(json.loads(body)) == stats == fetch_stats(server.url)
+    assert reset_stats(server.url) == ServerStats()
+
+
+def test_a_verbose_model_appends_a_sentence(server):
+    plain = json.loads(_chat(server, "Write a reply")[1])
+    verbose = json.loads(_chat(server, "Write a reply", model=VERBOSE_MODEL_NAME)[1])
+    text = plain["choices"][0]["message"]["content"]
+    assert verbose["choices"][0]["message"]["content"] == f"{text} {VERBOSE_SENTENCE}"
+    assert verbose["model"] == "stub-model-verbose"
+    assert verbose["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] + 14
+    shouting = json.loads(_chat(server, "Categories: refund, other\nrefund", model="Big-VERBOSE-2")[1])
+    assert shouting["choices"][0]["message"]["content"] == f"refund {VERBOSE_SENTENCE}"
+    assert _reply(server, "Categories: refund, other\nrefund") == "refund"
+
+
 # --- counts and idempotency --------------------------------------------------------------------------------
 
 
@@ -167,12 +506,12 @@ def test_counts_executions_repeats_and_distinct(server):
     # The same text with a different parameter is a different question.
     _chat(server, "one", temperature=1.0)
     stats = server.stats()
-    assert stats == ServerStats(chat=4, orders=2, in_flight=0, repeated=2, idempotent_replays=0, distinct=4)
+    assert _counts(stats) == ServerStats(chat=4, orders=2, in_flight=0, repeated=2, idempotent_replays=0, distinct=4)
     assert stats.executions == 6
     assert fetch_stats(server.base_url) == stats
     assert reset_stats(server.url) == ServerStats()
     _chat(server, "one")
-    assert server.stats() == ServerStats(chat=1, distinct=1)
+    assert _counts(server.stats()) == ServerStats(chat=1, distinct=1)
 
 
 def test_same_idempotency_key_is_replayed_not_executed(server):
@@ -180,11 +519,11 @@ def test_same_idempotency_key_is_replayed_not_executed(server):
     first = _chat(server, "Draft a reply", headers)
     second = _chat(server, "Draft a reply", headers)
     assert first == second
-    assert server.stats() == ServerStats(chat=1, idempotent_replays=1, distinct=1)
+    assert _counts(server.stats()) == ServerStats(chat=1, idempotent_replays=1, distinct=1)
     # The key is per endpoint; without a key a request always executes (and counts as repeated).
     _request(server.url + "/orders/ticket-1", headers=headers)
     _chat(server, "Draft a reply")
-    assert server.stats() == ServerStats(chat=2, orders=1, repeated=1, idempotent_replays=1, distinct=2)
+    assert _counts(server.stats()) == ServerStats(chat=2, orders=1, repeated=1, idempotent_replays=1, distinct=2)
 
 
 def test_concurrent_requests_with_one_key_execute_once(server):
@@ -208,7 +547,7 @@ def test_concurrent_requests_with_one_key_execute_once(server):
         thread.join(timeout=30)
     assert followers_sent < first_done[0], "the followers must arrive while the first request is under way"
     assert len(results) == 5 and len(set(results)) == 1 and results[0][0] == 200
-    assert server.stats() == ServerStats(chat=1, idempotent_replays=4, distinct=1)
+    assert _counts(server.stats()) == ServerStats(chat=1, idempotent_replays=4, distinct=1)
 
 
 def test_in_flight_counts_executions_under_way(server):
@@ -282,7 +621,7 @@ def test_local_model_server_lifecycle(tmp_path):
         assert service.start() == status  # already running: the same one
         model = ChatModel("stub-model", base_url=status.base_url)
         assert model.invoke(prompt="hello") == model.invoke(prompt="hello")
-        assert fetch_stats(status.base_url) == ServerStats(chat=2, repeated=1, distinct=1)
+        assert _counts(fetch_stats(status.base_url)) == ServerStats(chat=2, repeated=1, distinct=1)
         assert (tmp_path / "model" / "model-server.log").is_file()
     finally:
         assert service.stop()
@@ -315,12 +654,14 @@ def test_cli_model_status_stop_and_start(tmp_path, capsys):
     assert cli_main(["local", "model", "status", "--work-dir", work_dir]) == 3
 
 
-def test_chat_model_retries_a_transient_failure_and_then_names_the_endpoint():
+def test_chat_model_retries_a_transient_failure_with_the_sdk_and_raises_the_sdks_error():
+    import openai
+
     from flink_agents_replay.local.processes import free_port
-    from flink_agents_replay.resources import ChatModelError
 
     nobody = f"http://127.0.0.1:{free_port()}/v1"
     begun = time.monotonic()
-    with pytest.raises(ChatModelError, match=f"could not reach {nobody}/chat/completions"):
+    with pytest.raises(openai.APIConnectionError):
         ChatModel("stub-model", base_url=nobody, retries=2).invoke(prompt="hello")
-    assert time.monotonic() - begun >= 0.25 + 0.5  # two pauses: it did try again
+    # The SDK's backoff: 0.5 s then 1 s, each shortened by up to a quarter (jitter): it did try again twice.
+    assert time.monotonic() - begun >= 0.75 * (0.5 + 1.0)

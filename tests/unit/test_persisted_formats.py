@@ -41,6 +41,7 @@ from flink_agents_replay.records.journal import (
     key_digest,
 )
 from flink_agents_replay.records.raised import decode_exception, encode_exception
+from flink_agents_replay.records.schemas import call_from_plain, call_to_plain
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 KEY = b"k" * 32
@@ -204,6 +205,9 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
     assert records["accepted"] == AcceptedRecord(1, "in-1", 1_700_000_000_000)
     assert records["call_started"].outcome is CallOutcome.STARTED
     assert records["call_returned"].result == {"label": "billing"}
+    # Older call records have no meta (0.1.0's were pickled objects) and are written again as this version's.
+    assert records["call_returned"].meta == {}
+    assert call_from_plain(call_to_plain(records["call_returned"])) == records["call_returned"]
     package_error = decode_exception(records["call_raised_package"].result)
     assert type(package_error) is ChatModelError and package_error.status == 503
     user_error = decode_exception(records["call_raised_user"].result)

@@ -1,0 +1,86 @@
+"""The tool loop: a model calls tools until it answers, every turn and every tool call journaled.
+
+Inside an action::
+
+    answer = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": ticket}],
+                           tools=["lookup_order"], max_turns=4)
+    ctx.send_event(OutputEvent(output=answer.content))
+
+Each model turn is one ``ctx.call(model, messages=..., tools=...)``, each tool the model asks for one
+``ctx.call(tool, **arguments)``, in a fixed order, so the journal holds the loop step by step. After a failover
+the recovered run reuses every turn and tool call that was journaled, in order (their results rebuild the same
+conversation), and goes on live from the first that was not: a loop cut between a tool call and the next model
+turn repeats neither. Tools keep their declared side effects and in-doubt policy (an ``external`` tool in doubt
+follows its ``in_doubt`` policy), and in a replay the side-effect policy governs each call as usual.
+
+Limits: the conversation is rebuilt from journaled results, so a tool result must be JSON-serialisable (it is
+sent to the model as JSON; a ``str`` as it is). A model that keeps calling tools stops the loop after
+``max_turns`` model turns with :class:`~flink_agents_replay.errors.ToolLoopLimitError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flink_agents_replay.agent import RunnerContext
+from flink_agents_replay.errors import ToolLoopLimitError
+from flink_agents_replay.records.chat import ChatResult, ToolCall
+
+__all__ = ["ToolLoopResult", "run_tool_loop"]
+
+
+@dataclass(frozen=True)
+class ToolLoopResult:
+    """How a tool loop ended.
+
+    Attributes:
+        content: the model's final answer text.
+        final: the last model turn's :class:`~flink_agents_replay.records.chat.ChatResult` (its ``parsed`` object
+            with ``response_format``).
+        messages: the whole conversation, the final answer included.
+        turns: model turns made (reused ones count).
+        tool_calls: every tool call, in order, with the result it gave.
+    """
+
+    content: str | None
+    final: ChatResult
+    messages: list[dict[str, Any]]
+    turns: int
+    tool_calls: list[tuple[ToolCall, Any]] = field(default_factory=list)
+
+
+def run_tool_loop(ctx: RunnerContext, model: str, *, messages: Sequence[Mapping[str, Any]], tools: Sequence[str],
+                  max_turns: int = 8, response_format: Any = None, **params: Any) -> ToolLoopResult:
+    """Let the resource ``model`` (a :class:`~flink_agents_replay.chat_model.ChatModel`) call the resources
+    named in ``tools`` until it answers without a tool call; at most ``max_turns`` model turns.
+
+    A tool call naming a tool not in ``tools`` gets an error message back (the model may correct itself);
+    an exception raised by a tool leaves the loop (and the action) as usual. ``params`` go with every turn.
+    """
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {max_turns!r}")
+    schemas = ctx.tool_schemas(*tools)
+    conversation = [dict(message) for message in messages]
+    made: list[tuple[ToolCall, Any]] = []
+    for turn in range(1, max_turns + 1):
+        result = ctx.call(model, messages=conversation, tools=schemas, response_format=response_format, **params)
+        conversation.append(result.message())
+        if not result.tool_calls:
+            return ToolLoopResult(result.content, result, conversation, turn, made)
+        for call in result.tool_calls:
+            answer = ctx.call(call.name, **call.arguments) if call.name in tools else _unknown(call, tools)
+            made.append((call, answer))
+            conversation.append({"role": "tool", "tool_call_id": call.id, "content": _as_text(answer)})
+    raise ToolLoopLimitError(f"the model {model!r} still called tools after {max_turns} turns (max_turns); last "
+                             f"asked for {[c.name for c in result.tool_calls]}")
+
+
+def _unknown(call: ToolCall, tools: Sequence[str]) -> str:
+    return f"error: there is no tool {call.name!r}; the tools are {list(tools)}"
+
+
+def _as_text(answer: Any) -> str:
+    return answer if isinstance(answer, str) else json.dumps(answer, sort_keys=True, default=str)

@@ -1,0 +1,129 @@
+"""Tools a model can call: ``@tool`` and the JSON schema a chat model is shown of each.
+
+A tool is a :class:`~flink_agents_replay.resources.Tool` resource with a name, a description and a JSON schema
+of its arguments, derived from the function's type hints and docstring (pydantic builds the schema)::
+
+    @tool(side_effects="none")
+    def lookup_order(order_id: str, include_items: bool = False) -> dict:
+        \"\"\"Look up an order: its status, carrier and items.
+
+        Args:
+            order_id: the order's id, like A-1234.
+            include_items: also list the items.
+        \"\"\"
+        ...
+
+    agent = Triage(resources={"llm": ChatModel(...), "lookup_order": lookup_order})
+
+``Tool(fn, schema={...})`` gives a schema by hand instead. An action hands the model the tools by name
+(``ctx.tool_schemas("lookup_order")``, plain dicts in OpenAI's ``tools`` format, so the model call's arguments
+stay plain data) and calls the one the model chose like any resource, ``ctx.call(call.name, **call.arguments)``;
+:func:`flink_agents_replay.tool_loop.run_tool_loop` does the whole loop. A tool keeps its declared side effects
+and in-doubt policy whoever decided to call it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool
+
+__all__ = ["ToolSpec", "function_schema", "tool", "tool_schemas"]
+
+#: What a model call's ``tools=`` takes: tools, or tool schemas in OpenAI's format.
+ToolSpec = Tool | Mapping[str, Any]
+
+_ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")  # name (type): text
+
+
+def tool(function: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         side_effects: SideEffects | str = SideEffects.EXTERNAL, in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN,
+         timeout_s: float | None = None) -> Any:
+    """Make ``function`` a :class:`Tool` whose schema comes from its signature (``@tool`` or ``@tool(...)``).
+
+    Side effects default to ``external``, the safe assumption (see :mod:`flink_agents_replay.resources`).
+    """
+    def make(fn: Callable[..., Any]) -> Tool:
+        return Tool(fn, side_effects=side_effects, in_doubt=in_doubt, timeout_s=timeout_s, name=name,
+                    description=description)
+
+    return make(function) if function is not None else make
+
+
+def function_schema(function: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema of ``function``'s arguments: types from its hints (any pydantic understands, ``Any``
+    without one), descriptions from the ``Args:`` section of its docstring, defaults as optional."""
+    import pydantic
+
+    routine = function if inspect.isroutine(function) else type(function).__call__
+    descriptions = _argument_descriptions(inspect.getdoc(routine) or "")
+    hints = _type_hints(function)
+    fields: dict[str, Any] = {}
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(parameter.name, Any)
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (annotation, pydantic.Field(default, description=descriptions.get(parameter.name)))
+    model = pydantic.create_model(f"{getattr(function, '__name__', 'tool')}_arguments", **fields)
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
+    """The function's hints resolved (``from __future__ import annotations`` makes them strings)."""
+    target = function if inspect.isroutine(function) else type(function).__call__  # a callable object: its call
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except (NameError, TypeError) as exc:
+        raise TypeError(f"the type hints of tool {getattr(function, '__qualname__', function)!r} cannot be "
+                        f"resolved ({exc}): define the types they name at module level, or give schema=") from exc
+
+
+def summary(function: Callable[..., Any]) -> str:
+    """The docstring's text before its ``Args:``/``Returns:`` sections (the tool's description)."""
+    doc = inspect.getdoc(function if inspect.isroutine(function) else type(function).__call__) or ""
+    doc = doc or inspect.getdoc(function) or ""
+    return re.split(r"\n\s*(?:Args|Arguments|Parameters|Returns|Raises):\s*\n", doc, maxsplit=1)[0].strip()
+
+
+def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """OpenAI's ``tools`` request field for ``tools`` (a Tool's own schema; a dict as given)."""
+    schemas = []
+    for item in tools:
+        if isinstance(item, Tool):
+            schemas.append(item.openai_schema())
+        elif isinstance(item, Mapping):
+            schemas.append(dict(item))
+        else:
+            raise TypeError(f"tools= takes Tool objects or OpenAI tool dicts, not {type(item).__name__}")
+    return schemas
+
+
+def _argument_descriptions(doc: str) -> dict[str, str]:
+    """``name: text`` entries of a Google-style ``Args:`` section; deeper-indented lines continue an entry."""
+    section = re.split(r"(?:^|\n)\s*(?:Args|Arguments|Parameters):\s*\n", doc, maxsplit=1)
+    lines = [line for line in section[1].splitlines()] if len(section) == 2 else []
+    indents = [len(line) - len(line.lstrip()) for line in lines if line.strip()]
+    found: dict[str, str] = {}
+    last = None
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if not line.strip():
+            continue
+        if indent < indents[0]:  # the section ended
+            break
+        entry = _ARG_LINE.match(line.strip()) if indent == indents[0] else None
+        if entry:
+            last = entry.group(1).lstrip("*")
+            found[last] = entry.group(2).strip()
+        elif last is not None:
+            found[last] += " " + line.strip()
+    return found

@@ -1,0 +1,284 @@
+"""Tools as a model sees them, the openai-SDK ChatModel against the local model service, chat results in the
+journal, and the SDK's exceptions through the journal; the tool loop on the run engine with an in-memory journal."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from enum import Enum
+from typing import Literal
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from flink_agents_replay import ChatModel, Tool, tool
+from flink_agents_replay.local.model_server import StubModelServer
+from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
+from flink_agents_replay.records.journal import CallOutcome, CallRecord
+from flink_agents_replay.records.raised import decode_exception, encode_exception
+from flink_agents_replay.records.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.tools import function_schema
+
+KEY_GROUP = 2
+SIGNING_KEY = b"tools-and-chat-model-signing-key"
+
+
+class Priority(str, Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+@tool(side_effects="none")
+def lookup_order(order_id: str, include_items: bool = False, priority: Priority = Priority.LOW) -> dict:
+    """Look up an order: its status and carrier.
+
+    Args:
+        order_id: the order's id, like A-1234.
+        include_items: also list the
+            items of the order.
+        priority: how urgent.
+
+    Returns:
+        the order.
+    """
+    return {"order_id": order_id, "status": "shipped"}
+
+
+def test_a_tool_schema_comes_from_type_hints_and_the_docstring():
+    schema = lookup_order.openai_schema()
+    assert schema["type"] == "function" and schema["function"]["name"] == "lookup_order"
+    assert schema["function"]["description"] == "Look up an order: its status and carrier."
+    parameters = schema["function"]["parameters"]
+    assert parameters["required"] == ["order_id"]
+    assert parameters["properties"]["order_id"] == {"type": "string", "description": "the order's id, like A-1234."}
+    assert parameters["properties"]["include_items"]["description"] == "also list the items of the order."
+    assert parameters["properties"]["include_items"]["default"] is False
+    priority = parameters["properties"]["priority"]
+    assert priority["default"] == "low" and parameters["$defs"]["Priority"]["enum"] == ["low", "high"]
+    assert isinstance(lookup_order, Tool) and lookup_order.side_effects.value == "none"
+
+
+def test_a_tool_takes_a_schema_by_hand_and_a_function_without_hints_takes_anything():
+    by_hand = Tool(lambda **kw: kw, name="echo", description="Echo.", schema={"type": "object", "properties": {}})
+    assert by_hand.openai_schema()["function"] == {"name": "echo", "description": "Echo.",
+                                                   "parameters": {"type": "object", "properties": {}}}
+
+    def untyped(a, b=2):
+        return a
+
+    assert function_schema(untyped)["required"] == ["a"] and function_schema(untyped)["properties"]["b"] == {
+        "default": 2}
+    assert tool(untyped).side_effects.value == "external"  # the safe default
+
+
+@pytest.fixture(scope="module")
+def server():
+    with StubModelServer() as running:
+        yield running
+
+
+def test_a_prompt_returns_text_and_messages_return_a_chat_result_with_usage(server):
+    model = ChatModel("stub-model", base_url=server.base_url, api_key="unused")
+    assert model.invoke(prompt="Categories: billing, shipping\nmy parcel shipping is late") == "shipping"
+    result = model.invoke(messages=[{"role": "user", "content": "Categories: billing, shipping\nrefund billing"}])
+    assert isinstance(result, ChatResult) and result.content == "billing"
+    assert result.usage == Usage(prompt_tokens=5, completion_tokens=1) and result.model == "stub-model"
+    assert result.latency_ms > 0 and result.finish_reason == "stop" and result.tool_calls == ()
+
+
+def test_every_attempt_carries_the_call_id_as_idempotency_key(server):
+    from flink_agents_replay.call_site import _CALL_SITE, CallSite
+
+    model = ChatModel("stub-model", base_url=server.base_url, api_key="unused")
+    before = server.stats()
+    site = CallSite(call_id="agent:act:1:0:abc", stable_id="s", agent="agent", resource="llm", key_digest="k",
+                    seq=1, event_time_ms=None, epoch=1)
+    token = _CALL_SITE.set(site)
+    try:
+        first = model.invoke(prompt="tell me about my refund")
+        second = model.invoke(prompt="tell me about my refund")  # the same call made again after a crash
+    finally:
+        _CALL_SITE.reset(token)
+    after = server.stats()
+    assert first == second
+    assert (after.chat - before.chat, after.idempotent_replays - before.idempotent_replays) == (1, 1)
+
+
+def test_a_chat_result_is_journaled_as_plain_data_and_read_back_equal():
+    class Answer(pydantic.BaseModel):
+        label: Literal["billing", "shipping"]
+        score: float
+
+    result = ChatResult(content='{"label": "billing", "score": 0.5}', parsed=Answer(label="billing", score=0.5),
+                        tool_calls=(ToolCall.from_json("call_1", "lookup_order", '{"order_id": "A-1"}'),),
+                        usage=Usage(12, 3), model="m", latency_ms=4.5, finish_reason="stop")
+    record = CallRecord(1, 0, "ev", "act", 0, "llm", "d", CallOutcome.RETURNED, result, "in",
+                        meta={"latency_ms": 4.6, "model": "m", "prompt_tokens": 12, "completion_tokens": 3})
+    plain = call_to_plain(record)
+    assert plain["result"]["chat"]["usage"] == [12, 3] and b"flink_agents_replay" not in json.dumps(
+        {k: v for k, v in plain["result"]["chat"].items() if k != "parsed"}).encode()
+    back = call_from_plain(plain)
+    assert back.result.parsed == {"label": "billing", "score": 0.5}  # its JSON: no class in the journal
+    model = ChatModel("m", base_url="http://unused/v1")
+    restored = model.restore_result(back.result, (), {"response_format": Answer})
+    assert restored == result and type(restored.parsed) is Answer
+    assert back.result.tool_calls[0].arguments == {"order_id": "A-1"}
+    assert back.result.message()["tool_calls"][0]["function"] == {"name": "lookup_order",
+                                                                   "arguments": '{"order_id": "A-1"}'}
+
+
+def test_the_sdks_exceptions_keep_their_type_and_status_through_the_journal():
+    request = httpx.Request("POST", "http://model/v1/chat/completions")
+    response = httpx.Response(429, request=request, json={"error": {"message": "slow down"}})
+    limited = openai.RateLimitError("slow down", response=response, body={"message": "slow down"})
+    unreachable = openai.APIConnectionError(request=request)
+    for error in (limited, unreachable):
+        record = CallRecord(1, 0, "ev", "act", 0, "llm", "d", CallOutcome.RAISED, encode_exception(error), "in")
+        raised = decode_exception(call_from_plain(call_to_plain(record)).result)
+        assert type(raised) is type(error) and str(raised) == str(error)
+    assert decode_exception(call_from_plain(call_to_plain(CallRecord(
+        1, 0, "ev", "act", 0, "llm", "d", CallOutcome.RAISED, encode_exception(limited), "in"))).result
+    ).status_code == 429
+
+
+# -- the tool loop on the run engine, journaled in memory ---------------------------------------------------------
+from typing import Annotated  # noqa: E402
+
+from flink_agents_replay import run_tool_loop  # noqa: E402
+from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action  # noqa: E402
+from flink_agents_replay.engine import RunInput, execute_run  # noqa: E402
+from flink_agents_replay.errors import ToolLoopLimitError  # noqa: E402
+from flink_agents_replay.journal.memory_store import MemoryJournalStore  # noqa: E402
+from flink_agents_replay.journal.recovery import read_recovery_index  # noqa: E402
+from flink_agents_replay.journal.writer import Durability, JournalWriter  # noqa: E402
+from flink_agents_replay.records.codec import RecordCodec  # noqa: E402
+from flink_agents_replay.records.journal import key_digest  # noqa: E402
+
+KEY_GROUP = 2
+SIGNING_KEY = b"tools-and-chat-model-signing-key"
+
+
+class Crash(Exception):
+    pass
+
+
+class FlakyModel(ChatModel):
+    """Crashes once before its turn ``crash_at`` (the earlier turns and tool calls are journaled by then)."""
+
+    def __init__(self, *args, crash_at: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.crash_at, self.turns = crash_at, 0
+
+    def invoke(self, *args, **kwargs):
+        self.turns += 1
+        if self.turns == self.crash_at:
+            self.crash_at = None
+            raise Crash("the process died before this model turn")
+        return super().invoke(*args, **kwargs)
+
+
+def loop_agent(server, looked_up: Counter, *, crash_at=None, max_turns=4) -> Agent:
+    def find_order(order_id: Annotated[str, pydantic.Field(pattern=r"O-\d{5}")]) -> dict:
+        """Find an order by its id."""
+        looked_up[order_id] += 1
+        return {"order_id": order_id, "status": "in transit"}
+
+    class Support(Agent):
+        @action(InputEvent)
+        def answer(event, ctx):
+            done = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": event.input}],
+                                 tools=["find_order"], max_turns=max_turns)
+            ctx.send_event(OutputEvent(output={"reply": done.content, "turns": done.turns,
+                                               "tools": [c.name for c, _ in done.tool_calls]}))
+
+    model = FlakyModel("stub-model", base_url=server.base_url, api_key="unused", crash_at=crash_at)
+    return Support(name="support", resources={"llm": model, "find_order": tool(find_order, side_effects="none")})
+
+
+def _run(agent, store, text, *, recover=False, key="c1"):
+    codec = RecordCodec(SIGNING_KEY, "op")
+    index = read_recovery_index(store, codec, {KEY_GROUP: 0}, store.end_offsets([KEY_GROUP])) if recover else None
+    history = index.history(key_digest(key)) if index else None
+    return execute_run(agent, RunInput(key, KEY_GROUP, 1, text), {}, history=history,
+                       journal=JournalWriter(store, codec, Durability.PER_ACTION).run_journal(KEY_GROUP))
+
+
+def test_the_tool_loop_calls_the_tool_the_model_chose_then_answers(server):
+    looked_up, before = Counter(), server.stats()
+    result = _run(loop_agent(server, looked_up), MemoryJournalStore(8), "Where is my order O-12345?")
+    (output,) = [o.output for o in result.outputs]
+    assert output["turns"] == 2 and output["tools"] == ["find_order"] and looked_up == Counter({"O-12345": 1})
+    assert output["reply"].startswith("Thank you for reaching out.")
+    assert server.stats().chat - before.chat == 2 and server.stats().tool_call_replies - before.tool_call_replies == 1
+    calls = [c for c in result.calls if c.resource == "llm"]
+    assert [c.meta["model"] for c in calls] == ["stub-model", "stub-model"]
+    assert all(c.meta["prompt_tokens"] > 0 and c.meta["latency_ms"] > 0 for c in calls)
+
+
+def test_a_loop_cut_between_a_tool_call_and_the_next_turn_resumes_there_repeating_nothing(server):
+    # Another key: other call ids (the service would answer the same ids from its idempotency store).
+    reference = _run(loop_agent(server, Counter()), MemoryJournalStore(8), "Where is my order O-12345?", key="c0")
+    looked_up, store = Counter(), MemoryJournalStore(8)
+    agent = loop_agent(server, looked_up, crash_at=2)
+    before = server.stats()
+    with pytest.raises(Crash):
+        _run(agent, store, "Where is my order O-12345?", key="c2")
+    assert (server.stats().chat - before.chat, sum(looked_up.values())) == (1, 1)  # the fault hit after the tool
+    resumed = _run(agent, store, "Where is my order O-12345?", recover=True, key="c2")
+    assert server.stats().chat - before.chat == 2 and looked_up == Counter({"O-12345": 1})  # turn 1 and tool reused
+    assert [o.output for o in resumed.outputs] == [o.output for o in reference.outputs]
+
+
+def test_a_model_that_keeps_calling_tools_stops_at_max_turns(server):
+    agent = loop_agent(server, Counter(), max_turns=1)
+    with pytest.raises(ToolLoopLimitError, match="after 1 turns"):
+        _run(agent, MemoryJournalStore(8), "Where is my order O-12345?")
+
+
+class Triage(pydantic.BaseModel):
+    """At module level: pydantic keeps a local class's enclosing namespace, which need not pickle."""
+
+    category: Literal["refund", "shipping", "account"]
+    urgent: bool
+    summary: str
+
+
+def test_structured_output_is_reused_as_the_same_object(server):
+    made = []
+
+    class Structured(Agent):
+        @action(InputEvent)
+        def triage(event, ctx):
+            result = ctx.call("llm", messages=[{"role": "user", "content": event.input}], response_format=Triage)
+            made.append(result.parsed)
+            ctx.send_event(OutputEvent(output=result.parsed))
+
+    agent = Structured(name="structured", resources={"llm": ChatModel("stub-model", base_url=server.base_url,
+                                                                      api_key="unused")})
+    store, before = MemoryJournalStore(8), server.stats()
+    first = _run(agent, store, "My parcel shipping is late", key="c3")
+    again = _run(agent, store, "My parcel shipping is late", recover=True, key="c3")
+    assert server.stats().chat - before.chat == 1  # reused, not asked again
+    assert isinstance(made[0], Triage) and made[0].category == "shipping"
+    assert type(again.outputs[0].output) is Triage and again.outputs[0].output == first.outputs[0].output
+
+
+def test_a_tool_schema_is_derived_where_the_tool_is_made_and_travels_with_it():
+    """A job script's function reaches the workers pickled by value, without the names its string annotations
+    use: the schema must be derived in the client, and a tool whose hints do not resolve says so when shown."""
+    import cloudpickle
+
+    def lookup(order_id: Annotated[str, pydantic.Field(pattern=r"O-\d{5}")]) -> dict:
+        return {}
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(tool(lookup)))
+    assert shipped.openai_schema()["function"]["parameters"]["properties"]["order_id"]["pattern"] == r"O-\d{5}"
+
+    def unresolvable(order_id: NoSuchType) -> dict:  # noqa: F821 - resolved only when asked for (future import)
+        return {}
+
+    broken = Tool(unresolvable)  # any callable still makes a tool
+    with pytest.raises(TypeError, match="has no schema a model could be shown.*NoSuchType.*give Tool"):
+        broken.openai_schema()
