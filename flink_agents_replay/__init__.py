@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "Agent",
@@ -64,6 +64,8 @@ __all__ = [
     "SideEffects",
     "Tool",
     "ToolCall",
+    "ToolLoopLimitError",
+    "ToolLoopResult",
     "action",
     "connect_to_agent",
     "current_call_id",
@@ -83,6 +85,8 @@ _EXPORTS = {
     "ChatModel": "flink_agents_replay.chat_model",
     "ChatResult": "flink_agents_replay.records.chat",
     "ToolCall": "flink_agents_replay.records.chat",
+    "ToolLoopLimitError": "flink_agents_replay.errors",
+    "ToolLoopResult": "flink_agents_replay.tool_loop",
     "run_tool_loop": "flink_agents_replay.tool_loop",
     "tool": "flink_agents_replay.tools",
     "InDoubtPolicy": "flink_agents_replay.resources",
@@ -97,12 +101,12 @@ if TYPE_CHECKING:
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
     from flink_agents_replay.chat_model import ChatModel
     from flink_agents_replay.config import AgentConfig
-    from flink_agents_replay.errors import CallBlocked
+    from flink_agents_replay.errors import CallBlocked, ToolLoopLimitError
     from flink_agents_replay.operator import AgentOutput
     from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.records.chat import ChatResult, ToolCall
     from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
-    from flink_agents_replay.tool_loop import run_tool_loop
+    from flink_agents_replay.tool_loop import ToolLoopResult, run_tool_loop
     from flink_agents_replay.tools import tool
 
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import re
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceErro
 from flink_agents_replay.events import Event, EventTypes, InputEvent, OutputEvent, with_event_id
 from flink_agents_replay.memory import Memory
 from flink_agents_replay.resources import Resource, Tool
+
+#: The names a model can call a tool by (OpenAI function names).
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 __all__ = ["ActionSpec", "Agent", "Event", "InputEvent", "OutputEvent", "RunnerContext", "action", "with_event_id"]
 
@@ -296,17 +300,28 @@ class RunnerContext:
         return self._call(resource_name, *args, **kwargs)
 
     def tool_schemas(self, *names: str) -> list[dict[str, Any]]:
-        """The tools registered under ``names`` as a chat model is shown them (OpenAI's ``tools`` format, named
-        by their resource name, plain data): pass them as ``ctx.call("llm", messages=..., tools=...)``."""
+        """The tools registered under ``names`` as a chat model is shown them (OpenAI's ``tools`` format, plain
+        data), each named by its *resource name* (the model calls it by that name, whatever the tool's own
+        ``name``): pass them as ``ctx.call("llm", messages=..., tools=...)``."""
         schemas = []
         for name in names:
             resource = self._resources.get(name)
             if not isinstance(resource, Tool):
                 raise UnknownResourceError(f"{name!r} is not a tool of this agent (tools: "
                                            f"{sorted(n for n, r in self._resources.items() if isinstance(r, Tool))})")
+            if not _FUNCTION_NAME.fullmatch(name):
+                raise AgentDefinitionError(f"a model calls tools by name, and {name!r} is not one it can use "
+                                           "(letters, digits, _ and -, at most 64): register the tool under "
+                                           "such a name")
             schema = resource.openai_schema()
             schemas.append({**schema, "function": {**schema["function"], "name": name}})
         return schemas
+
+    def tool_arguments(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """A model's JSON ``arguments`` for tool ``name`` as its function's types (``ValueError`` if they do
+        not fit): what :func:`~flink_agents_replay.tool_loop.run_tool_loop` calls the tool with."""
+        resource = self._resources.get(name)
+        return resource.model_arguments(arguments) if isinstance(resource, Tool) else dict(arguments)
 
     def call_agent(self, agent: Agent | str, input: Any, *, timeout: float | None = None) -> list[Any]:  # noqa: A002
         """Run a registered sub-agent on ``input`` and return its outputs (the ``output`` of each OutputEvent).

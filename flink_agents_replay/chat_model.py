@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -45,6 +46,7 @@ from typing import Any
 
 from flink_agents_replay.call_site import current_call_id, report_call
 from flink_agents_replay.errors import ChatModelError
+from flink_agents_replay.openai_client import OpenAIClientMixin
 from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
 from flink_agents_replay.resources import InDoubtPolicy, Resource, SideEffects
 from flink_agents_replay.tools import ToolSpec, tool_schemas
@@ -52,7 +54,7 @@ from flink_agents_replay.tools import ToolSpec, tool_schemas
 __all__ = ["ChatModel"]
 
 
-class ChatModel(Resource):
+class ChatModel(OpenAIClientMixin, Resource):
     """An OpenAI-compatible chat-completions model, through the ``openai`` SDK (see the module docstring).
 
     Args:
@@ -79,25 +81,11 @@ class ChatModel(Resource):
             raise ValueError("ChatModel needs a model name: ChatModel('gpt-4o-mini', ...) or $OPENAI_MODEL")
         if max_retries is not None and retries is not None and max_retries != retries:
             raise ValueError("give max_retries or retries (its older name), not both")
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._api_key = api_key
-        self.timeout_s = timeout_s
-        self.max_retries = next((n for n in (max_retries, retries) if n is not None), 3)
-        self.default_headers = dict(default_headers or {})
+        self._configure_client(base_url=base_url or os.environ.get("OPENAI_BASE_URL") or None, api_key=api_key,
+                               timeout_s=timeout_s, max_retries=next((n for n in (max_retries, retries)
+                                                                       if n is not None), 3),
+                               default_headers=default_headers)
         self.params = dict(params or {})
-        self._client: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}  # the SDK client (its connection pool) stays in its process
-
-    def _sdk(self) -> Any:
-        if self._client is None:
-            import openai
-
-            self._client = openai.OpenAI(
-                base_url=self.base_url, api_key=self._api_key or os.environ.get("OPENAI_API_KEY") or "unused",
-                timeout=self.timeout_s, max_retries=self.max_retries, default_headers=self.default_headers or None)
-        return self._client
 
     def invoke(self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
                tools: Sequence[ToolSpec | Mapping[str, Any]] | None = None, response_format: Any = None,
@@ -120,16 +108,14 @@ class ChatModel(Resource):
         call_id = current_call_id()
         if call_id is not None:  # on every attempt the SDK makes: a service that honours it answers once
             request["extra_headers"] = {**request.get("extra_headers", {}), "Idempotency-Key": call_id}
-        completions = self._sdk().chat.completions
+        if response_format is not None:
+            request["response_format"] = _json_schema_format(response_format)
         begun = time.monotonic()
-        if isinstance(response_format, type):  # a pydantic model: the SDK sends its schema and parses the reply
-            completion = completions.parse(response_format=response_format, **request)
-        else:
-            if response_format is not None:
-                request["response_format"] = _json_schema_format(response_format)
-            completion = completions.create(**request)
+        completion = self._sdk().chat.completions.create(**request)
         latency_ms = round((time.monotonic() - begun) * 1000, 3)
         result = _chat_result(completion, latency_ms, parse_json=response_format is not None)
+        if isinstance(response_format, type) and result.parsed is not None:
+            result = replace(result, parsed=response_format.model_validate(result.parsed))
         report_call(model=result.model, prompt_tokens=result.usage.prompt_tokens,
                     completion_tokens=result.usage.completion_tokens)
         return result
@@ -147,7 +133,11 @@ class ChatModel(Resource):
 
 
 def _json_schema_format(response_format: Any) -> Mapping[str, Any]:
-    """A ``response_format`` request field: given as such, or a bare JSON schema (named ``answer``)."""
+    """A ``response_format`` request field: a pydantic model's JSON schema (named after it; not strict, so tools
+    may come along), a field given as such, or a bare JSON schema (named ``answer``)."""
+    if isinstance(response_format, type) and hasattr(response_format, "model_json_schema"):
+        return {"type": "json_schema", "json_schema": {"name": _schema_name(response_format.__name__),
+                                                       "schema": response_format.model_json_schema()}}
     if not isinstance(response_format, Mapping):
         raise TypeError("response_format takes a pydantic model class, a JSON schema dict or an OpenAI "
                         f"response_format dict, not {type(response_format).__name__}")
@@ -156,14 +146,19 @@ def _json_schema_format(response_format: Any) -> Mapping[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": dict(response_format)}}
 
 
+def _schema_name(name: str) -> str:
+    """A response format's name as the API takes it (letters, digits, ``_``, ``-``; at most 64)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "answer"
+
+
 def _chat_result(completion: Any, latency_ms: float, *, parse_json: bool) -> ChatResult:
     """The plain result of an SDK completion (its first choice)."""
     if not completion.choices:
         raise ChatModelError(f"the chat-completions reply has no choices: {completion!r:.300}")
     choice = completion.choices[0]
     message = choice.message
-    parsed = getattr(message, "parsed", None)
-    if parsed is None and parse_json and message.content:
+    parsed = None
+    if parse_json and message.content:
         try:
             parsed = json.loads(message.content)
         except ValueError as exc:

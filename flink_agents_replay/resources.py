@@ -94,7 +94,9 @@ class Tool(Resource):
         self.name = name or getattr(function, "__name__", "tool")
         self.description = description
         self.schema = dict(schema) if schema is not None else None
+        self.arguments: tuple[Any, ...] | None = None  # resolved from the signature (tools.Argument)
         self._schema_error: str | None = None
+        self._validator: Any = None
         if schema is None:
             self._derive_schema()
 
@@ -102,13 +104,24 @@ class Tool(Resource):
         """The schema of the function's signature, derived now: in the job's client process, where the module
         the hints name is whole (a job script's function reaches the workers pickled by value, and names used
         only in string annotations do not travel with it). A tool no model is shown may have any signature."""
-        from flink_agents_replay.tools import function_schema, summary
+        from flink_agents_replay.tools import function_arguments, schema_of, summary
 
         try:
-            self.schema = function_schema(self.function)
+            self.arguments = function_arguments(self.function)
+            self.schema = schema_of(self._arguments_model())
             self.description = self.description or summary(self.function)
         except Exception as exc:  # noqa: BLE001 - reported when a model is to be shown the tool
-            self._schema_error = f"{type(exc).__name__}: {exc}"
+            self.arguments, self._schema_error = None, f"{type(exc).__name__}: {exc}"
+
+    def _arguments_model(self) -> Any:
+        from flink_agents_replay.tools import arguments_model
+
+        if self._validator is None:  # made once per process (a pydantic class does not travel pickled)
+            self._validator = arguments_model(self.name, self.arguments)
+        return self._validator
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_validator": None}
 
     def openai_schema(self) -> dict[str, Any]:
         """The tool as a chat model is shown it (OpenAI's ``tools`` format)."""
@@ -117,6 +130,19 @@ class Tool(Resource):
                             "Tool(..., schema={...})")
         return {"type": "function", "function": {
             "name": self.name, "description": self.description or "", "parameters": self.schema}}
+
+    def model_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """A model's JSON arguments as the function's types (an enum member, a pydantic model...); raises
+        ``ValueError`` naming what does not fit. A schema given by hand takes them as they are."""
+        if self.arguments is None:
+            return dict(arguments)
+        import pydantic
+
+        try:
+            validated = self._arguments_model().model_validate(dict(arguments))
+        except pydantic.ValidationError as exc:
+            raise ValueError(str(exc)) from None
+        return {name: getattr(validated, name) for name in arguments if name in type(validated).model_fields}
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         if self.timeout_s is None:

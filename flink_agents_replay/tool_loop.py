@@ -13,9 +13,14 @@ conversation), and goes on live from the first that was not: a loop cut between 
 turn repeats neither. Tools keep their declared side effects and in-doubt policy (an ``external`` tool in doubt
 follows its ``in_doubt`` policy), and in a replay the side-effect policy governs each call as usual.
 
-Limits: the conversation is rebuilt from journaled results, so a tool result must be JSON-serialisable (it is
-sent to the model as JSON; a ``str`` as it is). A model that keeps calling tools stops the loop after
-``max_turns`` model turns with :class:`~flink_agents_replay.errors.ToolLoopLimitError`.
+The model's arguments are converted to the tool function's types (an enum member, a pydantic model) before the
+call; arguments that do not fit, or a tool not in ``tools``, make no call and send the model an error message
+instead, so it may correct itself. A tool's answer is sent as JSON (a ``str`` as it is; sets sorted, a pydantic
+model dumped, any other value that is not JSON as its ``str``: the same text in every attempt).
+
+Limits: a model that keeps calling tools stops the loop after ``max_turns`` model turns with
+:class:`~flink_agents_replay.errors.ToolLoopLimitError`; the tools of that last turn have run (their effects
+happened) and no model saw their answers.
 """
 
 from __future__ import annotations
@@ -71,16 +76,34 @@ def run_tool_loop(ctx: RunnerContext, model: str, *, messages: Sequence[Mapping[
         if not result.tool_calls:
             return ToolLoopResult(result.content, result, conversation, turn, made)
         for call in result.tool_calls:
-            answer = ctx.call(call.name, **call.arguments) if call.name in tools else _unknown(call, tools)
+            answer = _call_tool(ctx, call, tools)
             made.append((call, answer))
             conversation.append({"role": "tool", "tool_call_id": call.id, "content": _as_text(answer)})
     raise ToolLoopLimitError(f"the model {model!r} still called tools after {max_turns} turns (max_turns); last "
                              f"asked for {[c.name for c in result.tool_calls]}")
 
 
-def _unknown(call: ToolCall, tools: Sequence[str]) -> str:
-    return f"error: there is no tool {call.name!r}; the tools are {list(tools)}"
+def _call_tool(ctx: RunnerContext, call: ToolCall, tools: Sequence[str]) -> Any:
+    """The tool's answer, or an error message for the model: an unknown tool, arguments that do not fit its
+    types (made no call)."""
+    if call.name not in tools:
+        return f"error: there is no tool {call.name!r}; the tools are {list(tools)}"
+    try:
+        arguments = ctx.tool_arguments(call.name, call.arguments)
+    except ValueError as exc:
+        return f"error: the arguments of {call.name!r} do not fit its parameters: {exc}"
+    return ctx.call(call.name, **arguments)
 
 
 def _as_text(answer: Any) -> str:
-    return answer if isinstance(answer, str) else json.dumps(answer, sort_keys=True, default=str)
+    """What the model is sent of a tool's answer: a string as it is, anything else as JSON; sets sorted and other
+    values not JSON as their ``str`` (the text must be the same in every attempt: the next turn's request is
+    compared with the journaled one)."""
+    return answer if isinstance(answer, str) else json.dumps(answer, sort_keys=True, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda item: json.dumps(item, sort_keys=True, default=str))
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(value)

@@ -28,11 +28,13 @@ import inspect
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool
 
-__all__ = ["ToolSpec", "function_schema", "tool", "tool_schemas"]
+__all__ = ["Argument", "ToolSpec", "arguments_model", "function_arguments", "function_schema", "schema_of", "tool",
+           "tool_schemas"]
 
 #: What a model call's ``tools=`` takes: tools, or tool schemas in OpenAI's format.
 ToolSpec = Tool | Mapping[str, Any]
@@ -54,27 +56,49 @@ def tool(function: Callable[..., Any] | None = None, *, name: str | None = None,
     return make(function) if function is not None else make
 
 
-def function_schema(function: Callable[..., Any]) -> dict[str, Any]:
-    """The JSON schema of ``function``'s arguments: types from its hints (any pydantic understands, ``Any``
-    without one), descriptions from the ``Args:`` section of its docstring, defaults as optional."""
-    import pydantic
+@dataclass(frozen=True)
+class Argument:
+    """One argument of a tool's function: its resolved type, its default (``...``: required), its description."""
 
+    name: str
+    annotation: Any
+    default: Any = ...
+    description: str | None = None
+
+
+def function_arguments(function: Callable[..., Any]) -> tuple[Argument, ...]:
+    """The arguments of ``function``: types from its hints, resolved (``Any`` without one), descriptions from the
+    ``Args:`` section of its docstring. Plain data and types, so a tool carries them to the workers."""
     routine = function if inspect.isroutine(function) else type(function).__call__
     descriptions = _argument_descriptions(inspect.getdoc(routine) or "")
     hints = _type_hints(function)
-    fields: dict[str, Any] = {}
-    for parameter in inspect.signature(function).parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        annotation = hints.get(parameter.name, Any)
-        default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (annotation, pydantic.Field(default, description=descriptions.get(parameter.name)))
-    model = pydantic.create_model(f"{getattr(function, '__name__', 'tool')}_arguments", **fields)
+    return tuple(
+        Argument(parameter.name, hints.get(parameter.name, Any),
+                 ... if parameter.default is parameter.empty else parameter.default, descriptions.get(parameter.name))
+        for parameter in inspect.signature(function).parameters.values()
+        if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))
+
+
+def arguments_model(name: str, arguments: Sequence[Argument]) -> Any:
+    """A pydantic model of ``arguments``: their JSON schema, and what validates a model's arguments."""
+    import pydantic
+
+    return pydantic.create_model(f"{name}_arguments", **{
+        a.name: (a.annotation, pydantic.Field(a.default, description=a.description)) for a in arguments})
+
+
+def schema_of(model: Any) -> dict[str, Any]:
+    """The JSON schema a model is shown of an arguments model (without pydantic's titles)."""
     schema = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
     return schema
+
+
+def function_schema(function: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema of ``function``'s arguments (:func:`function_arguments`; defaults make them optional)."""
+    return schema_of(arguments_model(getattr(function, "__name__", "tool"), function_arguments(function)))
 
 
 def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:

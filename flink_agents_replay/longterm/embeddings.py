@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from flink_agents_replay.call_site import current_call_id
+from flink_agents_replay.openai_client import OpenAIClientMixin
 
 __all__ = ["Embedder", "OpenAIEmbeddings"]
 
@@ -25,7 +26,7 @@ class Embedder(Protocol):
         ...
 
 
-class OpenAIEmbeddings:
+class OpenAIEmbeddings(OpenAIClientMixin):
     """An OpenAI-compatible embeddings endpoint, through the ``openai`` SDK.
 
     Args:
@@ -49,24 +50,9 @@ class OpenAIEmbeddings:
                              "$OPENAI_BASE_URL")
         if dimensions is not None and dimensions <= 0:
             raise ValueError(f"dimensions must be positive, got {dimensions!r}")
-        self._api_key = api_key
         self.dimensions = dimensions
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.default_headers = dict(default_headers or {})
-        self._client: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}  # the SDK client (its connection pool) stays in its process
-
-    def _sdk(self) -> Any:
-        if self._client is None:
-            import openai
-
-            self._client = openai.OpenAI(
-                base_url=self.base_url, api_key=self._api_key or os.environ.get("OPENAI_API_KEY") or "unused",
-                timeout=self.timeout_s, max_retries=self.max_retries, default_headers=self.default_headers or None)
-        return self._client
+        self._configure_client(base_url=self.base_url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries,
+                               default_headers=default_headers)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:

@@ -58,13 +58,18 @@ def produce_inputs(bootstrap_servers: str, records: Iterable[dict], topic: str |
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER})
     for future in admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=30).values():
         future.result(timeout=60)
+    produce_json(bootstrap_servers, topic, records)
+    return topic
+
+
+def produce_json(bootstrap_servers: str, topic: str, records: Iterable[dict]) -> None:
+    """Write ``records`` to the existing ``topic`` as JSON, keyed by their ``"key"``; wait for the acks."""
     producer = Producer({"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER,
                          "enable.idempotence": True})
     for record in records:
         producer.produce(topic, json.dumps(record).encode(), key=record["key"].encode())
     if producer.flush(60):
         raise RuntimeError("input records were not acknowledged")
-    return topic
 
 
 def canonical_output(output: AgentOutput) -> tuple:

@@ -25,12 +25,9 @@ from dataclasses import dataclass
 
 import cloudpickle
 import pytest
-from confluent_kafka import Producer
 from pyflink.common import Types
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.config import default_uid
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.kafka_topics import ensure_topics
@@ -38,12 +35,13 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
 from flink_agents_replay.longterm.store import Where
 from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
+from flink_agents_replay.replay.report import diff_captures
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.jobs import (
     exactly_once_string_sink,
     keyed_json_inputs,
+    produce_json,
     running_job,
     trigger_savepoint,
     wait_until,
@@ -83,12 +81,6 @@ def _agent(chroma_url: str, model_url: str) -> Notes:
     return Notes(name=AGENT_NAME, resources={"memory": memory})
 
 
-def _produce(bootstrap: str, topic: str, records: list[dict]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for record in records:
-        producer.produce(topic, key=record["key"].encode(), value=json.dumps(record).encode())
-    assert producer.flush(30) == 0
-
 
 def _answer(output) -> str:
     return json.dumps({"key": output.key, **output.output}, sort_keys=True)
@@ -123,14 +115,14 @@ def _run_lineage(name: str, bootstrap: str, chroma_url: str, model_url: str, dir
     notes, probes = _tickets(name, "note", 0), _tickets(name, "probe", 1)
     with CommittedReader(bootstrap, output_topic, json.loads) as reader, \
             running_job(env, f"lineage {name}") as client:
-        _produce(bootstrap, input_topic, warm_up)
+        produce_json(bootstrap, input_topic, warm_up)
         wait_until(client, lambda: len(reader.poll(0.1)) >= 1, f"lineage {name} to answer")
         for _ in range(savepoints_first):
             trigger_savepoint(client, directory)
-        _produce(bootstrap, input_topic, notes)
+        produce_json(bootstrap, input_topic, notes)
         wait_until(client, lambda: len(reader.poll(0.1)) >= len(warm_up + notes), f"lineage {name}'s notes")
         savepoint = trigger_savepoint(client, directory)
-        _produce(bootstrap, input_topic, probes)
+        produce_json(bootstrap, input_topic, probes)
         wait_until(client, lambda: len(reader.poll(0.1)) >= len(warm_up + notes + probes), f"lineage {name}'s probes")
         return Lineage(name, config, savepoint, list(reader.rows))
 
@@ -153,12 +145,8 @@ def _replay(lineage: Lineage, bootstrap: str, chroma_url: str, model_url: str):
     outputs.map(_answer, output_type=Types.STRING()).sink_to(
         exactly_once_string_sink(bootstrap, output_topic, f"lineage-replay-{lineage.name}")).uid("replay-out")
     env.execute(f"replay of lineage {lineage.name}")
-    decoder = CaptureDecoder(SIGNING_KEY.encode(), uid)
-    production = [r for r in read_capture(kafka, lineage.config["capture_topic"], MAX_PARALLELISM, decoder)
-                  if isinstance(r, CapturedRun)]
-    replayed = list(read_capture(kafka, capture_topic, MAX_PARALLELISM, decoder))
-    return compare(production, [r for r in replayed if isinstance(r, CapturedRun)],
-                   [r for r in replayed if isinstance(r, CapturedInput)]), settings
+    return diff_captures(kafka, lineage.config["capture_topic"], capture_topic, signing_key=SIGNING_KEY.encode(),
+                         uid=uid), settings
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import cloudpickle
 import pytest
-from confluent_kafka import Producer
 from pyflink.common import Types
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
@@ -47,6 +46,7 @@ from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.jobs import (
     exactly_once_string_sink,
     keyed_json_inputs,
+    produce_json,
     running_job,
     trigger_savepoint,
     wait_until,
@@ -98,12 +98,6 @@ def agent(chroma_url: str, model_url: str, *, changed: bool) -> NoteTaker:
                                                  "wording": Tool(lambda: wording, side_effects="none")})
 
 
-def _produce(bootstrap: str, topic: str, records: list[dict]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for record in records:
-        producer.produce(topic, key=record["key"].encode(), value=json.dumps(record).encode())
-    assert producer.flush(30) == 0
-
 
 def _answers(output) -> str:
     return json.dumps({"key": output.key, **output.output}, sort_keys=True)
@@ -154,12 +148,12 @@ def production(kafka_bootstrap, chroma_server, tmp_path_factory):
                                                                                  changed=False), config)
     outputs.map(_answers, output_type=Types.STRING()).sink_to(
         exactly_once_string_sink(kafka_bootstrap, output_topic, f"memory-prod-{suffix}")).uid("outputs")
-    _produce(kafka_bootstrap, input_topic, BEFORE)
+    produce_json(kafka_bootstrap, input_topic, BEFORE)
     with CommittedReader(kafka_bootstrap, output_topic, json.loads) as reader, \
             running_job(env, "production with memory") as client:
         wait_until(client, lambda: len(reader.poll(0.1)) >= len(BEFORE), "the notes before the savepoint")
         savepoint = trigger_savepoint(client, tmp_path_factory.mktemp("savepoints"))
-        _produce(kafka_bootstrap, input_topic, AFTER)
+        produce_json(kafka_bootstrap, input_topic, AFTER)
         wait_until(client, lambda: len(reader.poll(0.1)) >= len(BEFORE + AFTER), "every answer", 180)
         answers = list(reader.rows)
     yield Production(kafka_bootstrap, chroma_url, model.base_url, config, savepoint, answers)

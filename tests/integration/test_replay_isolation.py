@@ -135,10 +135,11 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     calls = server.stats()
     live_chat, live_orders = calls.chat - before.chat, calls.orders - before.orders
 
-    # Every run after the savepoint asked the model twice (classify, draft the reply) and looked up its
-    # order (live by default); runs in flight in the savepoint reused production's journal: no call at all.
-    expected_chat = 2 * len(started_after)
+    # Every run after the savepoint asked the model to classify and to reply (the reply's tool loop takes one
+    # more turn when the model looks the order up, live by default); runs in flight in the savepoint reused
+    # production's journal: no call at all.
     expected_orders = sum(1 for run in started_after.values() if run.payload["order_id"])
+    expected_chat = 2 * len(started_after) + expected_orders
     print(f"\nreplay isolation: {len(first) + len(second)} tickets, {len(in_flight)} runs in flight in the savepoint, "
           f"{len(started_after)} runs after it; live model calls {live_chat} (expected {expected_chat}), live order "
           f"lookups {live_orders} (expected {expected_orders})")
@@ -150,12 +151,13 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     restores = {line.split(" INFO ", 1)[-1] for line in replay_log if " restored: " in line}
     assert len(restores) == 2, restores  # replay_job.py's parallelism
     assert sum(int(re.search(r"(\d+) runs were in flight", line).group(1)) for line in restores) == len(in_flight)
-    # Their three actions each were reused from production's journal; every later run executed its three.
+    # Their two actions (classify, the reply's tool loop) were reused from production's journal; every later run
+    # executed its two.
     closing = {line.split(" INFO ", 1)[-1] for line in replay_log if " closing: " in line}
     actions = [tuple(map(int, re.search(r"actions executed (\d+), reused (\d+)", line).groups())) for line in closing]
     assert len(actions) == 2, closing
     executed, reused = (sum(column) for column in zip(*actions, strict=True))
-    assert (executed, reused) == (3 * len(started_after), 3 * len(in_flight)), closing
+    assert (executed, reused) == (2 * len(started_after), 2 * len(in_flight)), closing
     replay_capture = f"{capture_topic}.replay-other-model"
     replay_records = list(read_capture(kafka, replay_capture, MAX_PARALLELISM, decoder))
     report = compare([r for r in read_capture(kafka, capture_topic, MAX_PARALLELISM, decoder)

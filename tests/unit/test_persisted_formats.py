@@ -206,7 +206,7 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
     assert records["call_started"].outcome is CallOutcome.STARTED
     assert records["call_returned"].result == {"label": "billing"}
     # Older call records have no meta (0.1.0's were pickled objects) and are written again as this version's.
-    assert records["call_returned"].meta == {}
+    assert records["call_returned"].meta == {} or version >= "v0_5_0"
     assert call_from_plain(call_to_plain(records["call_returned"])) == records["call_returned"]
     package_error = decode_exception(records["call_raised_package"].result)
     assert type(package_error) is ChatModelError and package_error.status == 503
@@ -222,6 +222,13 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
     assert type(output) is OutputEvent and output.output == {"answer": "refund", "tags": ("a", "b")}
     assert records["failed"].retry_calls == [0, 1]
     assert records["attempt"]["attempt"] == 2
+    if version >= "v0_5_0":  # how each call went, and a chat model's answer as plain data
+        assert records["call_returned"].meta == {"latency_ms": 12.5, "model": "m-1", "prompt_tokens": 7,
+                                                 "completion_tokens": 2}
+        chat = records["call_chat"].result
+        assert (chat.content, chat.parsed, chat.usage.total_tokens, chat.finish_reason) == (
+            None, {"category": "refund", "urgent": True}, 15, "tool_calls")
+        assert chat.tool_calls[0].name == "orders" and chat.tool_calls[0].arguments == {"order_id": "O-1"}
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -282,3 +282,60 @@ def test_a_tool_schema_is_derived_where_the_tool_is_made_and_travels_with_it():
     broken = Tool(unresolvable)  # any callable still makes a tool
     with pytest.raises(TypeError, match="has no schema a model could be shown.*NoSuchType.*give Tool"):
         broken.openai_schema()
+
+
+class Carrier(str, Enum):
+    UPS = "ups"
+    DHL = "dhl"
+
+
+class Verdict(pydantic.BaseModel):
+    category: Literal["refund", "shipping", "account"]
+    urgent: bool
+
+
+def test_a_loop_converts_the_models_arguments_to_the_tools_types_and_answers_in_a_pydantic_format(server):
+    seen, answers = [], []
+
+    def track(carrier: Carrier, order_id: Annotated[str, pydantic.Field(pattern=r"O-\d{5}")]) -> set:
+        """Track a parcel."""
+        seen.append((type(carrier), carrier, order_id))
+        return {"b-scan", "a-scan", "c-scan"}  # a set: sent sorted, the same text in every attempt
+
+    class Tracking(Agent):
+        @action(InputEvent)
+        def answer(event, ctx):
+            done = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": event.input}], tools=["track"],
+                                 response_format=Verdict)
+            answers.append(done)
+            ctx.send_event(OutputEvent(output=done.final.parsed))
+
+    agent = Tracking(name="tracking", resources={
+        "llm": ChatModel("stub-model", base_url=server.base_url, api_key="unused"),
+        "track": tool(track, side_effects="none")})
+    result = _run(agent, MemoryJournalStore(8), "my dhl parcel O-54321 shipping is late", key="c4")
+    assert seen == [(Carrier, Carrier.DHL, "O-54321")]  # an enum member, not the string 'dhl'
+    (done,) = answers
+    assert done.messages[2]["content"] == '["a-scan", "b-scan", "c-scan"]'
+    assert type(result.outputs[0].output) is Verdict and result.outputs[0].output.category == "shipping"
+
+
+def test_arguments_that_do_not_fit_make_no_call_and_tell_the_model():
+    def track(carrier: Carrier) -> str:
+        raise AssertionError("not to be called")
+
+    tracked = tool(track)
+    with pytest.raises(ValueError, match="carrier"):
+        tracked.model_arguments({"carrier": "fedex"})
+    assert tracked.model_arguments({"carrier": "ups"}) == {"carrier": Carrier.UPS}
+
+
+def test_tools_are_shown_under_names_a_model_can_call():
+    from flink_agents_replay.agent import RunnerContext
+    from flink_agents_replay.errors import AgentDefinitionError
+
+    ctx = RunnerContext(key="k", seq=1, memory=None, send=None, call=None,
+                        resources={"crm.lookup": tool(lambda q: q), "lookup-v2": Tool(lambda: 1, name="x")})
+    assert ctx.tool_schemas("lookup-v2")[0]["function"]["name"] == "lookup-v2"  # the resource name
+    with pytest.raises(AgentDefinitionError, match="'crm.lookup' is not one it can use"):
+        ctx.tool_schemas("crm.lookup")
