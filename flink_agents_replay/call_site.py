@@ -10,6 +10,7 @@ that outside state as of the savepoint, write into the replay's own copy.
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,8 @@ class CallSite:
     fork: Fork | None = None
 
 
+log = logging.getLogger("flink_agents_replay.resources")
+
 _CALL_SITE: ContextVar[CallSite | None] = ContextVar("flink_agents_replay_call_site", default=None)
 #: What the resource reported about the call under way (:func:`report_call`); set by the engine around it.
 _CALL_REPORT: ContextVar[dict[str, Any] | None] = ContextVar("flink_agents_replay_call_report", default=None)
@@ -70,14 +73,17 @@ _CALL_REPORT: ContextVar[dict[str, Any] | None] = ContextVar("flink_agents_repla
 def report_call(**fields: str | int | float | None) -> None:
     """Record facts about the ``ctx.call`` being made now with the call (journal and capture), e.g. a model's
     ``model``, ``prompt_tokens`` and ``completion_tokens``: the replay report compares them. Plain strings and
-    numbers only. Outside a call made for real (a reused call, a test calling ``invoke`` directly) it does
-    nothing."""
+    numbers only (anything else is left out, with a warning). Outside a call made for real (a reused call, a
+    test calling ``invoke`` directly) it does nothing."""
     report = _CALL_REPORT.get()
     if report is None:
         return
     for name, value in fields.items():
         if value is not None and not isinstance(value, (str, int, float)):
-            raise TypeError(f"report_call({name}=...) takes a string or a number, not {type(value).__name__}")
+            # Not raised: the call has taken effect by now, and a raise would have it made again.
+            log.warning("report_call(%s=...) takes a string or a number, not %s: left out", name,
+                        type(value).__name__)
+            continue
         report[name] = value
 
 

@@ -25,8 +25,9 @@ What a call returns:
 * ``ctx.call("llm", messages=[...])``, also with ``tools=[...]`` (:mod:`flink_agents_replay.tools`) or
   ``response_format=`` (a pydantic model class or a JSON schema dict) — a
   :class:`~flink_agents_replay.records.chat.ChatResult`: content, tool calls, usage, model, latency and the
-  parsed object. The journal keeps it as plain data; a reused call returns an equal result, the parsed object
-  included.
+  parsed object (through ``ctx.call``: an instance of the pydantic model asked for). The journal keeps it as
+  plain data, the parsed object as the model's JSON, validated into the model for a call made now and for one
+  reused later alike.
 
 Every call also reports its model and tokens with the call (:func:`~flink_agents_replay.call_site.report_call`),
 for the replay report's usage and cost comparison. The SDK's exceptions reach the action as they are
@@ -113,20 +114,24 @@ class ChatModel(OpenAIClientMixin, Resource):
         begun = time.monotonic()
         completion = self._sdk().chat.completions.create(**request)
         latency_ms = round((time.monotonic() - begun) * 1000, 3)
-        result = _chat_result(completion, latency_ms, parse_json=response_format is not None)
-        if isinstance(response_format, type) and result.parsed is not None:
-            result = replace(result, parsed=response_format.model_validate(result.parsed))
+        result = _chat_result(completion, latency_ms, parse_json=_asks_for_json(request.get("response_format")))
         report_call(model=result.model, prompt_tokens=result.usage.prompt_tokens,
                     completion_tokens=result.usage.completion_tokens)
         return result
 
     def restore_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
-        """The parsed object as an instance of the pydantic model asked for (the journal keeps its JSON)."""
+        """What the action gets, from the answer as journaled: the parsed JSON validated into the pydantic model
+        asked for, the same code on the same JSON for a call made now and one reused later (validators and
+        aliases included). A ``messages=`` call journaled by 0.4 (its text) comes back as a ``ChatResult``."""
+        if isinstance(result, str) and kwargs.get("messages") is not None:
+            return ChatResult(content=result)
         response_format = kwargs.get("response_format")
-        if (isinstance(result, ChatResult) and isinstance(response_format, type) and result.parsed is not None
-                and not isinstance(result.parsed, response_format)):
+        if not (isinstance(result, ChatResult) and isinstance(response_format, type) and result.parsed is not None):
+            return result
+        try:
             return replace(result, parsed=response_format.model_validate(result.parsed))
-        return result
+        except ValueError as exc:  # pydantic's ValidationError
+            raise ChatModelError(f"the model's answer does not fit {response_format.__qualname__}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"ChatModel({self.model!r}, base_url={self.base_url!r})"
@@ -144,6 +149,10 @@ def _json_schema_format(response_format: Any) -> Mapping[str, Any]:
     if response_format.get("type") in ("json_schema", "json_object", "text"):
         return response_format
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": dict(response_format)}}
+
+
+def _asks_for_json(response_format: Mapping[str, Any] | None) -> bool:
+    return response_format is not None and response_format.get("type") in ("json_schema", "json_object")
 
 
 def _schema_name(name: str) -> str:

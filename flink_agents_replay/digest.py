@@ -15,6 +15,8 @@ from typing import Any
 
 import cloudpickle
 
+from flink_agents_replay.resources import Tool
+
 __all__ = ["digest_value"]
 
 _SCALARS = (str, int, float, bool, bytes, type(None), complex)
@@ -36,6 +38,8 @@ def _canonical(value: Any, depth: int = 0) -> Any:
         return (type(value).__name__, tuple(sorted((_canonical(v, depth + 1) for v in value), key=repr)))
     if isinstance(value, type):
         return _canonical_class(value, depth)
+    if isinstance(value, Tool):  # shown to a model as its schema (its other attributes are per-process caches)
+        return ("tool", value.name, _canonical(value.schema, depth + 1))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return ("dataclass", type(value).__qualname__, _canonical(fields, depth + 1))

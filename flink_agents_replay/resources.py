@@ -14,6 +14,7 @@ failure and never reported back (*in doubt*), and later what a replay may do wit
 from __future__ import annotations
 
 import contextvars
+import copy
 import enum
 import threading
 from abc import ABC, abstractmethod
@@ -128,8 +129,8 @@ class Tool(Resource):
         if self.schema is None:
             raise TypeError(f"{self!r} has no schema a model could be shown ({self._schema_error}); give "
                             "Tool(..., schema={...})")
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description or "", "parameters": self.schema}}
+        return {"type": "function", "function": {  # a copy: an action changing it changes no other's
+            "name": self.name, "description": self.description or "", "parameters": copy.deepcopy(self.schema)}}
 
     def model_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """A model's JSON arguments as the function's types (an enum member, a pydantic model...); raises
@@ -140,8 +141,10 @@ class Tool(Resource):
 
         try:
             validated = self._arguments_model().model_validate(dict(arguments))
-        except pydantic.ValidationError as exc:
-            raise ValueError(str(exc)) from None
+        except pydantic.ValidationError as exc:  # told to the model: no pydantic version or URL in the text
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False))
+            raise ValueError(problems) from None
         return {name: getattr(validated, name) for name in arguments if name in type(validated).model_fields}
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:

@@ -15,8 +15,9 @@ follows its ``in_doubt`` policy), and in a replay the side-effect policy governs
 
 The model's arguments are converted to the tool function's types (an enum member, a pydantic model) before the
 call; arguments that do not fit, or a tool not in ``tools``, make no call and send the model an error message
-instead, so it may correct itself. A tool's answer is sent as JSON (a ``str`` as it is; sets sorted, a pydantic
-model dumped, any other value that is not JSON as its ``str``: the same text in every attempt).
+instead, so it may correct itself. A tool's answer is sent as JSON (a ``str`` as it is; sets sorted, dataclasses
+and pydantic models as their fields, enums as values: the same text in every attempt and process); an answer
+that is not such data is refused with a ``TypeError``.
 
 Limits: a model that keeps calling tools stops the loop after ``max_turns`` model turns with
 :class:`~flink_agents_replay.errors.ToolLoopLimitError`; the tools of that last turn have run (their effects
@@ -25,6 +26,8 @@ happened) and no model saw their answers.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,14 +99,41 @@ def _call_tool(ctx: RunnerContext, call: ToolCall, tools: Sequence[str]) -> Any:
 
 
 def _as_text(answer: Any) -> str:
-    """What the model is sent of a tool's answer: a string as it is, anything else as JSON; sets sorted and other
-    values not JSON as their ``str`` (the text must be the same in every attempt: the next turn's request is
-    compared with the journaled one)."""
-    return answer if isinstance(answer, str) else json.dumps(answer, sort_keys=True, default=_json_default)
+    """What the model is sent of a tool's answer: a string as it is, anything else as JSON (sets sorted,
+    dataclasses and pydantic models as their fields, enums as their values), the same text in every attempt and
+    process (the next turn's request is compared with the journaled one); other values are refused."""
+    if isinstance(answer, str):
+        return answer
+    try:
+        return json.dumps(_plain(answer), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"a tool's answer must be JSON-like data to send to the model ({exc}): return dicts, "
+                        "lists, strings and numbers, or a str") from None
 
 
-def _json_default(value: Any) -> Any:
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data, deterministically."""
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted(value, key=lambda item: json.dumps(item, sort_keys=True, default=str))
+        return sorted((_plain(v) for v in value), key=lambda item: json.dumps(item, sort_keys=True))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     dump = getattr(value, "model_dump", None)
-    return dump(mode="json") if callable(dump) else str(value)
+    if callable(dump):
+        return _plain(dump(mode="json"))
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, enum.Enum):
+        key = key.value
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return json.dumps(key) if not isinstance(key, str) else key
+    raise TypeError(f"a key of type {type(key).__name__} is not JSON data")

@@ -339,3 +339,62 @@ def test_tools_are_shown_under_names_a_model_can_call():
     assert ctx.tool_schemas("lookup-v2")[0]["function"]["name"] == "lookup-v2"  # the resource name
     with pytest.raises(AgentDefinitionError, match="'crm.lookup' is not one it can use"):
         ctx.tool_schemas("crm.lookup")
+
+
+class Aliased(pydantic.BaseModel):
+    """An alias and a validator with a side effect: the reused answer must go through the same code as the live one."""
+
+    order_id: str = pydantic.Field(alias="orderId")
+    notes: list[str] = []
+
+    @pydantic.field_validator("notes")
+    @classmethod
+    def mark(cls, notes: list[str]) -> list[str]:
+        return [*notes, "seen"]
+
+
+def test_a_structured_answer_is_validated_the_same_way_live_and_reused():
+    model = ChatModel("m", base_url="http://unused/v1")
+    journaled = ChatResult(content='{"orderId": "O-1", "notes": ["x"]}', parsed={"orderId": "O-1", "notes": ["x"]})
+    record = CallRecord(1, 0, "ev", "act", 0, "llm", "d", CallOutcome.RETURNED, journaled, "in")
+    reused = call_from_plain(call_to_plain(record)).result
+    live = model.restore_result(journaled, (), {"response_format": Aliased, "messages": []})
+    again = model.restore_result(reused, (), {"response_format": Aliased, "messages": []})
+    assert live.parsed == again.parsed == Aliased(orderId="O-1", notes=["x"]) and live.parsed.notes == ["x", "seen"]
+    from flink_agents_replay.errors import ChatModelError
+
+    with pytest.raises(ChatModelError, match="does not fit Aliased"):
+        model.restore_result(ChatResult(parsed={"notes": 3}), (), {"response_format": Aliased})
+    # A messages= call journaled by 0.4 holds its text: it comes back as a ChatResult.
+    assert model.restore_result("hello", (), {"messages": []}) == ChatResult(content="hello")
+
+
+def test_tools_given_as_objects_digest_by_their_schema_whatever_the_process_did_before():
+    import cloudpickle
+
+    from flink_agents_replay.digest import digest_value
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(lookup_order))
+    before = digest_value({"tools": [shipped]})
+    shipped.model_arguments({"order_id": "A-1"})  # builds its per-process validator
+    assert digest_value({"tools": [shipped]}) == before == digest_value({"tools": [lookup_order]})
+
+
+def test_tool_answers_reach_the_model_as_the_same_text_in_every_process_or_are_refused():
+    from dataclasses import dataclass as plain_dataclass
+
+    from flink_agents_replay.tool_loop import _as_text
+
+    @plain_dataclass
+    class Parcel:
+        tags: frozenset
+        carrier: Carrier
+
+    assert _as_text(Parcel(frozenset({"b", "a"}), Carrier.UPS)) == '{"carrier": "ups", "tags": ["a", "b"]}'
+    assert _as_text({1: "one", "b": {2, 1}}) == '{"1": "one", "b": [1, 2]}'
+
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match="must be JSON-like data"):
+        _as_text({"order": Opaque()})
