@@ -214,7 +214,8 @@ class DiffReport:
                            _html_table(["", "count"], [[_esc(name), _esc(n)] for name, n in self.summary.items()],
                                        cls="summary"),
                            "<h2>Model usage</h2>", *_html_usage(self.usage)]
-        for section in (_html_differing(self.differing), _html_runs_by_key(self.runs),
+        cells = {id(run): _output_cells(run) for run in self.runs}  # word diffs once per run, for both tables
+        for section in (_html_differing(self.differing, cells), _html_runs_by_key(self.runs, cells),
                         _html_blocked(self.blocked_calls), _html_errors(self.errors)):
             body += section
         return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -547,17 +548,17 @@ def _html_usage(usage: UsageComparison) -> list[str]:
     return [table, f"<p>Cost n/a: {_esc(unpriced)}.</p>"] if unpriced else [table]
 
 
-def _html_differing(differing: list[RunDiff]) -> list[str]:
+def _html_differing(differing: list[RunDiff], cells: dict[int, list[str]]) -> list[str]:
     parts = [f"<h2>Differing runs ({len(differing)})</h2>"]
     if not differing:
         return parts + ["<p>None: the replay produced the same outputs as production.</p>"]
     return parts + [_html_table(["key", "seq", "status", "production", "replay"],
-                                [[_esc(run.key), _esc(run.seq), _status_html(run.status), *_output_cells(run)]
+                                [[_esc(run.key), _esc(run.seq), _status_html(run.status), *cells[id(run)]]
                                  for run in differing],
                                 cls="runs")]
 
 
-def _html_runs_by_key(runs: list[RunDiff]) -> list[str]:
+def _html_runs_by_key(runs: list[RunDiff], cells: dict[int, list[str]]) -> list[str]:
     parts = ["<h2>Runs by key</h2>"]
     if not runs:
         parts.append("<p>No runs were compared.</p>")
@@ -568,7 +569,7 @@ def _html_runs_by_key(runs: list[RunDiff]) -> list[str]:
                      f"{n_differing} differing</summary>")
         parts.append(_html_table(
             ["seq", "status", "production", "replay", "note", "error", "blocked"],
-            [[_esc(run.seq), _status_html(run.status), *_output_cells(run), _esc(run.note or ""),
+            [[_esc(run.seq), _status_html(run.status), *cells[id(run)], _esc(run.note or ""),
               _pre_text(run.error) if run.error is not None else "", _esc(len(run.blocked))] for run in key_runs],
             cls="key-runs"))
         usage = _total_usage(key_runs)
