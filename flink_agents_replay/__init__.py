@@ -66,6 +66,7 @@ __all__ = [
     "ToolCall",
     "ToolLoopLimitError",
     "ToolLoopResult",
+    "Usage",
     "action",
     "connect_to_agent",
     "current_call_id",
@@ -85,6 +86,7 @@ _EXPORTS = {
     "ChatModel": "flink_agents_replay.chat_model",
     "ChatResult": "flink_agents_replay.records.chat",
     "ToolCall": "flink_agents_replay.records.chat",
+    "Usage": "flink_agents_replay.records.chat",
     "ToolLoopLimitError": "flink_agents_replay.errors",
     "ToolLoopResult": "flink_agents_replay.tool_loop",
     "run_tool_loop": "flink_agents_replay.tool_loop",
@@ -104,7 +106,7 @@ if TYPE_CHECKING:
     from flink_agents_replay.errors import CallBlocked, ToolLoopLimitError
     from flink_agents_replay.operator import AgentOutput
     from flink_agents_replay.pipeline import connect_to_agent
-    from flink_agents_replay.records.chat import ChatResult, ToolCall
+    from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
     from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
     from flink_agents_replay.tool_loop import ToolLoopResult, run_tool_loop
     from flink_agents_replay.tools import tool

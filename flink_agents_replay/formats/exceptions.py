@@ -20,7 +20,7 @@ from typing import Any
 import flink_agents_replay.errors as errors
 from flink_agents_replay.formats.plain import dump_user, load_user
 
-__all__ = ["PACKAGE_EXCEPTIONS", "exception_from_plain", "exception_to_plain"]
+__all__ = ["PACKAGE_EXCEPTIONS", "PACKAGE_EXCEPTION_NAMES", "exception_from_plain", "exception_to_plain"]
 
 #: The persisted name of each of this package's exception types. Names are forever: rename a class, keep its name.
 PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
@@ -34,18 +34,19 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }
-_NAMES = {kind: name for name, kind in PACKAGE_EXCEPTIONS.items()}
+#: The persisted name of each of this package's exception types, by type.
+PACKAGE_EXCEPTION_NAMES = {kind: name for name, kind in PACKAGE_EXCEPTIONS.items()}
 
 
 def exception_to_plain(encoded: BaseException | dict[str, Any]) -> dict[str, Any]:
     """The plain form of an exception, or of the parts ``encode_exception`` made of one."""
     if isinstance(encoded, BaseException):
-        name = _NAMES.get(type(encoded))
+        name = PACKAGE_EXCEPTION_NAMES.get(type(encoded))
         if name is None:
             return {"pickled": dump_user(encoded, what=f"a raised {type(encoded).__name__}")}
         return {"package": name, "args": dump_user(encoded.args), "attributes": dump_user(vars(encoded))}
     kind = encoded["type"]
-    return {"rebuilt": _NAMES.get(kind) or dump_user(kind), "args": dump_user(encoded["args"]),
+    return {"rebuilt": PACKAGE_EXCEPTION_NAMES.get(kind) or dump_user(kind), "args": dump_user(encoded["args"]),
             "attributes": dump_user(encoded["attributes"]), "dropped": list(encoded["dropped"])}
 
 

@@ -7,11 +7,14 @@ record written by one version of this package reads in another, whatever its mod
 The user's values (memory values, event fields, tool results, business keys, inputs and outputs, the
 user's own exceptions) are the exception: they are whatever Python objects the agent uses, so they are
 kept as cloudpickled bytes inside the plain structure (:func:`dump_user`, :func:`load_user`). Each schema
-says which of its fields hold such bytes; nothing else is ever unpickled.
+says which of its fields hold such bytes; nothing else is ever unpickled. The package's own objects inside
+them (a ``ChatResult`` kept in memory) are written by their public name, not their module path
+(:mod:`flink_agents_replay.formats.package_values`).
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -19,6 +22,7 @@ import cloudpickle
 import msgpack
 
 from flink_agents_replay.errors import NotPicklableError, SignatureError
+from flink_agents_replay.formats.package_values import is_package_class, package_object_from_id, package_object_id
 
 __all__ = ["dump_user", "load_user", "pack", "unpack"]
 
@@ -47,14 +51,56 @@ def dump_user(value: Any, *, what: str = "value") -> bytes:
     if _builtin_data(value):  # the common case: the same bytes as cloudpickle's, several times faster
         return pickle.dumps(value, protocol=cloudpickle.DEFAULT_PROTOCOL)
     try:
-        return cloudpickle.dumps(value)
+        try:
+            return _dump(_UserPickler, value)
+        except _HoldsPackageObject:  # rare: pickled again, asking about every object (a third slower)
+            return _dump(_PackageObjectPickler, value)
+    except NotPicklableError as exc:
+        raise NotPicklableError(f"{what} {exc}") from None
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
         raise NotPicklableError(f"{what} cannot be serialized with cloudpickle: {exc}") from exc
 
 
 def load_user(data: bytes) -> Any:
     """A user's value from :func:`dump_user`'s bytes (the only place this package unpickles current data)."""
-    return cloudpickle.loads(data)
+    try:
+        return pickle.loads(data)
+    except pickle.UnpicklingError as exc:
+        if "persistent" not in str(exc):  # "A load persistent id instruction was encountered, but no ..."
+            raise
+    return _UserUnpickler(io.BytesIO(data)).load()
+
+
+class _HoldsPackageObject(Exception):
+    """The value holds an object of this package: it is pickled again, by :class:`_PackageObjectPickler`."""
+
+
+class _UserPickler(cloudpickle.CloudPickler):
+    """cloudpickle's pickler, stopping at an object of this package (asked only of objects that are not builtin
+    data: the common case stays at cloudpickle's speed)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if is_package_class(type(obj)):
+            raise _HoldsPackageObject
+        return super().reducer_override(obj)
+
+
+class _PackageObjectPickler(cloudpickle.CloudPickler):
+    """cloudpickle's pickler writing this package's objects by their public name."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        return package_object_id(obj)
+
+
+class _UserUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> Any:
+        return package_object_from_id(pid)
+
+
+def _dump(pickler: type[cloudpickle.CloudPickler], value: Any) -> bytes:
+    buffer = io.BytesIO()
+    pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(value)
+    return buffer.getvalue()
 
 
 def _builtin_data(value: Any) -> bool:
