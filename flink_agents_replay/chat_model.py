@@ -37,6 +37,7 @@ under the usual rules (a failure that escaped the action is not reused).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -50,7 +51,7 @@ from flink_agents_replay.errors import ChatModelError
 from flink_agents_replay.openai_client import OpenAIClientMixin
 from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
 from flink_agents_replay.resources import InDoubtPolicy, Resource, SideEffects
-from flink_agents_replay.tools import ToolSpec, tool_schemas
+from flink_agents_replay.tools import ToolSpec, model_json_schema, tool_schemas
 
 __all__ = ["ChatModel"]
 
@@ -142,7 +143,7 @@ def _json_schema_format(response_format: Any) -> Mapping[str, Any]:
     may come along), a field given as such, or a bare JSON schema (named ``answer``)."""
     if isinstance(response_format, type) and hasattr(response_format, "model_json_schema"):
         return {"type": "json_schema", "json_schema": {"name": _schema_name(response_format.__name__),
-                                                       "schema": response_format.model_json_schema()}}
+                                                       "schema": copy.deepcopy(model_json_schema(response_format))}}
     if not isinstance(response_format, Mapping):
         raise TypeError("response_format takes a pydantic model class, a JSON schema dict or an OpenAI "
                         f"response_format dict, not {type(response_format).__name__}")

@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from flink_agents_replay.resources import Tool
+from flink_agents_replay.tools import model_json_schema
 
 __all__ = ["digest_value"]
 
@@ -53,8 +54,8 @@ def _canonical_class(kind: type, depth: int) -> Any:
     """A class passed as a value (``response_format=Answer``): by name, and a pydantic model also by its JSON
     schema, so a changed model is a different argument. (Its pickle would hold the class by value when the
     user's module is pickled by value, and pydantic's validators do not pickle.)"""
-    schema = getattr(kind, "model_json_schema", None)
-    fields = _canonical(schema(), depth + 1) if callable(schema) else None
+    fields = _canonical(model_json_schema(kind), depth + 1) if callable(getattr(kind, "model_json_schema", None)) \
+        else None
     return ("class", kind.__module__, kind.__qualname__, fields)
 
 

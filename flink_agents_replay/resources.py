@@ -92,7 +92,10 @@ class Tool(Resource):
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.function = function
         self.timeout_s = timeout_s
-        self.name = name or getattr(function, "__name__", "tool")
+        from flink_agents_replay.tools import bound_arguments, tool_name
+
+        self.name = name or tool_name(function)
+        self.bound = bound_arguments(function)  # a partial's: the model may not set them
         self.description = description
         self.schema = dict(schema) if schema is not None else None
         self.arguments: tuple[Any, ...] | None = None  # resolved from the signature (tools.Argument)
@@ -135,6 +138,9 @@ class Tool(Resource):
     def model_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """A model's JSON arguments as the function's types (an enum member, a pydantic model...); raises
         ``ValueError`` naming what does not fit. A schema given by hand takes them as they are."""
+        taken = sorted(self.bound.intersection(arguments))
+        if taken:
+            raise ValueError("; ".join(f"{name}: is set by the tool, not given" for name in taken))
         if self.arguments is None:
             return dict(arguments)
         import pydantic

@@ -14,10 +14,10 @@ turn repeats neither. Tools keep their declared side effects and in-doubt policy
 follows its ``in_doubt`` policy), and in a replay the side-effect policy governs each call as usual.
 
 The model's arguments are converted to the tool function's types (an enum member, a pydantic model) before the
-call; arguments that do not fit, or a tool not in ``tools``, make no call and send the model an error message
-instead, so it may correct itself. A tool's answer is sent as JSON (a ``str`` as it is; sets sorted, dataclasses
-and pydantic models as their fields, enums as values: the same text in every attempt and process); an answer
-that is not such data is refused with a ``TypeError``.
+call; arguments that are not a JSON object or do not fit, or a tool not in ``tools``, make no call and send the
+model an error message instead, so it may correct itself. A tool's answer is sent as JSON (a ``str`` as it is;
+sets sorted, dataclasses and pydantic models as their fields, enums as values: the same text in every attempt
+and process); an answer that is not such data is refused with a ``TypeError``.
 
 Limits: a model that keeps calling tools stops the loop after ``max_turns`` model turns with
 :class:`~flink_agents_replay.errors.ToolLoopLimitError`; the tools of that last turn have run (their effects
@@ -87,10 +87,13 @@ def run_tool_loop(ctx: RunnerContext, model: str, *, messages: Sequence[Mapping[
 
 
 def _call_tool(ctx: RunnerContext, call: ToolCall, tools: Sequence[str]) -> Any:
-    """The tool's answer, or an error message for the model: an unknown tool, arguments that do not fit its
-    types (made no call)."""
+    """The tool's answer, or an error message for the model: an unknown tool, arguments that are not a JSON
+    object or do not fit its types (made no call)."""
     if call.name not in tools:
         return f"error: there is no tool {call.name!r}; the tools are {list(tools)}"
+    problem = call.arguments_problem()
+    if problem is not None:
+        return f"error: the arguments of {call.name!r} {problem}"
     try:
         arguments = ctx.tool_arguments(call.name, call.arguments)
     except ValueError as exc:

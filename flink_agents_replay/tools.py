@@ -24,17 +24,19 @@ and in-doubt policy whoever decided to call it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import typing
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool
 
-__all__ = ["Argument", "ToolSpec", "arguments_model", "function_arguments", "function_schema", "schema_of", "tool",
-           "tool_schemas"]
+__all__ = ["Argument", "ToolSpec", "arguments_model", "bound_arguments", "function_arguments", "function_schema",
+           "model_json_schema", "schema_of", "tool", "tool_name", "tool_schemas"]
 
 #: What a model call's ``tools=`` takes: tools, or tool schemas in OpenAI's format.
 ToolSpec = Tool | Mapping[str, Any]
@@ -68,15 +70,37 @@ class Argument:
 
 def function_arguments(function: Callable[..., Any]) -> tuple[Argument, ...]:
     """The arguments of ``function``: types from its hints, resolved (``Any`` without one), descriptions from the
-    ``Args:`` section of its docstring. Plain data and types, so a tool carries them to the workers."""
-    routine = function if inspect.isroutine(function) else type(function).__call__
-    descriptions = _argument_descriptions(inspect.getdoc(routine) or "")
+    ``Args:`` section of its docstring. Plain data and types, so a tool carries them to the workers. Arguments a
+    ``functools.partial`` binds are not the model's to give: they are left out."""
+    descriptions = _argument_descriptions(inspect.getdoc(_described(function)) or "")
     hints = _type_hints(function)
+    bound = bound_arguments(function)
     return tuple(
         Argument(parameter.name, hints.get(parameter.name, Any),
                  ... if parameter.default is parameter.empty else parameter.default, descriptions.get(parameter.name))
         for parameter in inspect.signature(function).parameters.values()
-        if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))
+        if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and parameter.name not in bound)
+
+
+def bound_arguments(function: Callable[..., Any]) -> frozenset[str]:
+    """The keyword arguments a ``functools.partial`` sets (nested partials are flattened by Python)."""
+    return frozenset(function.keywords) if isinstance(function, functools.partial) else frozenset()
+
+
+def tool_name(function: Callable[..., Any]) -> str:
+    """The name a model sees by default: the function's (a partial's underlying one), a callable object's class."""
+    described = _described(function)
+    if described is not function and not isinstance(function, functools.partial):  # a callable object
+        return type(function).__name__
+    return getattr(described, "__name__", None) or "tool"
+
+
+def _described(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The routine whose docstring and hints describe a call of ``function``: itself, a partial's function, a
+    callable object's ``__call__``."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    return function if inspect.isroutine(function) else type(function).__call__
 
 
 def arguments_model(name: str, arguments: Sequence[Argument]) -> Any:
@@ -96,26 +120,40 @@ def schema_of(model: Any) -> dict[str, Any]:
     return schema
 
 
+_model_schemas: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def model_json_schema(kind: type) -> dict[str, Any]:
+    """A pydantic model class's JSON schema, made once per class and process (pydantic takes about a millisecond,
+    and each structured call asks twice: for its digest and its request). Do not change the dict returned."""
+    schema = _model_schemas.get(kind)
+    if schema is None:
+        schema = _model_schemas[kind] = kind.model_json_schema()
+    return schema
+
+
 def function_schema(function: Callable[..., Any]) -> dict[str, Any]:
     """The JSON schema of ``function``'s arguments (:func:`function_arguments`; defaults make them optional)."""
-    return schema_of(arguments_model(getattr(function, "__name__", "tool"), function_arguments(function)))
+    return schema_of(arguments_model(tool_name(function), function_arguments(function)))
 
 
 def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
     """The function's hints resolved (``from __future__ import annotations`` makes them strings)."""
-    target = function if inspect.isroutine(function) else type(function).__call__  # a callable object: its call
     try:
-        return typing.get_type_hints(target, include_extras=True)
+        return typing.get_type_hints(_described(function), include_extras=True)
     except (NameError, TypeError) as exc:
         raise TypeError(f"the type hints of tool {getattr(function, '__qualname__', function)!r} cannot be "
                         f"resolved ({exc}): define the types they name at module level, or give schema=") from exc
 
 
 def summary(function: Callable[..., Any]) -> str:
-    """The docstring's text before its ``Args:``/``Returns:`` sections (the tool's description)."""
-    doc = inspect.getdoc(function if inspect.isroutine(function) else type(function).__call__) or ""
-    doc = doc or inspect.getdoc(function) or ""
-    return re.split(r"\n\s*(?:Args|Arguments|Parameters|Returns|Raises):\s*\n", doc, maxsplit=1)[0].strip()
+    """The docstring's text before its ``Args:``/``Returns:`` sections (the tool's description): the function's,
+    else a callable object's class's."""
+    described = _described(function)
+    doc = inspect.getdoc(described) if described.__doc__ else None  # not a C slot's "Call self as a function."
+    if not doc and not inspect.isroutine(function) and not isinstance(function, functools.partial):
+        doc = inspect.getdoc(type(function))
+    return re.split(r"\n\s*(?:Args|Arguments|Parameters|Returns|Raises):\s*\n", doc or "", maxsplit=1)[0].strip()
 
 
 def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

@@ -22,7 +22,8 @@ _SCHEMA = 1
 @dataclass(frozen=True)
 class ToolCall:
     """A tool the model asked to call: the call's id (to answer with a ``tool`` message), the tool's name, its
-    arguments parsed from JSON (``{}`` when the model sent none or invalid JSON) and as sent."""
+    arguments parsed from JSON (``{}`` when the model sent none or no JSON object: :meth:`arguments_problem` says
+    why) and as sent."""
 
     id: str
     name: str
@@ -38,6 +39,19 @@ class ToolCall:
         except ValueError:
             parsed = {}
         return cls(call_id, name, parsed if isinstance(parsed, dict) else {}, raw)
+
+    def arguments_problem(self) -> str | None:
+        """Why the model's arguments are not a JSON object (cut off, a list...); ``None`` when they are."""
+        try:
+            parsed = json.loads(self.raw_arguments or "{}")
+        except ValueError as exc:
+            return f"are not JSON ({exc})"
+        return None if isinstance(parsed, dict) else f"must be a JSON object, not {_json_kind(parsed)}"
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 @dataclass(frozen=True)

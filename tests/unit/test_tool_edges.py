@@ -1,0 +1,142 @@
+"""Tools and chat models at their edges: a model's arguments that are not JSON, tools made of partials and callable
+objects, and a chat model for OpenAI's API without a key."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from flink_agents_replay import (
+    Agent,
+    ChatModel,
+    ChatResult,
+    InputEvent,
+    OutputEvent,
+    Tool,
+    ToolCall,
+    action,
+    run_tool_loop,
+    tool,
+)
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.resources import Resource, SideEffects
+
+
+class ScriptedModel(Resource):
+    """A chat model answering from a script: the tool calls of each turn, then text."""
+
+    def __init__(self, turns):
+        super().__init__(side_effects=SideEffects.NONE)
+        self.turns = list(turns)
+
+    def invoke(self, **kwargs):
+        calls = self.turns.pop(0) if self.turns else ()
+        return ChatResult(content=None if calls else "done", tool_calls=tuple(calls),
+                          finish_reason="tool_calls" if calls else "stop")
+
+
+def _loop(model, tools):
+    seen = []
+
+    class Loop(Agent):
+        @action(InputEvent)
+        def answer(event, ctx):
+            done = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": event.input}],
+                                 tools=list(tools))
+            seen.append(done)
+            ctx.send_event(OutputEvent(output=done.content))
+
+    execute_run(Loop(name="loop", resources={"llm": model, **tools}), RunInput("k", 1, 1, "hi"), {})
+    return seen[0]
+
+
+def test_arguments_that_are_not_a_json_object_make_no_call_and_tell_the_model():
+    called = []
+    truncated = ToolCall.from_json("c1", "find", '{"order_id": "O-1"')  # cut off by max_tokens
+    listed = ToolCall.from_json("c2", "find", '["O-1"]')
+    done = _loop(ScriptedModel([[truncated, listed]]), {"find": tool(lambda order_id: called.append(order_id))})
+    assert called == []
+    answers = [m["content"] for m in done.messages if m["role"] == "tool"]
+    assert answers[0].startswith("error: the arguments of 'find' are not JSON") and "char 18" in answers[0]
+    assert answers[1] == "error: the arguments of 'find' must be a JSON object, not a list"
+    assert truncated.arguments == {} and done.content == "done"
+
+
+def _send(to: str, body: str, account: str = "support") -> str:
+    """Send an e-mail.
+
+    Args:
+        to: the recipient's address.
+        body: the text.
+        account: the account it is sent from.
+    """
+    return f"{account} -> {to}"
+
+
+def test_a_partial_tool_shows_its_functions_name_doc_and_types_and_keeps_its_bound_arguments():
+    sent = Tool(functools.partial(_send, account="billing"))
+    assert sent.name == "_send" and sent.description == "Send an e-mail."
+    assert sent.schema["properties"] == {"to": {"type": "string", "description": "the recipient's address."},
+                                         "body": {"type": "string", "description": "the text."}}
+    # A model that names a bound argument anyway gets an error message, not the account it asked for.
+    with pytest.raises(ValueError, match="account: is set by the tool"):
+        sent.model_arguments({"to": "a@b.c", "body": "hi", "account": "ceo"})
+    assert sent.invoke(**sent.model_arguments({"to": "a@b.c", "body": "hi"})) == "billing -> a@b.c"
+    positional = Tool(functools.partial(_send, "ops@b.c"))
+    assert sorted(positional.schema["properties"]) == ["account", "body"]
+
+
+class Lookup:
+    """Look up an order in the shop's database."""
+
+    def __call__(self, order_id: str) -> dict:
+        return {"order_id": order_id}
+
+
+class Documented:
+    def __call__(self, order_id: str) -> dict:
+        """Find an order."""
+        return {"order_id": order_id}
+
+
+def test_a_callable_object_tool_is_named_and_described_after_its_class():
+    lookup = Tool(Lookup())
+    assert (lookup.name, lookup.description) == ("Lookup", "Look up an order in the shop's database.")
+    assert Tool(Documented()).description == "Find an order."
+    assert lookup.schema["properties"] == {"order_id": {"type": "string"}}
+
+
+def test_a_chat_model_for_openais_api_without_a_key_fails_where_it_is_made(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match=r"OPENAI_API_KEY.*base_url"):
+        ChatModel("gpt-4o-mini")
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        ChatModel("gpt-4o-mini", base_url="https://API.openai.com/v1")
+    assert ChatModel("llama3.2", base_url="http://localhost:11434/v1").base_url  # a local server needs none
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert ChatModel("gpt-4o-mini").model == "gpt-4o-mini"
+
+
+def test_a_response_formats_schema_is_made_once_per_class_for_digests_and_requests():
+    import pydantic
+
+    from flink_agents_replay.chat_model import _json_schema_format
+    from flink_agents_replay.digest import digest_value
+
+    made = []
+
+    class Answer(pydantic.BaseModel):
+        text: str
+
+        @classmethod
+        def model_json_schema(cls, *args, **kwargs):
+            made.append(cls)
+            return super().model_json_schema(*args, **kwargs)
+
+    digests = {digest_value({"response_format": Answer}) for _ in range(3)}
+    requests = [_json_schema_format(Answer) for _ in range(3)]
+    requests[0]["json_schema"]["schema"]["properties"].clear()  # a request's copy: the cache keeps its own
+    assert len(made) == 1 and len(digests) == 1
+    assert requests[1]["json_schema"]["schema"]["properties"] == {"text": {"title": "Text", "type": "string"}}
