@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = [
     "Agent",

@@ -252,6 +252,25 @@ def test_keyed_state_written_by_earlier_versions_still_reads(version):
     assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
 
 
+@pytest.mark.parametrize("version", [v for v in VERSIONS if "memory_package_objects" in _fixture(v)["state"]])
+def test_package_objects_kept_in_memory_by_earlier_versions_still_read(version):
+    from flink_agents_replay import ChatResult, InputEvent, SideEffects, ToolLoopResult
+    from flink_agents_replay.errors import ChatModelError
+
+    raw = base64.b64decode(_fixture(version)["state"]["memory_package_objects"])
+    assert PACKAGE not in raw
+    memory = decode_memory(raw)
+    reply, loop = memory["reply"], memory["loop"]
+    assert type(reply) is ChatResult and reply.tool_calls[0].arguments == {"order_id": "O-1"}
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.finish_reason) == (30, 8, "tool_calls")
+    assert type(loop) is ToolLoopResult and (loop.content, loop.turns, loop.final.usage.total_tokens) == (
+        "On its way.", 2, 46)
+    assert loop.messages[1] == reply.message() and loop.tool_calls == [(reply.tool_calls[0], {"status": "shipped"})]
+    assert memory["event"] == InputEvent({"text": "hi"}) and memory["event"].id == "ev-1"
+    assert memory["effects"] is SideEffects.EXTERNAL
+    assert type(memory["failure"]) is ChatModelError and memory["failure"].args == ("no text",)
+
+
 @pytest.mark.parametrize("version", [v for v in VERSIONS if "long_term_memory" in _fixture(v)])
 def test_long_term_memory_written_by_earlier_versions_still_reads_and_takes_new_writes(version):
     store = InMemoryVectorStore()
