@@ -17,6 +17,9 @@ The state is pickled with the rest of the value: it may hold the user's objects 
 Reading resolves the name through the package's public API, whatever module defines the class then, and
 rebuilds the object without calling its constructor (as pickle does).
 
+The demo's agent, the testing API and the local services (``examples``, ``testing``, ``local``) are user code
+shipped with the package: their classes pickle by reference, as a user's own do.
+
 Limits: a package object the value refers to twice comes back as two equal objects; a package object that has
 no public name (an internal class: a vector-store filter, a resource) is refused with
 :class:`~flink_agents_replay.errors.NotPicklableError`: keep its fields instead.
@@ -40,12 +43,19 @@ _is_package: dict[type, bool] = {}
 _public_names: dict[type, str | None] = {}
 
 
+#: Modules of the package that hold *user* code as a user would write it (the demo's agent, the testing API's
+#: agents and events, the local services): their classes pickle like any user class, by reference.
+_USER_CODE = tuple(f"{_PACKAGE}.{name}." for name in ("examples", "testing", "local"))
+
+
 def is_package_class(kind: type) -> bool:
-    """Whether ``kind`` is defined in this package (memoized: asked of every object a user value holds)."""
+    """Whether ``kind`` is defined in this package's product code (memoized: asked of every object a user value
+    holds that is not builtin data)."""
     known = _is_package.get(kind)
     if known is None:
         module = getattr(kind, "__module__", None) or ""
-        known = _is_package[kind] = module.split(".")[0] == _PACKAGE
+        known = module.split(".")[0] == _PACKAGE and not (module + ".").startswith(_USER_CODE)
+        _is_package[kind] = known
     return known
 
 

@@ -10,7 +10,8 @@ Checked from outside the worker: for every ticket caught between its tool call a
 asked once and the tool ran once (both reused from the journal); no request reached the model service twice as
 an execution (a turn 2 that was under way is sent again with the same ``Idempotency-Key`` and answered from the
 service's store); every tool ran once; the committed answers (``read_committed``) are a failure-free run's, each
-once.
+once. The agent keeps each loop's ``ToolLoopResult`` in memory and the key's next ticket reads it: a package
+object in the user's state, restored by its public name in the new TaskManager.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def between(counter: InvocationCounter, job) -> set[str]:
             and not counts.get(f"answered:2:{key}|{n}", 0)}
 
 
+def _a_later_ticket(tickets: set[str]) -> bool:
+    """Whether a ticket other than its key's first is among ``tickets`` (its key's memory holds a loop result)."""
+    return any(int(ticket.rsplit("|", 1)[1]) > 0 for ticket in tickets)  # tickets count from 0
+
+
 def _tickets() -> list[tuple[str, int]]:
     return [(record["key"], record["n"]) for record in make_inputs(keys=KEYS, per_key=PER_KEY)]
 
@@ -65,13 +71,17 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     def checkpoints() -> int:
         return cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]["completed"]
 
-    poll_until(lambda: checkpoints() >= 1 and len(between(counter, job)) >= 2, 180,
+    def ready() -> bool:
+        caught = between(counter, job)
+        return checkpoints() >= 1 and len(caught) >= 2 and _a_later_ticket(caught)
+
+    poll_until(ready, 180,
                lambda: cluster.job_diagnostics(job_id), interval_s=0.02)
     [(victim, victim_pid)] = cluster.taskmanager_processes().items()
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
     caught = between(counter, job)  # the fault hit: tools had run, their next turn had not answered
     answered_at_kill = sum(n for name, n in counter.counts().items() if name.startswith("answered:2:"))
-    assert len(caught) >= 2 and answered_at_kill < len(inputs), (caught, answered_at_kill)
+    assert len(caught) >= 2 and answered_at_kill < len(inputs) and _a_later_ticket(caught), (caught, answered_at_kill)
 
     cluster.start_taskmanager()
     with CommittedReader(kafka_bootstrap, output_topic, decode=lambda value: tuple(json.loads(value))) as reader:
@@ -83,6 +93,10 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     cluster.flink_command("cancel", job_id, check=True)
 
     assert Counter(rows) == expected
+    # Each key's later tickets read the loop result its previous ticket kept in memory (restored by name in the
+    # new TaskManager for the tickets caught at the kill).
+    previous = [json.loads(output)["previous"] for _, _, output in rows]
+    assert sum(p is not None and p["type"] == "ToolLoopResult" for p in previous) == len(inputs) - KEYS
     counts = counter.counts()
     assert all(counts[f"turn:1:{ticket}"] == 1 for ticket in caught), {t: counts[f"turn:1:{t}"] for t in caught}
     tools = {name: n for name, n in counts.items() if name.startswith("tool:")}

@@ -62,8 +62,20 @@ class Support(Agent):
         key, n = event.input["key"], event.input["n"]
         done = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": ticket_text(key, n)}],
                              tools=["find_order"], max_turns=3)
+        # The loop's result kept in memory as it is (a package object in the user's state, restored by name in
+        # a new TaskManager after the kill), read back by the key's next ticket.
+        previous = ctx.memory.get("last_loop")
+        ctx.memory.set("last_loop", done)
         ctx.send_event(OutputEvent(output={"n": n, "turns": done.turns, "reply": done.content,
-                                           "orders": [result for _, result in done.tool_calls]}))
+                                           "orders": [result for _, result in done.tool_calls],
+                                           "previous": _summary(previous)}))
+
+
+def _summary(loop):
+    if loop is None:
+        return None
+    return {"turns": loop.turns, "tools": [call.name for call, _ in loop.tool_calls],
+            "tokens": loop.final.usage.total_tokens, "type": type(loop).__name__}
 
 
 def find_order_tool(counter: InvocationCounter):

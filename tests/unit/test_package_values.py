@@ -137,3 +137,11 @@ def test_a_tool_loop_result_kept_in_memory_and_sent_survives_the_journal_and_the
     assert all(PACKAGE_PATH not in value for _, value in store.records(1))
     state = encode_memory(first.memory)
     assert PACKAGE_PATH not in state and decode_memory(state) == first.memory
+
+
+def test_classes_of_the_testing_api_and_the_demo_pickle_like_user_code():
+    from flink_agents_replay.formats.package_values import is_package_class
+    from flink_agents_replay.testing.agents import Classified
+
+    assert not is_package_class(Classified) and is_package_class(ChatResult)
+    assert load_user(dump_user([Classified.__new__(Classified)]))[0].__class__ is Classified
