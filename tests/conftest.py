@@ -54,10 +54,13 @@ def kafka_bootstrap() -> str:
 
 @pytest.fixture
 def kafka_admin(kafka_bootstrap):
-    """A confluent-kafka AdminClient on the test broker."""
+    """A confluent-kafka AdminClient on the test broker (its librdkafka log through Python logging: it lives until
+    the broker stops, and would print connection errors at teardown)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+    from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+
+    return AdminClient({"bootstrap.servers": kafka_bootstrap, "logger": LIBRDKAFKA_LOGGER})
 
 
 @pytest.fixture

@@ -78,7 +78,10 @@ def produce_lane_inputs(bootstrap_servers: str, topic: str, keys: int, rounds: i
     """Write :func:`lane_records` to ``topic`` (which must have 2 partitions), lane ``l`` to partition ``l``."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+    from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
+                         "logger": LIBRDKAFKA_LOGGER})
     records = lane_records(keys, rounds)
     for lane, lane_inputs in enumerate(records):
         for record in lane_inputs:
