@@ -52,7 +52,7 @@ def is_package_class(kind: type) -> bool:
     """Whether ``kind`` is defined in this package's product code (memoized: asked of every object a user value
     holds that is not builtin data)."""
     known = _is_package.get(kind)
-    if known is None:
+    if known is None:  # first sight of the class
         module = getattr(kind, "__module__", None) or ""
         known = module.split(".")[0] == _PACKAGE and not (module + ".").startswith(_USER_CODE)
         _is_package[kind] = known

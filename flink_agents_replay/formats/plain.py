@@ -82,7 +82,10 @@ class _UserPickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         if is_package_class(type(obj)):
             raise _HoldsPackageObject
-        return super().reducer_override(obj)
+        return _cloudpickle_reducer(self, obj)  # not super(): this runs for every object that is not builtin data
+
+
+_cloudpickle_reducer = cloudpickle.CloudPickler.reducer_override
 
 
 class _PackageObjectPickler(cloudpickle.CloudPickler):
