@@ -6,26 +6,34 @@ made on first use in each process from the resource's settings, and left out of 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from flink_agents_replay.errors import ConfigError
+
 __all__ = ["OpenAIClientMixin"]
+
+_log = logging.getLogger(__name__)
 
 
 class OpenAIClientMixin:
     """Settings of an OpenAI-compatible endpoint and the SDK client made from them, once per process.
 
-    Call :meth:`_configure_client` from ``__init__`` (it refuses OpenAI's own API without a key, there and not
-    in every worker); :meth:`_sdk` returns the client.
+    Call :meth:`_configure_client` from ``__init__`` (it warns when OpenAI's own API has no key in this process);
+    :meth:`_sdk` returns the client, or refuses OpenAI's API without a key (a ``ConfigError``, not a 401).
     """
 
     def _configure_client(self, *, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int,
                           default_headers: Mapping[str, str] | None) -> None:
-        if _openais_own(base_url) and not (api_key or os.environ.get("OPENAI_API_KEY")):  # not a 401 per worker
-            raise ValueError(f"{type(self).__name__} talks to OpenAI's API, which needs a key: give api_key=... or "
-                             "set $OPENAI_API_KEY (for another OpenAI-compatible service, give its base_url=...)")
+        if _openais_own(base_url) and not (api_key or os.environ.get("OPENAI_API_KEY")):
+            # The key may be set for the TaskManagers only, and a replay with recorded calls needs none: said here,
+            # refused at the first request (ConfigError, not a 401 from OpenAI).
+            _log.warning("%s for OpenAI's API has no key in this process: give api_key=... or set $OPENAI_API_KEY "
+                         "where it runs (for another OpenAI-compatible service, give its base_url=...)",
+                         type(self).__name__)
         self.base_url = base_url
         self._api_key = api_key
         self.timeout_s = timeout_s
@@ -40,8 +48,13 @@ class OpenAIClientMixin:
         if self._client is None:
             import openai
 
+            key = self._api_key or os.environ.get("OPENAI_API_KEY")
+            if key is None and _openais_own(self.base_url):
+                raise ConfigError(f"{type(self).__name__} for OpenAI's API has no key: give api_key=... or set "
+                                  "$OPENAI_API_KEY where the job runs (for another OpenAI-compatible service, give "
+                                  "its base_url=...)")
             self._client = openai.OpenAI(
-                base_url=self.base_url, api_key=self._api_key or os.environ.get("OPENAI_API_KEY") or "unused",
+                base_url=self.base_url, api_key=key or "unused",
                 timeout=self.timeout_s, max_retries=self.max_retries, default_headers=self.default_headers or None)
         return self._client
 

@@ -88,19 +88,28 @@ def bound_arguments(function: Callable[..., Any]) -> frozenset[str]:
 
 
 def tool_name(function: Callable[..., Any]) -> str:
-    """The name a model sees by default: the function's (a partial's underlying one), a callable object's class."""
-    described = _described(function)
-    if described is not function and not isinstance(function, functools.partial):  # a callable object
-        return type(function).__name__
-    return getattr(described, "__name__", None) or "tool"
+    """The name a model sees by default: the function's (a partial's underlying one), a class's, or a callable
+    object's class's."""
+    target = _unwrapped(function)
+    if inspect.isroutine(target) or isinstance(target, type):
+        return getattr(target, "__name__", None) or "tool"
+    return type(target).__name__
+
+
+def _unwrapped(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` without its ``functools.partial`` layers."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    return function
 
 
 def _described(function: Callable[..., Any]) -> Callable[..., Any]:
     """The routine whose docstring and hints describe a call of ``function``: itself, a partial's function, a
-    callable object's ``__call__``."""
-    while isinstance(function, functools.partial):
-        function = function.func
-    return function if inspect.isroutine(function) else type(function).__call__
+    class's ``__init__``, a callable object's ``__call__``."""
+    target = _unwrapped(function)
+    if inspect.isroutine(target):
+        return target
+    return target.__init__ if isinstance(target, type) else type(target).__call__
 
 
 def arguments_model(name: str, arguments: Sequence[Argument]) -> Any:
@@ -148,11 +157,11 @@ def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
 
 def summary(function: Callable[..., Any]) -> str:
     """The docstring's text before its ``Args:``/``Returns:`` sections (the tool's description): the function's,
-    else a callable object's class's."""
-    described = _described(function)
+    else a class's or a callable object's class's."""
+    described, target = _described(function), _unwrapped(function)
     doc = inspect.getdoc(described) if described.__doc__ else None  # not a C slot's "Call self as a function."
-    if not doc and not inspect.isroutine(function) and not isinstance(function, functools.partial):
-        doc = inspect.getdoc(type(function))
+    if not doc and not inspect.isroutine(target):
+        doc = inspect.getdoc(target if isinstance(target, type) else type(target))
     return re.split(r"\n\s*(?:Args|Arguments|Parameters|Returns|Raises):\s*\n", doc or "", maxsplit=1)[0].strip()
 
 

@@ -21,6 +21,7 @@ from flink_agents_replay.engine.children import call_agents
 from flink_agents_replay.engine.context import ActionSite, RunCancelled, RunContext, RunStats, Scope
 from flink_agents_replay.engine.failures import journal_action_failed
 from flink_agents_replay.errors import JournalClosedError, JournalRecordTooLargeError, NotPicklableError
+from flink_agents_replay.formats.plain import dump_user
 from flink_agents_replay.memory import Memory, MemoryUpdate, private_copy
 from flink_agents_replay.records.journal import ActionFailedRecord, CallRecord, CompletionRecord, RecordKind, event_id
 
@@ -107,7 +108,7 @@ def explain_unpicklable(action_name: str, updates: list[MemoryUpdate], events: l
 
 def _pickle_problem(value: Any) -> str | None:
     try:
-        cloudpickle.dumps(value)
+        dump_user(value)  # as the journal pickles it (the package's own internal objects are refused)
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
     return None

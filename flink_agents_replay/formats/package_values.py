@@ -1,109 +1,143 @@
-"""This package's objects inside a user's values, kept under their public name, never under a module path.
+"""This package's classes inside a user's values, kept under a persisted name, never under a module path.
 
 Users keep what the package hands them: a ``ChatResult`` in memory, a ``ToolLoopResult`` sent as an output, an
-``InputEvent`` in a list, a caught ``ChatModelError``. Pickled as they are, these objects would be named by the
-module that defines them (``flink_agents_replay.records.chat.ChatResult``), and a later version that moved the
-class could not read the user's savepoints and journals. So the user-value pickler
-(:func:`flink_agents_replay.formats.plain.dump_user`) writes each as a pickle *persistent id*, plain data::
+``InputEvent`` in a list, a caught ``ChatModelError``, an event class of a ``flink run -py`` script (pickled by
+value, its base ``Event`` by reference). Pickled as they are, these would be named by the module that defines
+the class (``flink_agents_replay.records.chat.ChatResult``), and a later version that moved it could not read
+the user's savepoints and journals. So the user-value pickler
+(:func:`flink_agents_replay.formats.plain.dump_user`) writes every *class* of the package it meets as a pickle
+persistent id, plain data::
 
-    ["flink-agents-replay", <form>, <name>, <state>]
+    ["flink-agents-replay", "class", <name in PERSISTED_CLASSES>]
+    ["flink-agents-replay", "exception", <name in formats.exceptions.PACKAGE_EXCEPTIONS>]
 
-* ``object``: a class the package exports (``flink_agents_replay.<name>``), its state the instance's attributes;
-* ``enum``: a member of an exported enum (``SideEffects.EXTERNAL``), its state the member's name;
-* ``exception``: one of the package's exceptions, by its name in
-  :data:`~flink_agents_replay.formats.exceptions.PACKAGE_EXCEPTIONS`, its state ``[args, attributes]``.
-
-The state is pickled with the rest of the value: it may hold the user's objects and other package objects.
-Reading resolves the name through the package's public API, whatever module defines the class then, and
-rebuilds the object without calling its constructor (as pickle does).
+and everything else as pickle does: an instance is its class (by that id) and its state, so ``__getstate__``,
+enum members, exceptions' arguments, shared references and cycles work as for any class. Reading resolves the
+name through the table, whatever module defines the class then: names are forever (rename a class, keep its
+name; its target moves with the code).
 
 The demo's agent, the testing API and the local services (``examples``, ``testing``, ``local``) are user code
 shipped with the package: their classes pickle by reference, as a user's own do.
 
-Limits: a package object the value refers to twice comes back as two equal objects; a package object that has
-no public name (an internal class: a vector-store filter, a resource) is refused with
-:class:`~flink_agents_replay.errors.NotPicklableError`: keep its fields instead.
+Limits: a class of the package not in the table (an internal one) and a function of the package are refused with
+:class:`~flink_agents_replay.errors.NotPicklableError` (keep plain data, or a name, instead). Data holding these
+ids does not read in 0.5.0 and earlier (a downgrade fails on it).
 """
 
 from __future__ import annotations
 
-import copyreg
-import enum
 import importlib
-import sys
+import types
 from typing import Any
 
 from flink_agents_replay.errors import NotPicklableError, SignatureError
 
-__all__ = ["is_package_class", "package_object_id", "package_object_from_id"]
+__all__ = ["ASK", "ORDINARY", "PACKAGE", "PERSISTED_CLASSES", "TAG", "holds_package_code", "object_kind",
+           "package_class_from_id", "package_class_id"]
 
-_TAG = "flink-agents-replay"
+#: What marks a persistent id of this package (and tells ``load_user`` that the bytes may hold one).
+TAG = "flink-agents-replay"
 _PACKAGE = __name__.split(".")[0]
-_is_package: dict[type, bool] = {}
-_public_names: dict[type, str | None] = {}
 
+#: The persisted name of each class of the package that a user value may hold, and where it lives now.
+PERSISTED_CLASSES: dict[str, str] = {
+    "Agent": "flink_agents_replay.agent:Agent",
+    "AgentConfig": "flink_agents_replay.config:AgentConfig",
+    "AgentOutput": "flink_agents_replay.operator:AgentOutput",
+    "Argument": "flink_agents_replay.tools:Argument",
+    "ChatModel": "flink_agents_replay.chat_model:ChatModel",
+    "ChatResult": "flink_agents_replay.records.chat:ChatResult",
+    "Event": "flink_agents_replay.events:Event",
+    "InDoubtPolicy": "flink_agents_replay.resources:InDoubtPolicy",
+    "InputEvent": "flink_agents_replay.events:InputEvent",
+    "OutputEvent": "flink_agents_replay.events:OutputEvent",
+    "Resource": "flink_agents_replay.resources:Resource",
+    "RunnerContext": "flink_agents_replay.agent:RunnerContext",
+    "SideEffects": "flink_agents_replay.resources:SideEffects",
+    "Tool": "flink_agents_replay.resources:Tool",
+    "ToolCall": "flink_agents_replay.records.chat:ToolCall",
+    "ToolLoopResult": "flink_agents_replay.tool_loop:ToolLoopResult",
+    "Usage": "flink_agents_replay.records.chat:Usage",
+}
+_NAME_OF = {target: name for name, target in PERSISTED_CLASSES.items()}
 
-#: Modules of the package that hold *user* code as a user would write it (the demo's agent, the testing API's
-#: agents and events, the local services): their classes pickle like any user class, by reference.
+#: Modules of the package that hold *user* code as a user would write it.
 _USER_CODE = tuple(f"{_PACKAGE}.{name}." for name in ("examples", "testing", "local"))
+_kinds: dict[type, int] = {}
+_MEMO_LIMIT = 4096
 
 
-def is_package_class(kind: type) -> bool:
-    """Whether ``kind`` is defined in this package's product code (memoized: asked of every object a user value
-    holds that is not builtin data)."""
-    known = _is_package.get(kind)
-    if known is None:  # first sight of the class
-        module = getattr(kind, "__module__", None) or ""
-        known = module.split(".")[0] == _PACKAGE and not (module + ".").startswith(_USER_CODE)
-        _is_package[kind] = known
+#: What :func:`object_kind` says of a type's instances.
+ORDINARY, PACKAGE, ASK = 0, 1, 2
+
+
+def object_kind(kind: type) -> int:
+    """Of objects of type ``kind``: ``PACKAGE`` (instances of a package class), ``ASK`` (classes and functions:
+    :func:`holds_package_code` tells), else ``ORDINARY``. Memoized: asked of every non-builtin object a value
+    holds, so the common case is one dict lookup."""
+    known = _kinds.get(kind)
+    if known is None:  # first sight of the type
+        if len(_kinds) >= _MEMO_LIMIT:  # types made at run time (pydantic create_model...) come and go
+            _kinds.clear()
+        if issubclass(kind, type) or kind is types.FunctionType:
+            known = ASK
+        else:
+            known = PACKAGE if _package_module(getattr(kind, "__module__", None)) else ORDINARY
+        _kinds[kind] = known
     return known
 
 
-def package_object_id(obj: Any) -> list[Any] | None:
-    """The persistent id of a package object (``None`` for any other object); refuses one without a public name."""
-    kind = type(obj)
-    if not is_package_class(kind):
+def holds_package_code(obj: Any) -> bool:
+    """Whether ``obj`` is an instance or a class of the package's product code, or one of its functions."""
+    known = object_kind(type(obj))
+    if known is not ASK:
+        return known is PACKAGE
+    if isinstance(obj, type):
+        return object_kind(obj) is PACKAGE
+    return _package_module(obj.__module__)
+
+
+def package_class_id(obj: Any) -> list[str] | None:
+    """The persistent id of a class of the package (``None`` for any other object); refuses an internal class
+    and the package's functions."""
+    if object_kind(type(obj)) is not ASK or not holds_package_code(obj):
         return None
-    if isinstance(obj, BaseException):
-        return [_TAG, "exception", _exception_name(kind), [list(obj.args), dict(vars(obj))]]
-    name = _public_name(kind)
-    if isinstance(obj, enum.Enum):
-        return [_TAG, "enum", name, obj.name]
-    return [_TAG, "object", name, _attributes(obj)]
-
-
-def package_object_from_id(pid: Any) -> Any:
-    """The object :func:`package_object_id` named."""
-    if not (isinstance(pid, list) and len(pid) == 4 and pid[0] == _TAG):
-        raise SignatureError(f"a value names an object this version does not know how to read: {pid!r:.200}")
-    _, form, name, state = pid
-    kind = _resolve(form, name)
-    if form == "enum":
-        return kind[state]
-    obj = kind.__new__(kind)
-    if form == "exception":
-        args, attributes = state
-        obj.args = tuple(args)
-        obj.__dict__.update(attributes)
-        return obj
-    for attribute, value in state.items():
-        object.__setattr__(obj, attribute, value)  # frozen dataclasses and __slots__ included
-    return obj
-
-
-def _public_name(kind: type) -> str:
-    """The name ``kind`` is exported under at the package's top level."""
-    if kind not in _public_names:
-        package = sys.modules[_PACKAGE]
-        name = kind.__name__
-        exported = name in getattr(package, "__all__", ()) and getattr(package, name, None) is kind
-        _public_names[kind] = name if exported else None
-    name = _public_names[kind]
+    if not isinstance(obj, type):
+        raise NotPicklableError(f"holds {obj.__qualname__}, a function of flink-agents-replay, which is not kept in "
+                                "user values: keep its name instead")
+    if issubclass(obj, BaseException):
+        return [TAG, "exception", _exception_name(obj)]
+    name = _NAME_OF.get(f"{obj.__module__}:{obj.__qualname__}")
     if name is None:
-        raise NotPicklableError(
-            f"holds a {kind.__qualname__}, an internal object of flink-agents-replay that is not kept in user "
-            "values (a later version may change it): keep its fields (plain data) instead")
-    return name
+        raise NotPicklableError(f"holds an object of {obj.__qualname__}, an internal class of flink-agents-replay "
+                                "that is not kept in user values: keep plain data instead")
+    return [TAG, "class", name]
+
+
+def package_class_from_id(pid: Any) -> type:
+    """The class :func:`package_class_id` named."""
+    if not (isinstance(pid, list) and len(pid) == 3 and pid[0] == TAG):
+        raise SignatureError(f"a value names an object this version cannot read: {pid!r:.200}")
+    _, form, name = pid
+    if form == "exception":
+        from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTIONS
+
+        kind = PACKAGE_EXCEPTIONS.get(name)
+    else:
+        target = PERSISTED_CLASSES.get(name) if form == "class" else None
+        kind = _import(target) if target else None
+    if kind is None:
+        raise SignatureError(f"a value holds a {name} ({form}) of flink-agents-replay, which this version does not "
+                             "know: it was written by a newer version")
+    return kind
+
+
+def _import(target: str) -> Any:
+    module, qualname = target.split(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _exception_name(kind: type) -> str:
@@ -116,24 +150,6 @@ def _exception_name(kind: type) -> str:
     return name
 
 
-def _resolve(form: str, name: str) -> Any:
-    if form == "exception":
-        from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTIONS
-
-        kind = PACKAGE_EXCEPTIONS.get(name)
-    else:
-        package = importlib.import_module(_PACKAGE)
-        kind = getattr(package, name, None) if name in package.__all__ else None
-    if not isinstance(kind, type) or form not in ("object", "enum", "exception"):
-        raise SignatureError(f"a value holds a {name} ({form}) of flink-agents-replay that this version does not "
-                             "have: upgrade flink-agents-replay")
-    return kind
-
-
-def _attributes(obj: Any) -> dict[str, Any]:
-    """The instance's attributes and the values of its slots, as pickle finds them."""
-    attributes = dict(getattr(obj, "__dict__", {}))
-    for name in copyreg._slotnames(type(obj)):  # noqa: SLF001 - the slot names of the class and its bases
-        if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-            attributes[name] = getattr(obj, name)
-    return attributes
+def _package_module(module: str | None) -> bool:
+    module = module or ""
+    return module.split(".")[0] == _PACKAGE and not (module + ".").startswith(_USER_CODE)

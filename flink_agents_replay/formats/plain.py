@@ -8,7 +8,7 @@ The user's values (memory values, event fields, tool results, business keys, inp
 user's own exceptions) are the exception: they are whatever Python objects the agent uses, so they are
 kept as cloudpickled bytes inside the plain structure (:func:`dump_user`, :func:`load_user`). Each schema
 says which of its fields hold such bytes; nothing else is ever unpickled. The package's own objects inside
-them (a ``ChatResult`` kept in memory) are written by their public name, not their module path
+them (a ``ChatResult`` kept in memory) are written with their class's persisted name, not its module path
 (:mod:`flink_agents_replay.formats.package_values`).
 """
 
@@ -22,7 +22,14 @@ import cloudpickle
 import msgpack
 
 from flink_agents_replay.errors import NotPicklableError, SignatureError
-from flink_agents_replay.formats.package_values import is_package_class, package_object_from_id, package_object_id
+from flink_agents_replay.formats.package_values import (
+    ORDINARY,
+    TAG,
+    holds_package_code,
+    object_kind,
+    package_class_from_id,
+    package_class_id,
+)
 
 __all__ = ["dump_user", "load_user", "pack", "unpack"]
 
@@ -53,51 +60,50 @@ def dump_user(value: Any, *, what: str = "value") -> bytes:
     try:
         try:
             return _dump(_UserPickler, value)
-        except _HoldsPackageObject:  # rare: pickled again, asking about every object (a third slower)
-            return _dump(_PackageObjectPickler, value)
+        except _HoldsPackageCode:  # rare: pickled again, asking about every object
+            return _dump(_PackageClassPickler, value)
     except NotPicklableError as exc:
-        raise NotPicklableError(f"{what} {exc}") from None
+        raise NotPicklableError(f"{what} {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
         raise NotPicklableError(f"{what} cannot be serialized with cloudpickle: {exc}") from exc
 
 
 def load_user(data: bytes) -> Any:
     """A user's value from :func:`dump_user`'s bytes (the only place this package unpickles current data)."""
-    try:
-        return pickle.loads(data)
-    except pickle.UnpicklingError as exc:
-        if "persistent" not in str(exc):  # "A load persistent id instruction was encountered, but no ..."
-            raise
-    return _UserUnpickler(io.BytesIO(data)).load()
+    if _TAG_BYTES in data:  # may name a class of the package (formats.package_values)
+        return _UserUnpickler(io.BytesIO(data)).load()
+    return pickle.loads(data)
 
 
-class _HoldsPackageObject(Exception):
-    """The value holds an object of this package: it is pickled again, by :class:`_PackageObjectPickler`."""
+_TAG_BYTES = TAG.encode()
+
+
+class _HoldsPackageCode(Exception):
+    """The value holds a class of this package: it is pickled again, by :class:`_PackageClassPickler`."""
 
 
 class _UserPickler(cloudpickle.CloudPickler):
-    """cloudpickle's pickler, stopping at an object of this package (asked only of objects that are not builtin
-    data: the common case stays at cloudpickle's speed)."""
+    """cloudpickle's pickler, stopping at a class or an instance of this package (asked only of objects that are
+    not builtin data, as cloudpickle's own hook is: the common case stays at cloudpickle's speed)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if is_package_class(type(obj)):
-            raise _HoldsPackageObject
+        if object_kind(type(obj)) is not ORDINARY and holds_package_code(obj):
+            raise _HoldsPackageCode
         return _cloudpickle_reducer(self, obj)  # not super(): this runs for every object that is not builtin data
 
 
 _cloudpickle_reducer = cloudpickle.CloudPickler.reducer_override
 
 
-class _PackageObjectPickler(cloudpickle.CloudPickler):
-    """cloudpickle's pickler writing this package's objects by their public name."""
+class _PackageClassPickler(cloudpickle.CloudPickler):
+    """cloudpickle's pickler writing this package's classes by their persisted name."""
 
-    def persistent_id(self, obj: Any) -> Any:
-        return package_object_id(obj)
+    persistent_id = staticmethod(package_class_id)  # called with every object: no bound method in between
 
 
 class _UserUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
-        return package_object_from_id(pid)
+        return package_class_from_id(pid)
 
 
 def _dump(pickler: type[cloudpickle.CloudPickler], value: Any) -> bytes:

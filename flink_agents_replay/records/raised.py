@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import cloudpickle
+from flink_agents_replay.formats.plain import dump_user, load_user
 
 __all__ = ["decode_exception", "encode_exception"]
 
@@ -27,7 +27,7 @@ _VERSION = 1
 
 def _picklable(value: Any) -> bool:
     try:
-        cloudpickle.dumps(value)
+        dump_user(value)
     except Exception:  # noqa: BLE001 - pickling raises many types
         return False
     return True
@@ -35,7 +35,7 @@ def _picklable(value: Any) -> bool:
 
 def _round_trips(exc: BaseException) -> bool:
     try:
-        return type(cloudpickle.loads(cloudpickle.dumps(exc))) is type(exc)
+        return type(load_user(dump_user(exc))) is type(exc)
     except Exception:  # noqa: BLE001 - a constructor that does not take exc.args, an unpicklable attribute...
         return False
 

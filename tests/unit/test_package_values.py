@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from flink_agents_replay import ChatResult, InputEvent, OutputEvent, SideEffects, ToolCall, ToolLoopResult
-from flink_agents_replay.errors import ChatModelError, NotPicklableError
+from flink_agents_replay.errors import ChatModelError, NotPicklableError, ToolLoopLimitError
 from flink_agents_replay.formats.plain import dump_user, load_user
 from flink_agents_replay.records.chat import Usage
 
@@ -74,7 +74,7 @@ def test_an_event_read_back_keeps_its_id():
 def test_a_package_object_without_a_public_name_is_refused_clearly():
     from flink_agents_replay.longterm.store import Where
 
-    with pytest.raises(NotPicklableError, match=r"memory path 'filter'.*Where.*flink-agents-replay"):
+    with pytest.raises(NotPicklableError, match=r"memory path 'filter' holds an object of Where, an internal"):
         dump_user({"filter": Where()}, what="memory path 'filter'")
 
 
@@ -140,8 +140,68 @@ def test_a_tool_loop_result_kept_in_memory_and_sent_survives_the_journal_and_the
 
 
 def test_classes_of_the_testing_api_and_the_demo_pickle_like_user_code():
-    from flink_agents_replay.formats.package_values import is_package_class
+    from flink_agents_replay.formats.package_values import holds_package_code
     from flink_agents_replay.testing.agents import Classified
 
-    assert not is_package_class(Classified) and is_package_class(ChatResult)
+    assert not holds_package_code(Classified) and holds_package_code(ChatResult)
     assert load_user(dump_user([Classified.__new__(Classified)]))[0].__class__ is Classified
+
+
+def test_package_objects_that_refer_to_each_other_or_are_shared_keep_their_shape():
+    first, second = InputEvent(None), InputEvent(None)
+    first.input, second.input = second, first  # a cycle through two package objects
+    failure = ToolLoopLimitError("still calling tools")
+    failure.me = failure
+    reply = _result()
+    again = load_user(dump_user({"events": [first], "failure": failure, "shared": [reply] * 100}))
+    assert again["events"][0].input.input is again["events"][0]
+    assert again["failure"].me is again["failure"]
+    assert all(r is again["shared"][0] for r in again["shared"]) and again["shared"][0] == reply
+    assert len(dump_user([reply] * 100)) < len(dump_user([reply])) + 400  # the memo, not 100 copies
+
+
+class Ticket(OutputEvent):
+    """A user's event class on a package base (in a ``flink run -py`` script it is pickled by value)."""
+
+
+def test_a_class_pickled_by_value_names_its_package_base_by_its_persisted_name():
+    # tests/conftest.py registers every test module for pickling by value, as a job script is.
+    data = dump_user({"ticket": Ticket("late parcel"), "format": ChatResult, "effects": [SideEffects.NONE]})
+    assert b"on a package base" in data and PACKAGE_PATH not in data  # Ticket by value (its docstring), no path
+    again = load_user(data)
+    assert again["ticket"].output == "late parcel" and OutputEvent in type(again["ticket"]).__mro__
+    assert again["format"] is ChatResult and again["effects"][0] is SideEffects.NONE
+
+
+def test_resources_keep_their_own_pickled_state():
+    """A tool and a chat model that made a call (its SDK client and locks stay out of its pickle)."""
+    from flink_agents_replay import ChatModel, tool
+
+    @tool
+    def lookup(order_id: str) -> str:
+        """Look it up."""
+        return order_id
+
+    model = ChatModel("m", base_url="http://127.0.0.1:9/v1")
+    model._sdk()  # its client, with a lock, exists now
+    again = load_user(dump_user({"tool": lookup, "model": model}))
+    assert again["tool"].schema == lookup.schema and again["model"].model == "m"
+
+
+def test_a_function_of_the_package_in_a_value_is_refused_clearly():
+    from flink_agents_replay import run_tool_loop
+
+    with pytest.raises(NotPicklableError, match="memory path 'f' holds run_tool_loop, a function of"):
+        dump_user({"f": run_tool_loop, "n": object()}, what="memory path 'f'")
+
+
+def test_every_class_the_package_exports_has_a_persisted_name_that_resolves():
+    import flink_agents_replay
+    from flink_agents_replay.formats.package_values import PERSISTED_CLASSES, package_class_from_id
+
+    exported = {name for name in flink_agents_replay.__all__ if isinstance(getattr(flink_agents_replay, name), type)
+                and not issubclass(getattr(flink_agents_replay, name), BaseException)}
+    assert exported <= set(PERSISTED_CLASSES)
+    for name in PERSISTED_CLASSES:
+        kind = package_class_from_id(["flink-agents-replay", "class", name])
+        assert kind.__name__ == name

@@ -107,16 +107,22 @@ def test_a_callable_object_tool_is_named_and_described_after_its_class():
     assert lookup.schema["properties"] == {"order_id": {"type": "string"}}
 
 
-def test_a_chat_model_for_openais_api_without_a_key_fails_where_it_is_made(monkeypatch):
+def test_a_chat_model_for_openais_api_without_a_key_is_told_where_it_is_made_and_refused_at_its_first_call(
+        monkeypatch, caplog):
+    from flink_agents_replay.errors import ConfigError
+
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    with pytest.raises(ValueError, match=r"OPENAI_API_KEY.*base_url"):
-        ChatModel("gpt-4o-mini")
-    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
-        ChatModel("gpt-4o-mini", base_url="https://API.openai.com/v1")
-    assert ChatModel("llama3.2", base_url="http://localhost:11434/v1").base_url  # a local server needs none
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    assert ChatModel("gpt-4o-mini").model == "gpt-4o-mini"
+    model = ChatModel("gpt-4o-mini")  # the key may be set for the TaskManagers only
+    assert "has no key in this process" in caplog.text
+    with pytest.raises(ConfigError, match=r"OPENAI_API_KEY.*base_url"):
+        model._sdk()
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        ChatModel("gpt-4o-mini", base_url="https://API.openai.com/v1")._sdk()
+    caplog.clear()
+    assert ChatModel("llama3.2", base_url="http://localhost:11434/v1")._sdk()  # a local server needs none
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # set where the worker runs
+    assert model._sdk().api_key == "sk-test" and not caplog.text
 
 
 def test_a_response_formats_schema_is_made_once_per_class_for_digests_and_requests():
@@ -140,3 +146,18 @@ def test_a_response_formats_schema_is_made_once_per_class_for_digests_and_reques
     requests[0]["json_schema"]["schema"]["properties"].clear()  # a request's copy: the cache keeps its own
     assert len(made) == 1 and len(digests) == 1
     assert requests[1]["json_schema"]["schema"]["properties"] == {"text": {"title": "Text", "type": "string"}}
+
+
+class Refund:
+    """Refund an order."""
+
+    def __init__(self, order_id: str, cents: int):
+        self.order_id, self.cents = order_id, cents
+
+
+def test_a_class_and_a_partial_of_a_callable_object_are_named_after_their_class():
+    refund = Tool(Refund)
+    assert (refund.name, refund.description) == ("Refund", "Refund an order.")
+    assert refund.schema["properties"] == {"order_id": {"type": "string"}, "cents": {"type": "integer"}}
+    bound = Tool(functools.partial(Lookup()))
+    assert (bound.name, bound.description) == ("Lookup", "Look up an order in the shop's database.")
