@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -69,13 +70,35 @@ class CommittedOutput:
     output: Any
 
 
+#: How the worker's exception appears in the Java trace in thread mode (pemja) and in process mode (Beam).
+_THREAD_MODE_EXCEPTION = re.compile(r"pemja\.core\.PythonException: <class '(?:[\w.]*\.)?([\w]+)'>: (.*)")
+
+
+def python_exception_line(trace: str) -> str | None:
+    """``Type: message`` of the Python exception a job's failure (its text, with the Java trace) carries: the
+    last one PyFlink's thread mode reports, else the last line of the last Python traceback; ``None``."""
+    found = _THREAD_MODE_EXCEPTION.findall(trace)
+    if found:
+        kind, message = found[-1]
+        return f"{kind}: {message.strip()}"
+    start = trace.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    for line in trace[start:].splitlines()[1:]:
+        if line.strip() and not line[:1].isspace():
+            return line.strip()
+    return None
+
+
 @dataclass(frozen=True)
 class AgentRunResult:
     """What one :meth:`AgentTestEnvironment.run` did.
 
     ``failure`` is the exception the job ended with (after its restarts; ``None``: it finished), carried
     rather than raised, like Temporal's replay results: a test can assert on it and still read the outputs
-    committed before it.
+    committed before it. ``failure_message`` is it as a person reads it: the Python exception that ended the job
+    (``"ValueError: ..."``, without its module), found in the Java trace PyFlink wraps it in, else the
+    failure's first line.
     """
 
     outputs: tuple[CommittedOutput, ...]
@@ -85,6 +108,7 @@ class AgentRunResult:
     input_topic: str
     output_topic: str
     journal_topic: str
+    failure_message: str | None = None
 
     def outputs_by_key(self) -> dict[str, list[Any]]:
         """Each key's outputs (their ``output`` values), in seq order."""
@@ -202,17 +226,18 @@ class AgentTestEnvironment:
         before = self.counter.counts()
         env = self._job(agent, agent_config, key=key, topics=topics, parallelism=parallelism,
                         checkpoint_interval_ms=checkpoint_interval_ms, fail_over=fail_over, claims=claims)
-        failure = None
+        failure, message = None, None
         try:
             env.execute(f"agent {agent.name} (testing)")
         except Exception as exc:  # noqa: BLE001 - carried in the result, not raised
             failure = exc
+            message = python_exception_line(str(exc)) or str(exc).strip().split("\n", 1)[0]
         outputs = self._read_outputs(topics["output"], timeout_s)
         after = self.counter.counts()
         counts = {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
         return AgentRunResult(outputs=tuple(outputs), call_counts=counts, failed_over=bool(claims.count("fired")),
                               failure=failure, input_topic=topics["input"], output_topic=topics["output"],
-                              journal_topic=topics["journal"])
+                              journal_topic=topics["journal"], failure_message=message)
 
     @staticmethod
     def _ship_by_value(modules: Iterable[ModuleType]) -> None:

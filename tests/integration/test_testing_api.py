@@ -54,3 +54,17 @@ def test_a_user_agent_fails_over_once_and_every_effect_happens_once(kafka_bootst
         f"c{k}": [{"n": n, "found": f"found c{k}/{n}", "history": list(range(n + 1))} for n in range(4)]
         for k in range(3)}
     assert result.call_counts == {f"lookup:c{k}:{n}": 1 for n in range(4) for k in range(3)}
+
+
+class RefusingAgent(Agent):
+    @action(InputEvent)
+    def refuse(event, ctx):
+        raise ValueError(f"refund of {event.input['n']} over the limit")
+
+
+def test_an_action_that_raises_ends_the_run_with_its_python_exception_readable(kafka_bootstrap):
+    with AgentTestEnvironment.from_bootstrap(kafka_bootstrap) as env:
+        result = env.run(RefusingAgent(name="refusing", resources={}), inputs=[{"customer": "c0", "n": 7}],
+                         key=lambda record: record["customer"])
+    assert result.failure is not None and result.outputs == ()
+    assert result.failure_message == "ValueError: refund of 7 over the limit", result.failure_message
