@@ -10,8 +10,10 @@ Each model turn is one ``ctx.call(model, messages=..., tools=...)``, each tool t
 ``ctx.call(tool, **arguments)``, in a fixed order, so the journal holds the loop step by step. After a failover
 the recovered run reuses every turn and tool call that was journaled, in order (their results rebuild the same
 conversation), and goes on live from the first that was not: a loop cut between a tool call and the next model
-turn repeats neither. Tools keep their declared side effects and in-doubt policy (an ``external`` tool in doubt
-follows its ``in_doubt`` policy), and in a replay the side-effect policy governs each call as usual.
+turn repeats neither (an ``external`` tool's outcome is acknowledged by the journal before the next turn is
+asked). Tools keep their declared side effects and in-doubt policy (an ``external`` tool cut short during its
+call is in doubt and follows its ``in_doubt`` policy), and in a replay the side-effect policy governs each call
+as usual.
 
 The model's arguments are converted to the tool function's types (an enum member, a pydantic model) before the
 call; arguments that are not a JSON object or do not fit, or a tool not in ``tools``, make no call and send the

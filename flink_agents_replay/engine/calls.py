@@ -22,6 +22,8 @@ decides, in this order:
 4. **Live.** An external resource first journals an acknowledged "started" record; the call runs with a
    stable call id (:func:`call_id`, ``current_call_id()`` inside the resource) on private copies of its
    arguments; its outcome, returned or raised, is journaled. A timeout is neither: the call is in doubt.
+   An external call's outcome is acknowledged before the run's next call is made (its "started" record's
+   wait, or its own): a run that went on past an external call never finds it in doubt.
 
 Sub-agent calls (:mod:`.children`) are matched and journaled the same way.
 """
@@ -142,7 +144,7 @@ class ActionCalls:
                      self.context.run.key, self.context.run.seq, self.site.action, position, resource_name)
 
     def write_call(self, position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
-                   *, must_ack: bool = False, meta: dict[str, Any] | None = None) -> None:
+                   *, must_ack: bool = False, external: bool = False, meta: dict[str, Any] | None = None) -> None:
         """Journal the call's state (started, returned, raised); list finished ones in the run's calls."""
         context, site = self.context, self.site
         record = CallRecord(context.run.seq, site.order, site.event.id, site.action, position, resource_name,
@@ -153,6 +155,7 @@ class ActionCalls:
             return
         context.journal.write(
             site.record_key, RecordKind.CALL, record, fingerprint=site.spec.fingerprint, must_ack=must_ack,
+            ack_before_next_call=external and outcome is not CallOutcome.STARTED,
             what=f"the result of call {position} to {resource_name!r} in action {site.action}",
         )
 
@@ -199,11 +202,14 @@ class ActionCalls:
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
               kwargs: dict, live: Live) -> Any:
         """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
-        if self.context.journal is not None and resource.tracks_start:
+        external = resource.tracks_start
+        if self.context.journal is not None and external:
             self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
             # The wait for that ack may outlast the operator's close: no call is made after it (the next attempt
             # finds this one in doubt, and its policy decides there).
             self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
+        elif self.context.journal is not None:
+            self.context.journal.before_call()  # an earlier external call's outcome, if still unacknowledged
         self.note_retry(position, resource_name)
         token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live))
         meta: dict[str, Any] = {}
@@ -222,14 +228,14 @@ class ActionCalls:
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             self.stats.calls_executed += 1
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
-                            meta=_with_latency(meta, begun))
+                            external=external, meta=_with_latency(meta, begun))
             raise
         finally:
             _CALL_REPORT.reset(report)
             _CALL_SITE.reset(token)
         self.stats.calls_executed += 1
         self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result,
-                        meta=_with_latency(meta, begun))
+                        external=external, meta=_with_latency(meta, begun))
         # A copy: the journaled result stays as it was, whatever the action does to its copy.
         return resource.restore_result(private_copy(result), args, kwargs)
 

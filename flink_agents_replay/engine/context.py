@@ -28,8 +28,12 @@ class RunJournal(Protocol):
     ``journal.writer.RunJournal`` is one; tests use the in-memory store behind the same writer)."""
 
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
-              what: str = "journal record", must_ack: bool = False) -> None:
-        """Append one record; wait for its acknowledgement when ``must_ack`` (or the durability mode) asks."""
+              what: str = "journal record", must_ack: bool = False, ack_before_next_call: bool = False) -> None:
+        """Append one record; wait for its acknowledgement when ``must_ack`` (or the durability mode) asks, or
+        at the next :meth:`before_call` with ``ack_before_next_call``."""
+
+    def before_call(self) -> None:
+        """Before the run makes a call: wait for the records ``ack_before_next_call`` asked for, if any."""
 
     def acknowledge(self) -> None:
         """Wait until every record written so far is acknowledged."""

@@ -16,11 +16,13 @@ guarantee needs one; the modes differ in where that is (docs/design.md, "durabil
 * ``per_action`` / ``per_call``: an action's completion / every record is acknowledged before the run
   goes on, then as ``per_run``. Fewer calls made again after a crash, a broker round trip per action or call.
 
-In every mode a *started* record (external side effects) is acknowledged before its call is made.
-Acknowledgements come in partition order (an idempotent producer), so that wait also covers every
-earlier record of the key group. After a crash, a call whose record was not yet acknowledged is made
-again by the next attempt (with the same idempotency key, ``ctx.call_id``); the counters
-``calls_executed`` against a failure-free run, and a service that honours the key, tell how many.
+In every mode a *started* record (external side effects) is acknowledged before its call is made, and
+the outcome of such a call before the run makes its next call: once a run has gone on past an external
+call (a tool loop's next model turn), that call is never made again. Acknowledgements come in partition
+order (an idempotent producer), so each wait also covers every earlier record of the key group. After a
+crash, a call whose record was not yet acknowledged is made again by the next attempt (with the same
+idempotency key, ``ctx.call_id``); the counters ``calls_executed`` against a failure-free run, and a service
+that honours the key, tell how many.
 
 Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
 :meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.
@@ -146,10 +148,12 @@ class RunJournal:
         self._lock = threading.Lock()
         self.first_delivery: Delivery | None = None
         self.records_written = 0
+        self._owed_before_next_call = False
 
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
-              what: str = "journal record", must_ack: bool = False) -> None:
-        """Append one record; wait for it when ``must_ack`` or the durability mode asks for it."""
+              what: str = "journal record", must_ack: bool = False, ack_before_next_call: bool = False) -> None:
+        """Append one record; wait for it when ``must_ack`` or the durability mode asks for it, or (with
+        ``ack_before_next_call``) at the run's next :meth:`before_call`."""
         value = self._writer.encode(record_key, kind, payload, partition=self.partition, fingerprint=fingerprint,
                                     what=what, attempt=self._writer.fences.get(self.partition, 0))
         with self._lock:  # the first delivery must be the first record appended
@@ -158,16 +162,23 @@ class RunJournal:
                 self.first_delivery = delivery
             self.records_written += 1
             self._pending.append(delivery)
+            self._owed_before_next_call |= ack_before_next_call
         durability = self._writer.durability
         if must_ack or durability is Durability.PER_CALL or (
             durability is Durability.PER_ACTION and kind is RecordKind.COMPLETION
         ):
             self.acknowledge()
 
+    def before_call(self) -> None:
+        """Before the run makes a call: wait for the records an external call's outcome is owed, if any."""
+        if self._owed_before_next_call:
+            self.acknowledge()
+
     def acknowledge(self) -> None:
         """Wait until every record written so far is acknowledged."""
         with self._lock:
             pending, self._pending = self._pending, []
+            self._owed_before_next_call = False
         for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
 

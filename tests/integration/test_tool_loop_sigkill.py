@@ -3,13 +3,16 @@
 A standalone cluster with one TaskManager runs ``tests/jobs/tool_loop_job.py`` (``flink run -py``): per ticket a
 tool loop against the local model service, slowed to 0.3 s per model turn: turn 1 calls ``find_order``, the tool
 runs at once, turn 2 answers. The TaskManager is SIGKILLed after a checkpoint completed, at a moment when some
-tickets' tool had run and their turn 2 had not answered (counted outside the worker, in a SQLite file). A new
-TaskManager takes over, Flink restores the checkpoint, and the runs go on from the journal.
+tickets' tool had run and their turn 2 had been asked and had not answered (counted outside the worker, in a
+SQLite file). A new TaskManager takes over, Flink restores the checkpoint, and the runs go on from the journal.
 
 Checked from outside the worker: for every ticket caught between its tool call and its next turn, turn 1 was
-asked once and the tool ran once (both reused from the journal); no request reached the model service twice as
-an execution (a turn 2 that was under way is sent again with the same ``Idempotency-Key`` and answered from the
-service's store); every tool ran once; the committed answers (``read_committed``) are a failure-free run's, each
+asked once and the tool ran once (both reused from the journal: a run goes on past an external call only once
+its outcome is acknowledged); no request reached the model service twice as an execution (a turn 2 that was
+under way is sent again with the same ``Idempotency-Key`` and answered from the service's store); the committed
+answers (``read_committed``) are a failure-free run's, each once. A tool cut short *during* its call (run, its
+outcome not yet acknowledged) is in doubt and made again under its policy (``rerun``): the test allows that only
+for a tool that had run before the kill, and only with the same call id, which an idempotent service applies
 once. The agent keeps each loop's ``ToolLoopResult`` in memory and the key's next ticket reads it: a package
 object in the user's state, restored by its public name in the new TaskManager.
 """
@@ -35,15 +38,25 @@ KEYS, PER_KEY = 4, 12
 
 
 def between(counter: InvocationCounter, job) -> set[str]:
-    """Tickets whose tool ran and whose turn 2 has not answered."""
+    """Tickets whose tool ran and whose turn 2 was asked and has not answered."""
     counts = counter.counts()
     return {f"{key}|{n}" for key, n in _tickets() if counts.get(f"tool:{job.order_of(key, n)}", 0)
-            and not counts.get(f"answered:2:{key}|{n}", 0)}
+            and counts.get(f"turn:2:{key}|{n}", 0) and not counts.get(f"answered:2:{key}|{n}", 0)}
 
 
 def _a_later_ticket(tickets: set[str]) -> bool:
     """Whether a ticket other than its key's first is among ``tickets`` (its key's memory holds a loop result)."""
     return any(int(ticket.rsplit("|", 1)[1]) > 0 for ticket in tickets)  # tickets count from 0
+
+
+def _tool_counts(counter: InvocationCounter) -> dict[str, int]:
+    """How many times each order's tool ran."""
+    return {name.split(":", 1)[1]: n for name, n in counter.counts().items() if name.startswith("tool:")}
+
+
+def _ticket(ticket: str) -> tuple[str, int]:
+    key, n = ticket.rsplit("|", 1)
+    return key, int(n)
 
 
 def _tickets() -> list[tuple[str, int]]:
@@ -80,6 +93,7 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     [(victim, victim_pid)] = cluster.taskmanager_processes().items()
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
     caught = between(counter, job)  # the fault hit: tools had run, their next turn had not answered
+    tools_at_kill = _tool_counts(counter)
     answered_at_kill = sum(n for name, n in counter.counts().items() if name.startswith("answered:2:"))
     assert len(caught) >= 2 and answered_at_kill < len(inputs) and _a_later_ticket(caught), (caught, answered_at_kill)
 
@@ -99,10 +113,16 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     assert sum(p is not None and p["type"] == "ToolLoopResult" for p in previous) == len(inputs) - KEYS
     counts = counter.counts()
     assert all(counts[f"turn:1:{ticket}"] == 1 for ticket in caught), {t: counts[f"turn:1:{t}"] for t in caught}
-    tools = {name: n for name, n in counts.items() if name.startswith("tool:")}
-    assert len(tools) == len(inputs) and set(tools.values()) == {1}, tools  # every tool ran once
+    tools = _tool_counts(counter)
+    assert set(tools) == {job.order_of(key, n) for key, n in _tickets()}, tools  # every tool ran
+    made_again = {order for order, n in tools.items() if n > 1}
+    assert all(tools[order] == 2 and tools_at_kill.get(order) == 1 for order in made_again), (made_again, tools)
+    call_ids = Counter(name.split(":", 1)[1].split("|", 1)[0] for name in counts if name.startswith("tool-id:"))
+    assert set(call_ids.values()) == {1}, call_ids  # one call id per order: an idempotent service applies it once
+    assert not made_again & {job.order_of(*_ticket(ticket)) for ticket in caught}, (caught, made_again)
     stats = model.stats()
     assert stats.repeated == 0 and stats.chat == 2 * len(inputs) and stats.tool_call_replies == len(inputs), stats
-    print(f"\ntool loop SIGKILL: {len(caught)} loops between a tool call and the next turn at the kill; after the "
-          f"restore every tool ran once ({len(tools)}), model executions {stats.chat} for {len(inputs)} loops, "
-          f"repeated {stats.repeated}, turns answered by idempotency key {stats.idempotent_replays}")
+    print(f"\ntool loop SIGKILL: {len(caught)} loops between a tool call and the next turn at the kill, "
+          f"their tools reused; {len(made_again)} tools cut short in their call made again with their call id; "
+          f"model executions {stats.chat} for {len(inputs)} loops, repeated {stats.repeated}, turns answered by "
+          f"idempotency key {stats.idempotent_replays}")

@@ -5,9 +5,9 @@ Each input ``{"key": ..., "n": ...}`` is a ticket naming order ``O-<5 digits>``.
 ``find_order`` tool (the service fills ``order_id`` from the ticket's text by the tool's pattern), the tool
 runs, turn 2 answers. Both sides count themselves in an
 :class:`~flink_agents_replay.testing.counter.InvocationCounter` file, outside the worker: the tool
-``tool:<ticket>``, each model turn ``turn:<k>:<ticket>`` when its request starts and ``answered:<k>:<ticket>`` when
-it returns. A ticket whose tool ran and whose turn 2 has not answered is *between a tool call and the next model
-turn*. Used by ``tests/integration/test_tool_loop_sigkill.py``.
+``tool:<order>`` and ``tool-id:<order>|<call id>``, each model turn ``turn:<k>:<ticket>`` when its request
+starts and ``answered:<k>:<ticket>`` when it returns. A ticket whose tool ran and whose turn 2 has not answered
+is *between a tool call and the next model turn*. Used by ``tests/integration/test_tool_loop_sigkill.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,16 @@ from typing import Annotated
 from pydantic import Field
 from pyflink.common import Types
 
-from flink_agents_replay import Agent, ChatModel, InputEvent, OutputEvent, action, run_tool_loop, tool
+from flink_agents_replay import (
+    Agent,
+    ChatModel,
+    InputEvent,
+    OutputEvent,
+    action,
+    current_call_id,
+    run_tool_loop,
+    tool,
+)
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
@@ -85,7 +94,10 @@ def find_order_tool(counter: InvocationCounter):
         Args:
             order_id: the order's id, O- and five digits.
         """
+        # Counted per order and per (order, call id): a tool made again in doubt after the kill keeps its call
+        # id, which is what lets an idempotent service apply it once.
         counter.increment(f"tool:{order_id}")
+        counter.increment(f"tool-id:{order_id}|{current_call_id()}")
         return {"order_id": order_id, "status": "in transit"}
     return tool(find_order, side_effects="external")  # in doubt after a crash: made again (its policy: rerun)
 

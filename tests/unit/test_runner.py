@@ -431,3 +431,48 @@ def test_a_run_cancelled_while_its_started_record_is_acknowledged_does_not_make_
         execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {}, journal=writer(store).run_journal(KEY_GROUP),
                     cancelled=closing.is_set)
     assert closing.is_set() and invoked == []
+
+
+@pytest.mark.parametrize("durability", [Durability.PER_RUN, Durability.AT_CHECKPOINT, Durability.PER_ACTION])
+def test_a_run_goes_on_past_an_external_call_only_once_its_outcome_is_acknowledged(durability):
+    """A tool loop's next model turn (no side effects, no 'started' record of its own) is made only once the
+    external tool's outcome is acknowledged: a crash after the run went on past the tool never makes it again."""
+    store = _WatchedStore(8)
+    seen_at_the_model: list[tuple[int, int]] = []
+
+    def model(text):
+        seen_at_the_model.append((len(store.deliveries), len({id(d) for d in store.waited})))
+        return f"answer to {text}"
+
+    class Loop(Agent):
+        @action(InputEvent)
+        def turn(event, ctx):
+            found = ctx.call("find_order", event.input)
+            ctx.send_event(OutputEvent(output=ctx.call("llm", found)))
+
+    agent = Loop(resources={"find_order": Tool(lambda order: {"order": order}, side_effects="external"),
+                            "llm": Tool(model, side_effects="none")})
+    execute_run(agent, RunInput("k1", KEY_GROUP, 1, "O-1"), {},
+                journal=writer(store, durability).run_journal(KEY_GROUP))
+    [(written, waited)] = seen_at_the_model
+    assert written >= 2 and waited == written  # the tool's 'started' and 'returned' records among them
+
+
+def test_calls_without_side_effects_wait_for_no_acknowledgement_of_their_own():
+    """The wait is owed to external calls only: calls without side effects go on without one (per_run)."""
+    store = _WatchedStore(8)
+    waits_at_each_call: list[int] = []
+
+    def lookup(text):
+        waits_at_each_call.append(len(store.waited))
+        return text.upper()
+
+    class Reads(Agent):
+        @action(InputEvent)
+        def read(event, ctx):
+            ctx.send_event(OutputEvent(output=[ctx.call("lookup", f"{event.input}{n}") for n in range(3)]))
+
+    agent = Reads(resources={"lookup": Tool(lookup, side_effects="none")})
+    execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {},
+                journal=writer(store, Durability.PER_RUN).run_journal(KEY_GROUP))
+    assert waits_at_each_call == [0, 0, 0] and len(store.deliveries) >= 3
