@@ -148,7 +148,7 @@ class RunJournal:
         self._lock = threading.Lock()
         self.first_delivery: Delivery | None = None
         self.records_written = 0
-        self._owed_before_next_call = False
+        self._owed_before_next_call: Delivery | None = None  # the last external call outcome's delivery
 
     def write(self, record_key: bytes, kind: RecordKind, payload: Any, *, fingerprint: str = "",
               what: str = "journal record", must_ack: bool = False, ack_before_next_call: bool = False) -> None:
@@ -162,7 +162,8 @@ class RunJournal:
                 self.first_delivery = delivery
             self.records_written += 1
             self._pending.append(delivery)
-            self._owed_before_next_call |= ack_before_next_call
+            if ack_before_next_call:
+                self._owed_before_next_call = delivery
         durability = self._writer.durability
         if must_ack or durability is Durability.PER_CALL or (
             durability is Durability.PER_ACTION and kind is RecordKind.COMPLETION
@@ -170,15 +171,21 @@ class RunJournal:
             self.acknowledge()
 
     def before_call(self) -> None:
-        """Before the run makes a call: wait for the records an external call's outcome is owed, if any."""
-        if self._owed_before_next_call:
-            self.acknowledge()
+        """Before the run makes a call: wait for the last external call outcome written, if any (its
+        acknowledgement covers the records before it: partition order). Cleared only once acknowledged, so
+        every thread of the run (sub-agent calls) that looks meanwhile waits too."""
+        owed = self._owed_before_next_call
+        if owed is None:
+            return
+        owed.wait(self._writer.ack_timeout_s)
+        with self._lock:
+            if self._owed_before_next_call is owed:
+                self._owed_before_next_call = None
 
     def acknowledge(self) -> None:
         """Wait until every record written so far is acknowledged."""
         with self._lock:
             pending, self._pending = self._pending, []
-            self._owed_before_next_call = False
         for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
 
