@@ -28,6 +28,8 @@ class OpenAIClientMixin:
 
     def _configure_client(self, *, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int,
                           default_headers: Mapping[str, str] | None) -> None:
+        _check_settings(type(self).__name__, base_url=base_url, timeout_s=timeout_s, max_retries=max_retries,
+                        default_headers=default_headers)
         if _openais_own(base_url) and not (api_key or os.environ.get("OPENAI_API_KEY")):
             # The key may be set for the TaskManagers only, and a replay with recorded calls needs none: said here,
             # refused at the first request (ConfigError, not a 401 from OpenAI).
@@ -57,6 +59,26 @@ class OpenAIClientMixin:
                 base_url=self.base_url, api_key=key or "unused",
                 timeout=self.timeout_s, max_retries=self.max_retries, default_headers=self.default_headers or None)
         return self._client
+
+
+def _check_settings(kind: str, *, base_url: str | None, timeout_s: Any, max_retries: Any,
+                    default_headers: Any) -> None:
+    """Refuse settings the SDK would take and then fail on obscurely (a ``Connection error.``, an assertion)."""
+    if base_url is not None:
+        parts = urlsplit(base_url) if isinstance(base_url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{kind} base_url={base_url!r}: expected an http:// or https:// URL with a host, "
+                              "e.g. 'http://127.0.0.1:8000/v1' (from base_url=... or $OPENAI_BASE_URL)")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ConfigError(f"{kind} timeout_s={timeout_s!r}: expected a number of seconds above 0 (or None: no "
+                          "timeout)")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigError(f"{kind} max_retries={max_retries!r}: expected a whole number, 0 or more")
+    if default_headers is not None and not (isinstance(default_headers, Mapping) and all(
+            isinstance(name, str) and isinstance(value, str) for name, value in default_headers.items())):
+        raise ConfigError(f"{kind} default_headers: expected a mapping of header names to string values, got "
+                          f"{type(default_headers).__name__}")
 
 
 def _openais_own(base_url: str | None) -> bool:

@@ -145,13 +145,21 @@ class Tool(Resource):
             return dict(arguments)
         import pydantic
 
+        from flink_agents_replay.tools import takes_any_keyword
+
+        # A name the function does not take (a misspelt one would otherwise leave its parameter at the default).
+        names = [argument.name for argument in self.arguments]
+        extra = {name: value for name, value in arguments.items() if name not in names}
+        if extra and not takes_any_keyword(self.function):
+            raise ValueError("; ".join(f"{name}: not a parameter of the tool" for name in sorted(extra))
+                             + f" (it takes {', '.join(names) or 'none'})")
         try:
             validated = self._arguments_model().model_validate(dict(arguments))
         except pydantic.ValidationError as exc:  # told to the model: no pydantic version or URL in the text
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
                                  for e in exc.errors(include_url=False))
             raise ValueError(problems) from None
-        return {name: getattr(validated, name) for name in arguments if name in type(validated).model_fields}
+        return {**{name: getattr(validated, name) for name in arguments if name in names}, **extra}
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         if self.timeout_s is None:

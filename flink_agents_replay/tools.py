@@ -82,6 +82,15 @@ def function_arguments(function: Callable[..., Any]) -> tuple[Argument, ...]:
         if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and parameter.name not in bound)
 
 
+def takes_any_keyword(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` takes keyword arguments it does not name (``**kwargs``)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature Python can read: nothing to check the names against
+        return True
+    return any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters)
+
+
 def bound_arguments(function: Callable[..., Any]) -> frozenset[str]:
     """The keyword arguments a ``functools.partial`` sets (nested partials are flattened by Python)."""
     return frozenset(function.keywords) if isinstance(function, functools.partial) else frozenset()

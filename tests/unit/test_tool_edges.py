@@ -4,6 +4,7 @@ objects, and a chat model for OpenAI's API without a key."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 
@@ -161,3 +162,41 @@ def test_a_class_and_a_partial_of_a_callable_object_are_named_after_their_class(
     assert refund.schema["properties"] == {"order_id": {"type": "string"}, "cents": {"type": "integer"}}
     bound = Tool(functools.partial(Lookup()))
     assert (bound.name, bound.description) == ("Lookup", "Look up an order in the shop's database.")
+
+
+def test_an_argument_the_function_does_not_take_makes_no_call_and_tells_the_model():
+    """A misspelt name (``colour``) would leave ``color`` at its default and make the call anyway: it is refused,
+    naming the parameters; a function with ``**kwargs`` takes any name, passed on as given."""
+    def paint(wall: str, color: str = "white") -> str:
+        return f"{wall} {color}"
+
+    def note(text: str, **tags) -> dict:
+        return {"text": text, **tags}
+
+    with pytest.raises(ValueError, match=r"colour: not a parameter of the tool \(it takes wall, color\)"):
+        Tool(paint).model_arguments({"wall": "north", "colour": "blue"})
+    assert Tool(note).model_arguments({"text": "hi", "mood": "calm"}) == {"text": "hi", "mood": "calm"}
+    painted = []
+    done = _loop(ScriptedModel([[ToolCall.from_json("c1", "paint", '{"wall": "north", "colour": "blue"}')]]),
+                 {"paint": tool(lambda wall, color="white": painted.append((wall, color)))})
+    answers = [m["content"] for m in done.messages if m["role"] == "tool"]
+    assert painted == [] and answers[0].startswith("error: the arguments of 'paint' do not fit its parameters: "
+                                                    "colour: not a parameter"), answers
+
+
+@pytest.mark.parametrize(("setting", "needle"), [
+    ({"base_url": "127.0.0.1:8000/v1"}, "base_url='127.0.0.1:8000/v1': expected an http:// or https:// URL"),
+    ({"base_url": "http:///v1"}, "with a host"),
+    ({"timeout_s": "fast"}, "timeout_s='fast': expected a number of seconds"),
+    ({"timeout_s": 0}, "timeout_s=0"),
+    ({"max_retries": -1}, "max_retries=-1: expected a whole number, 0 or more"),
+    ({"max_retries": 2.5}, "max_retries=2.5"),
+    ({"default_headers": {"X-Team": 7}}, "default_headers: expected a mapping of header names to string values"),
+])
+def test_chat_model_settings_the_sdk_would_fail_on_obscurely_are_refused_where_the_model_is_made(setting, needle):
+    """Taken by the SDK, these fail at the first request as 'Connection error.' or an internal assertion."""
+    from flink_agents_replay.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        ChatModel("m", **{"base_url": "http://127.0.0.1:8000/v1", "api_key": "k", **setting})
+    assert ChatModel("m", base_url="https://models.example/v1", api_key="k", timeout_s=None, max_retries=0)

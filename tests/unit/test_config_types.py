@@ -1,0 +1,30 @@
+"""Agent config settings of the wrong type are refused by name when the config is resolved, before any job."""
+
+import pytest
+
+from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.errors import ConfigError
+
+BASE = {"kafka": {"bootstrap.servers": "127.0.0.1:9092"}, "signing_key": "a-signing-key-of-20ch"}
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"max_concurrent_runs": "eight"}, "max_concurrent_runs must be a whole number, got 'eight' (str)"),
+    ({"max_concurrent_runs": True}, "max_concurrent_runs must be a whole number, got True (bool)"),
+    ({"max_parallelism": 1.5}, "max_parallelism must be a whole number, got 1.5 (float)"),
+    ({"max_waiting_inputs": "64"}, "max_waiting_inputs must be a whole number or None, got '64' (str)"),
+    ({"ack_timeout_s": "60"}, "ack_timeout_s must be a number of seconds, got '60' (str)"),
+    ({"capture": "yes"}, "capture must be True or False, got 'yes' (str)"),
+    ({"journal_topic": 7}, "journal_topic must be a string or None, got 7 (int)"),
+    ({"kafka": "127.0.0.1:9092"}, "kafka must be a dict, got '127.0.0.1:9092' (str)"),
+])
+def test_a_setting_of_the_wrong_type_is_named_with_what_it_must_be(setting, message):
+    with pytest.raises(ConfigError) as raised:
+        AgentConfig.from_mapping({**BASE, **setting}).resolved("agent")
+    assert str(raised.value) == message
+
+
+def test_settings_of_the_right_types_resolve():
+    config = AgentConfig.from_mapping({**BASE, "max_concurrent_runs": 4, "ack_timeout_s": 5, "close_timeout_s": 2.5,
+                                       "max_waiting_inputs": None, "capture": True}).resolved("agent")
+    assert (config.max_concurrent_runs, config.ack_timeout_s, config.capture) == (4, 5, True)
