@@ -47,6 +47,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flink_agents_replay.formats import dataclass_sentinels
+
+dataclass_sentinels.install()  # before anything is pickled: a job script's dataclasses keep their fields
+
 __version__ = "0.5.1"
 
 __all__ = [

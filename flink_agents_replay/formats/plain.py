@@ -14,6 +14,7 @@ them (a ``ChatResult`` kept in memory) are written with their class's persisted 
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 from typing import Any
@@ -89,6 +90,8 @@ class _UserPickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         if object_kind(type(obj)) is not ORDINARY and holds_package_code(obj):
             raise _HoldsPackageCode
+        if isinstance(obj, BaseException):
+            return _exception_reduce(self, obj)
         return _cloudpickle_reducer(self, obj)  # not super(): this runs for every object that is not builtin data
 
 
@@ -99,6 +102,34 @@ class _PackageClassPickler(cloudpickle.CloudPickler):
     """cloudpickle's pickler writing this package's classes by their persisted name."""
 
     persistent_id = staticmethod(package_class_id)  # called with every object: no bound method in between
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BaseException):
+            return _exception_reduce(self, obj)
+        return _cloudpickle_reducer(self, obj)
+
+
+def _exception_reduce(pickler: cloudpickle.CloudPickler, exc: BaseException) -> Any:
+    """An exception pickle's default could not rebuild, rebuilt without its constructor instead:
+    ``type.__new__(type, *args)`` (which sets ``args``), then its attributes, as ``copy`` does. The default
+    calls ``type(*exc.args)`` at load, which fails for the many constructors taking keyword-only or other
+    arguments than they store (a ``RefundError(order=..., amount=...)`` kept in memory). Built-in exceptions,
+    those that reduce themselves and those whose constructor takes their ``args`` pickle as they always did
+    (a constructor may set fields ``__new__`` does not: ``UnicodeDecodeError.start``)."""
+    kind = type(exc)
+    if kind.__module__ == "builtins" or kind.__reduce__ is not BaseException.__reduce__ or (
+            kind.__reduce_ex__ is not object.__reduce_ex__) or _constructor_takes_args(kind, exc.args):
+        return _cloudpickle_reducer(pickler, exc)
+    return copyreg.__newobj__, (kind, *exc.args), exc.__dict__ or None
+
+
+def _constructor_takes_args(kind: type, args: tuple) -> bool:
+    """Whether ``kind(*args)`` makes an exception, as pickle's default rebuild will."""
+    try:
+        kind(*args)
+    except Exception:  # noqa: BLE001 - a TypeError for the signature, or whatever the constructor raises
+        return False
+    return True
 
 
 class _UserUnpickler(pickle.Unpickler):
