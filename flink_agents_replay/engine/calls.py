@@ -203,13 +203,14 @@ class ActionCalls:
               kwargs: dict, live: Live) -> Any:
         """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
         external = resource.tracks_start
-        if self.context.journal is not None and external:
-            self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
-            # The wait for that ack may outlast the operator's close: no call is made after it (the next attempt
-            # finds this one in doubt, and its policy decides there).
+        if self.context.journal is not None:
+            if external:
+                self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+            else:
+                self.context.journal.before_call()  # an earlier external call's outcome, if unacknowledged
+            # Either wait may outlast the operator's close: no call is made after it (the next attempt finds an
+            # external one in doubt, and its policy decides there).
             self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
-        elif self.context.journal is not None:
-            self.context.journal.before_call()  # an earlier external call's outcome, if still unacknowledged
         self.note_retry(position, resource_name)
         token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live))
         meta: dict[str, Any] = {}

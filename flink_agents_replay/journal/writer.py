@@ -183,11 +183,15 @@ class RunJournal:
                 self._owed_before_next_call = None
 
     def acknowledge(self) -> None:
-        """Wait until every record written so far is acknowledged."""
+        """Wait until every record written so far is acknowledged. The records stay listed until then: another
+        thread of the run (sub-agent calls) acknowledging at the same time waits for them too, not for none."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending = list(self._pending)
         for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
+        with self._lock:
+            while self._pending and self._pending[0].done():
+                self._pending.pop(0)  # acknowledged: the waits above returned (a failed one raised)
 
     def acknowledged(self) -> bool:
         """Whether every record written so far is acknowledged, without waiting (``JournalError`` if one failed)."""

@@ -476,3 +476,63 @@ def test_calls_without_side_effects_wait_for_no_acknowledgement_of_their_own():
     execute_run(agent, RunInput("k1", KEY_GROUP, 1, "a"), {},
                 journal=writer(store, Durability.PER_RUN).run_journal(KEY_GROUP))
     assert waits_at_each_call == [0, 0, 0] and len(store.deliveries) >= 3
+
+
+class _HeldDelivery:
+    """A delivery acknowledged only when the test says so; ``waiting`` counts the threads waiting for it."""
+
+    def __init__(self, someone_waits: threading.Event):
+        self.acknowledged, self.waiting, self._someone_waits = threading.Event(), 0, someone_waits
+
+    def wait(self, timeout_s: float) -> int:
+        self.waiting += 1
+        self._someone_waits.set()
+        if not self.acknowledged.wait(timeout_s):
+            raise TimeoutError("not acknowledged")
+        return 0
+
+    def done(self) -> bool:
+        return self.acknowledged.is_set()
+
+    def add_done_callback(self, callback):
+        raise AssertionError("not used here")
+
+
+class _HeldStore(MemoryJournalStore):
+    def __init__(self, partitions: int):
+        super().__init__(partitions)
+        self.held: list[_HeldDelivery] = []
+        self.someone_waits = threading.Event()
+
+    def append(self, partition: int, key: bytes, value: bytes):
+        super().append(partition, key, value)
+        self.held.append(_HeldDelivery(self.someone_waits))
+        return self.held[-1]
+
+
+def test_a_thread_acknowledging_while_another_waits_still_waits_for_every_record_of_the_run():
+    """Sub-agent calls of one run write from several threads. A thread's 'started' record is appended; another
+    thread's acknowledgement begins (it waits for every record so far, this one too); this thread's own wait must
+    still wait for its record, not return because the other took the list."""
+    from flink_agents_replay.records.journal import RecordKind
+
+    store = _HeldStore(8)
+    journal = writer(store, Durability.PER_RUN).run_journal(KEY_GROUP)
+    journal._writer.encode = lambda *args, **options: b"record"  # acknowledgements are the point, not bytes
+    journal.write(b"k", RecordKind.CALL, None, ack_before_next_call=True)  # an external call's outcome
+    journal.write(b"k", RecordKind.CALL, None)  # this thread's 'started' record, appended, its wait to come
+    other = threading.Thread(target=journal.acknowledge)
+    other.start()
+    assert store.someone_waits.wait(5)
+    store.someone_waits.clear()
+    finished = threading.Event()
+    mine = threading.Thread(target=lambda: (journal.acknowledge(), finished.set()))
+    mine.start()
+    while not (store.someone_waits.is_set() or finished.is_set()):
+        mine.join(0.001)
+    assert not finished.is_set() and store.held[0].waiting == 2  # this thread waits too, for the same records
+    for delivery in store.held:
+        delivery.acknowledged.set()
+    mine.join(5)
+    other.join(5)
+    assert finished.is_set() and journal.acknowledged()
