@@ -15,6 +15,7 @@ them (a ``ChatResult`` kept in memory) are written with their class's persisted 
 from __future__ import annotations
 
 import copyreg
+import inspect
 import io
 import pickle
 from typing import Any
@@ -110,26 +111,64 @@ class _PackageClassPickler(cloudpickle.CloudPickler):
 
 
 def _exception_reduce(pickler: cloudpickle.CloudPickler, exc: BaseException) -> Any:
-    """An exception pickle's default could not rebuild, rebuilt without its constructor instead:
-    ``type.__new__(type, *args)`` (which sets ``args``), then its attributes, as ``copy`` does. The default
-    calls ``type(*exc.args)`` at load, which fails for the many constructors taking keyword-only or other
-    arguments than they store (a ``RefundError(order=..., amount=...)`` kept in memory). Built-in exceptions,
-    those that reduce themselves and those whose constructor takes their ``args`` pickle as they always did
-    (a constructor may set fields ``__new__`` does not: ``UnicodeDecodeError.start``)."""
+    """A user's exception rebuilt without its constructor: ``type.__new__(type, *args)`` (which sets ``args``),
+    then its attributes (``__dict__`` and ``__slots__``), as ``copy`` does. Pickle's default calls
+    ``type(*exc.args)`` at load, which fails for the many constructors taking keyword-only or other arguments
+    than they store (a ``RefundError(order=..., amount=...)`` kept in memory), or rebuilds another message.
+    Built-in exceptions, those that reduce themselves and those built on a built-in one that keeps fields of its
+    own in C (``StopIteration.value``, ``UnicodeDecodeError.start``: set by its constructor only) pickle as they
+    always did."""
     kind = type(exc)
-    if kind.__module__ == "builtins" or kind.__reduce__ is not BaseException.__reduce__ or (
-            kind.__reduce_ex__ is not object.__reduce_ex__) or _constructor_takes_args(kind, exc.args):
+    if not _rebuilt_from_attributes(kind):
+        _check_constructor_takes_args(kind, exc.args)
         return _cloudpickle_reducer(pickler, exc)
-    return copyreg.__newobj__, (kind, *exc.args), exc.__dict__ or None
+    state = {**exc.__dict__, **{name: getattr(exc, name) for name in _slot_names(kind) if hasattr(exc, name)}}
+    return copyreg.__newobj__, (kind, *exc.args), state or None
 
 
-def _constructor_takes_args(kind: type, args: tuple) -> bool:
-    """Whether ``kind(*args)`` makes an exception, as pickle's default rebuild will."""
-    try:
-        kind(*args)
-    except Exception:  # noqa: BLE001 - a TypeError for the signature, or whatever the constructor raises
+def _rebuilt_from_attributes(kind: type) -> bool:
+    """Whether ``args`` and its attributes are all an exception of ``kind`` holds, and it has pickle's default
+    reduce: a class defined in Python on built-in exceptions with no fields beyond ``BaseException``'s."""
+    if not kind.__flags__ & _HEAP_TYPE or kind.__reduce__ is not BaseException.__reduce__ or (
+            kind.__reduce_ex__ is not object.__reduce_ex__):
         return False
-    return True
+    built_in = next(base for base in kind.__mro__ if not base.__flags__ & _HEAP_TYPE)
+    return built_in.__basicsize__ == BaseException.__basicsize__
+
+
+def _check_constructor_takes_args(kind: type, args: tuple) -> None:
+    """Refuse now, by name, an exception of a Python class that pickle's default would fail to rebuild at load
+    (``kind(*args)``), judged by its signature: no user code runs."""
+    if not kind.__flags__ & _HEAP_TYPE or kind.__reduce__ is not BaseException.__reduce__:
+        return
+    try:
+        signature = inspect.signature(kind)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        raise NotPicklableError(
+            f"holds exception {kind.__qualname__}, which would not load: pickle rebuilds it as "
+            f"{kind.__name__}(*args) from its {len(args)} args, which its constructor does not take ({exc}); give "
+            "the class a __reduce__, or keep its fields instead of the exception") from None
+
+
+def _slot_names(kind: type) -> list[str]:
+    """The ``__slots__`` of ``kind`` and its bases, with private names mangled (as ``copyreg`` lists them)."""
+    names = []
+    for cls in kind.__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            names.append(f"_{cls.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__")
+                         else name)
+    return names
+
+
+#: ``Py_TPFLAGS_HEAPTYPE``: a class made at run time (a ``class`` statement), not a static type of C.
+_HEAP_TYPE = 1 << 9
 
 
 class _UserUnpickler(pickle.Unpickler):

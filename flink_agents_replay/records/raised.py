@@ -4,11 +4,13 @@ A call that raised is journaled with its exception, and reusing the call raises 
 an action that handled it (``except ConnectionError:``) takes the same branch after a failure. An
 exception that survives a pickle round trip with its type is journaled as it is (a user value; built-in
 exceptions keep attributes that live outside ``__dict__``, such as ``OSError.filename``). The user-value
-pickler rebuilds an exception without calling its constructor (:mod:`flink_agents_replay.formats.plain`), so
-constructors taking keyword-only or other arguments than they store (HTTP client errors that need a
-``response=``) round trip too; a stand-in type would send the action down another branch. What still does not
-(an exception that reduces itself and fails, a type pickle cannot name) is stored as its type (by reference,
-like any user value), ``args`` and the instance's attributes, and rebuilt the same way.
+pickler rebuilds an exception class defined in Python without calling its constructor
+(:mod:`flink_agents_replay.formats.plain`), so constructors taking keyword-only or other arguments than they
+store (HTTP client errors that need a ``response=``) round trip too; a stand-in type would send the action down
+another branch. What still does not (a subclass of a built-in exception with fields in C, such as
+``StopIteration``, whose constructor refuses its ``args``; an exception that reduces itself and fails; a type
+pickle cannot name) is stored as its type (by reference, like any user value), ``args`` and the instance's
+attributes, and rebuilt the same way.
 
 An attribute that cannot be pickled (an open connection, a lock) is left out and named in the rebuilt
 exception's notes; the type and message always survive.

@@ -8,7 +8,9 @@ import sys
 import textwrap
 
 import cloudpickle
+import pytest
 
+from flink_agents_replay.errors import NotPicklableError
 from flink_agents_replay.formats.plain import dump_user, load_user
 
 
@@ -31,6 +33,26 @@ class Reduced(Exception):
         return Reduced, (self.code + 1,)
 
 
+class Coded(Exception):
+    """A constructor that stores another message than its arguments, and counts how often it runs."""
+
+    made = 0
+    __slots__ = ("status",)
+
+    def __init__(self, code: str, detail: str = "no detail"):
+        type(self).made += 1
+        super().__init__(f"{code}: {detail}")
+        self.status = 500
+
+
+def test_an_exception_is_rebuilt_as_it_was_without_running_its_constructor():
+    """Pickle's default would call ``Coded("E1: no detail")`` at load: another message ("E1: no detail: no
+    detail"), and the constructor run again. Slots come back too."""
+    made = Coded.made
+    back = load_user(dump_user([Coded("E1")]))[0]
+    assert (back.args, back.status, Coded.made) == (("E1: no detail",), 500, made + 1)
+
+
 def test_an_exception_with_a_keyword_only_constructor_kept_in_a_value_comes_back_with_its_type_and_fields():
     value = {"last_error": RefundError(order="o1", amount=3), "errors": [ValueError("bad"), OSError(2, "gone", "f")]}
     back = load_user(dump_user(value))
@@ -39,6 +61,18 @@ def test_an_exception_with_a_keyword_only_constructor_kept_in_a_value_comes_back
         ("refund of 3 for o1 refused",), "o1", 3)
     assert str(back["errors"][0]) == "bad" and back["errors"][1].filename == "f"
     assert load_user(dump_user(Reduced(1))).code == 2  # its own __reduce__ is kept
+
+
+class Exhausted(StopIteration):
+    """Built on an exception with a field in C (``value``) that only its constructor sets."""
+
+    def __init__(self, *, value: int):
+        super().__init__(value)
+
+
+def test_an_exception_that_could_not_load_is_refused_when_kept_naming_where():
+    with pytest.raises(NotPicklableError, match=r"^memory path 'last' holds exception Exhausted, which would not load"):
+        dump_user({"e": Exhausted(value=1)}, what="memory path 'last'")
 
 
 def test_a_dataclass_of_a_module_pickled_by_value_keeps_its_fields_in_another_process(tmp_path):
