@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from flink_agents_replay.config_types import normalized_settings
 from flink_agents_replay.engine import FingerprintPolicy
 from flink_agents_replay.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.journal.writer import Durability
@@ -180,7 +181,9 @@ class AgentConfig:
 
     def resolved(self, agent_name: str) -> AgentConfig:
         """A validated copy with defaults filled in (uid, topic, enum values, signing key)."""
-        self._check_types()
+        return replace(self, **normalized_settings(self))._resolved(agent_name)  # typed settings, as plain values
+
+    def _resolved(self, agent_name: str) -> AgentConfig:
         durability, policy = self._enums()
         self._check_limits()
         uid = self.uid or default_uid(agent_name)
@@ -214,14 +217,6 @@ class AgentConfig:
     def waiting_inputs_bound(self) -> int:
         """``max_waiting_inputs``, or its default, ``4 * max_concurrent_runs``."""
         return 4 * self.max_concurrent_runs if self.max_waiting_inputs is None else self.max_waiting_inputs
-
-    def _check_types(self) -> None:
-        """Each setting of the type it is used as: a wrong one fails here, naming it, not deep in the job."""
-        for names, fits, expected in _SETTING_TYPES:
-            for name in names:
-                value = getattr(self, name)
-                if not fits(value):
-                    raise ConfigError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
 
     def _check_limits(self) -> None:
         if not 1 <= self.max_parallelism <= 32768:
@@ -289,29 +284,6 @@ def job_signing_key(*, key_file: str | None, key: str | None) -> str | None:
                       f"user of the machine: use --signing-key-file or ${SIGNING_KEY_ENV} instead", stacklevel=2)
         return key
     return os.environ.get(SIGNING_KEY_ENV)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-#: (settings, check, what the message says is expected), checked by ``AgentConfig.resolved``.
-_SETTING_TYPES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
-    (("max_parallelism", "max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms",
-      "fallback_check_ms"), _is_int, "a whole number"),
-    (("max_waiting_inputs", "replication_factor"), lambda v: v is None or _is_int(v), "a whole number or None"),
-    (("slot_wait_timeout_s", "close_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
-      "recovered_history_expiry_s"), _is_number, "a number of seconds"),
-    (("journal_enabled", "accept_reexecution_after_gap", "create_topic", "wake_on_completion",
-      "restore_input_order", "capture"), lambda v: isinstance(v, bool), "True or False"),
-    (("journal_topic", "uid", "continue_job", "capture_topic"), lambda v: v is None or isinstance(v, str),
-     "a string or None"),
-    (("kafka", "topic_config", "capture_topic_config"), lambda v: isinstance(v, Mapping), "a dict"),
-)
 
 
 def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: str | None,

@@ -64,21 +64,38 @@ class OpenAIClientMixin:
 def _check_settings(kind: str, *, base_url: str | None, timeout_s: Any, max_retries: Any,
                     default_headers: Any) -> None:
     """Refuse settings the SDK would take and then fail on obscurely (a ``Connection error.``, an assertion)."""
-    if base_url is not None:
-        parts = urlsplit(base_url) if isinstance(base_url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{kind} base_url={base_url!r}: expected an http:// or https:// URL with a host, "
-                              "e.g. 'http://127.0.0.1:8000/v1' (from base_url=... or $OPENAI_BASE_URL)")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not timeout_s > 0):
-        raise ConfigError(f"{kind} timeout_s={timeout_s!r}: expected a number of seconds above 0 (or None: no "
-                          "timeout)")
+    if base_url is not None and not _http_url(base_url):
+        raise ConfigError(f"{kind} base_url={base_url!r}: expected an http:// or https:// URL with a host, "
+                          "e.g. 'http://127.0.0.1:8000/v1' (from base_url=... or $OPENAI_BASE_URL)")
+    if not _timeout(timeout_s):
+        raise ConfigError(f"{kind} timeout_s={timeout_s!r}: expected a number of seconds above 0, an "
+                          "httpx.Timeout, or None (no timeout)")
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigError(f"{kind} max_retries={max_retries!r}: expected a whole number, 0 or more")
     if default_headers is not None and not (isinstance(default_headers, Mapping) and all(
-            isinstance(name, str) and isinstance(value, str) for name, value in default_headers.items())):
-        raise ConfigError(f"{kind} default_headers: expected a mapping of header names to string values, got "
-                          f"{type(default_headers).__name__}")
+            isinstance(name, str) and _header_value(value) for name, value in default_headers.items())):
+        raise ConfigError(f"{kind} default_headers: expected a mapping of header names to string values")
+
+
+def _http_url(url: Any) -> bool:
+    try:
+        parts = urlsplit(url)
+    except (TypeError, ValueError, AttributeError):  # not a string, or "http://[::1"
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _timeout(value: Any) -> bool:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        return True
+    import httpx  # the SDK's HTTP client: its Timeout sets each phase
+
+    return isinstance(value, httpx.Timeout)
+
+
+def _header_value(value: Any) -> bool:
+    """A string, or one of the SDK's markers (``openai.Omit()`` drops a default header)."""
+    return isinstance(value, str) or type(value).__module__.startswith("openai")
 
 
 def _openais_own(base_url: str | None) -> bool:

@@ -23,7 +23,7 @@ decides, in this order:
    stable call id (:func:`call_id`, ``current_call_id()`` inside the resource) on private copies of its
    arguments; its outcome, returned or raised, is journaled. A timeout is neither: the call is in doubt.
    An external call's outcome is acknowledged before the run's next call is made (its "started" record's
-   wait, or its own): a run that went on past an external call never finds it in doubt.
+   wait, or its own): a run that went on past an external call's outcome never finds it in doubt.
 
 Sub-agent calls (:mod:`.children`) are matched and journaled the same way.
 """

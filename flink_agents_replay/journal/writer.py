@@ -18,11 +18,12 @@ guarantee needs one; the modes differ in where that is (docs/design.md, "durabil
 
 In every mode a *started* record (external side effects) is acknowledged before its call is made, and
 the outcome of such a call before the run makes its next call: once a run has gone on past an external
-call (a tool loop's next model turn), that call is never made again. Acknowledgements come in partition
-order (an idempotent producer), so each wait also covers every earlier record of the key group. After a
-crash, a call whose record was not yet acknowledged is made again by the next attempt (with the same
-idempotency key, ``ctx.call_id``); the counters ``calls_executed`` against a failure-free run, and a service
-that honours the key, tell how many.
+call's outcome (a tool loop's next model turn), that call is never made again (unless its exception
+failed the action: then it is retried). Acknowledgements come in partition order (an idempotent
+producer), so each wait also covers every earlier record of the key group. After a crash, a call whose
+record was not yet acknowledged is made again by the next attempt (with the same idempotency key,
+``ctx.call_id``); the counters ``calls_executed`` against a failure-free run, and a service that honours
+the key, tell how many.
 
 Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
 :meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.

@@ -187,11 +187,13 @@ def test_an_argument_the_function_does_not_take_makes_no_call_and_tells_the_mode
 @pytest.mark.parametrize(("setting", "needle"), [
     ({"base_url": "127.0.0.1:8000/v1"}, "base_url='127.0.0.1:8000/v1': expected an http:// or https:// URL"),
     ({"base_url": "http:///v1"}, "with a host"),
+    ({"base_url": "http://[::1"}, "with a host"),
     ({"timeout_s": "fast"}, "timeout_s='fast': expected a number of seconds"),
     ({"timeout_s": 0}, "timeout_s=0"),
     ({"max_retries": -1}, "max_retries=-1: expected a whole number, 0 or more"),
     ({"max_retries": 2.5}, "max_retries=2.5"),
     ({"default_headers": {"X-Team": 7}}, "default_headers: expected a mapping of header names to string values"),
+    ({"timeout_s": float("nan")}, "timeout_s=nan"),
 ])
 def test_chat_model_settings_the_sdk_would_fail_on_obscurely_are_refused_where_the_model_is_made(setting, needle):
     """Taken by the SDK, these fail at the first request as 'Connection error.' or an internal assertion."""
@@ -200,3 +202,12 @@ def test_chat_model_settings_the_sdk_would_fail_on_obscurely_are_refused_where_t
     with pytest.raises(ConfigError, match=re.escape(needle)):
         ChatModel("m", **{"base_url": "http://127.0.0.1:8000/v1", "api_key": "k", **setting})
     assert ChatModel("m", base_url="https://models.example/v1", api_key="k", timeout_s=None, max_retries=0)
+
+
+def test_chat_model_takes_the_sdks_own_timeout_and_header_markers():
+    import httpx
+    import openai
+
+    model = ChatModel("m", base_url="http://127.0.0.1:8000/v1", api_key="k", timeout_s=httpx.Timeout(5.0, read=60),
+                      default_headers={"X-Team": "support", "User-Agent": openai.Omit()})
+    assert model.timeout_s.read == 60
