@@ -78,6 +78,7 @@ def measure(writer: JournalWriter, call_s: float, runs: int, *, wait: bool) -> d
         elapsed = time.perf_counter() - began
     finally:
         RunJournal.before_call = original
+    latencies.sort()
     return {"runs/s": len(latencies) / elapsed, "p50": h.percentile(latencies, 0.5) * 1e3,
             "p99": h.percentile(latencies, 0.99) * 1e3, "turn wait": sum(turn_waits) / len(turn_waits) * 1e3}
 
