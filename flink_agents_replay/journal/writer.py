@@ -190,9 +190,10 @@ class RunJournal:
             pending = list(self._pending)
         for delivery in pending:
             delivery.wait(self._writer.ack_timeout_s)
-        with self._lock:
-            while self._pending and self._pending[0].done():
-                self._pending.pop(0)  # acknowledged: the waits above returned (a failed one raised)
+        waited = {id(delivery) for delivery in pending}
+        with self._lock:  # only those waited for here: a failure of a later one is its writer's to see
+            while self._pending and id(self._pending[0]) in waited:
+                self._pending.pop(0)
 
     def acknowledged(self) -> bool:
         """Whether every record written so far is acknowledged, without waiting (``JournalError`` if one failed)."""
