@@ -129,8 +129,7 @@ def _exception_reduce(pickler: cloudpickle.CloudPickler, exc: BaseException) -> 
 def _rebuilt_from_attributes(kind: type) -> bool:
     """Whether ``args`` and its attributes are all an exception of ``kind`` holds, and it has pickle's default
     reduce: a class defined in Python on built-in exceptions with no fields beyond ``BaseException``'s."""
-    if not kind.__flags__ & _HEAP_TYPE or kind.__reduce__ is not BaseException.__reduce__ or (
-            kind.__reduce_ex__ is not object.__reduce_ex__):
+    if not _python_class_with_default_reduce(kind):
         return False
     built_in = next(base for base in kind.__mro__ if not base.__flags__ & _HEAP_TYPE)
     return built_in.__basicsize__ == BaseException.__basicsize__
@@ -139,7 +138,7 @@ def _rebuilt_from_attributes(kind: type) -> bool:
 def _check_constructor_takes_args(kind: type, args: tuple) -> None:
     """Refuse now, by name, an exception of a Python class that pickle's default would fail to rebuild at load
     (``kind(*args)``), judged by its signature: no user code runs."""
-    if not kind.__flags__ & _HEAP_TYPE or kind.__reduce__ is not BaseException.__reduce__:
+    if not _python_class_with_default_reduce(kind):
         return
     try:
         signature = inspect.signature(kind)
@@ -152,6 +151,12 @@ def _check_constructor_takes_args(kind: type, args: tuple) -> None:
             f"holds exception {kind.__qualname__}, which would not load: pickle rebuilds it as "
             f"{kind.__name__}(*args) from its {len(args)} args, which its constructor does not take ({exc}); give "
             "the class a __reduce__, or keep its fields instead of the exception") from None
+
+
+def _python_class_with_default_reduce(kind: type) -> bool:
+    """A class made by a ``class`` statement whose exceptions pickle's default reduce writes."""
+    return bool(kind.__flags__ & _HEAP_TYPE) and kind.__reduce__ is BaseException.__reduce__ and (
+        kind.__reduce_ex__ is object.__reduce_ex__)
 
 
 def _slot_names(kind: type) -> list[str]:
