@@ -8,7 +8,7 @@
     flink-agents-replay local model status|stop [--work-dir DIR]
     flink-agents-replay local chroma start [--port N] [--work-dir DIR]
     flink-agents-replay local chroma status|stop [--work-dir DIR]
-    flink-agents-replay local jars fetch [kafka-broker|flink-connectors]
+    flink-agents-replay local jars fetch [kafka-broker|flink-connectors|flink-kubernetes-operator-api]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
                                 [-X NAME=VALUE ...]   (-X: a Kafka client setting, SASL, SSL...; tickets, diff too)
     flink-agents-replay demo [--tickets N] [--parallelism N] [--model-delay-ms N]
@@ -72,7 +72,8 @@ def _flink(args: argparse.Namespace) -> int:
     def how_to_submit(_status) -> None:
         print("# submit jobs with Flink's client from the pyflink package, in this environment:")
         print(f"export FLINK_CONF_DIR={cluster.conf_dir} FLINK_LIB_DIR={cluster.lib_dir}")
-        print(f"# {pyflink_home() / 'bin' / 'flink'} run -d -py job.py")
+        print(f"# {pyflink_home() / 'bin' / 'flink'} run -d --jarfile <Kafka connector jar> "
+              "-pym flink_agents_replay.jobs.agent_job ...")
 
     return _service(cluster, args.action, how_to_submit)
 
@@ -160,7 +161,8 @@ def _demo(args: argparse.Namespace) -> int:
     from flink_agents_replay.demo import format_table, run_demo
 
     result = run_demo(tickets=args.tickets, customers=args.customers, parallelism=args.parallelism,
-                      model_delay_ms=args.model_delay_ms, feed_per_second=args.feed_per_second, job_script=args.job)
+                      model_delay_ms=args.model_delay_ms, feed_per_second=args.feed_per_second,
+                      job_module=args.job_module)
     print()
     print(format_table(result))
     return 0 if result.ok else 1
@@ -238,7 +240,7 @@ def _memory_diff(args: argparse.Namespace, *, keys=()):
     from flink_agents_replay.longterm.fork_diff import memory_diff
 
     if args.as_of is None:
-        raise ConfigError("give the savepoint's memory epoch (--as-of; replay_job.py prints it)")
+        raise ConfigError("give the savepoint's memory epoch (--as-of; the replay job prints it)")
     with _memory_store(args) as store:
         return memory_diff(store, args.memory_namespace, as_of=args.as_of, replay=args.replay, keys=keys)
 
@@ -353,10 +355,13 @@ def _add_local_commands(commands) -> None:
                         help="data, log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/chroma/server)")
     chroma.set_defaults(handler=_chroma)
 
-    jars = services.add_parser("jars", help="fetch jars from Maven Central into the cache")
+    jars = services.add_parser("jars", help="fetch the locked jars from Maven Central into the cache, checked by "
+                                            "SHA-256 ($FLINK_AGENTS_REPLAY_MAVEN_URL: another repository)")
     jars.add_argument("action", choices=["fetch"])
-    jars.add_argument("bundles", nargs="*", choices=[[], "kafka-broker", "flink-connectors"], default=[],
-                      metavar="BUNDLE", help="kafka-broker and/or flink-connectors (default: both)")
+    jars.add_argument("bundles", nargs="*", choices=[[], "kafka-broker", "flink-connectors",
+                                                     "flink-kubernetes-operator-api"], default=[],
+                      metavar="BUNDLE", help="kafka-broker, flink-connectors, flink-kubernetes-operator-api "
+                                             "(default: the first two)")
     jars.set_defaults(handler=_jars)
 
 
@@ -382,13 +387,14 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--model-delay-ms", type=_non_negative, default=40,
                       help="how long each model and order request takes (default 40)")
     demo.add_argument("--feed-per-second", type=_non_negative, default=25.0, help="tickets fed per second")
-    demo.add_argument("--job", type=Path, default=None, help="job script (default: jobs/agent_job.py here)")
+    demo.add_argument("--job-module", default="flink_agents_replay.jobs.agent_job",
+                      help="module of the job to submit with `flink run -pym` (default the packaged main job)")
     demo.set_defaults(handler=_demo)
 
 
 def _add_tickets_command(commands) -> None:
-    """``tickets feed|replies``: sample traffic for jobs/agent_job.py."""
-    tickets = commands.add_parser("tickets", help="feed sample tickets to jobs/agent_job.py, read its replies")
+    """``tickets feed|replies``: sample traffic for the main job (flink_agents_replay.jobs.agent_job)."""
+    tickets = commands.add_parser("tickets", help="feed sample tickets to the main job, read its replies")
     tickets.add_argument("action", choices=["feed", "replies"])
     tickets.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     tickets.add_argument("--topic", default=None, help="tickets topic to feed (default tickets) or replies topic "
@@ -406,7 +412,7 @@ def _add_diff_command(commands) -> None:
     diff = commands.add_parser("diff", help="compare a replay's outputs with production's, per key and seq "
                                "(same / changed / new / missing), with the calls the replay blocked")
     diff.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
-    diff.add_argument("--replay", required=True, help="the replay's capture topic (replay_job.py prints it)")
+    diff.add_argument("--replay", required=True, help="the replay's capture topic (the replay job prints it)")
     diff.add_argument("--production", default=None,
                       help="production's capture topic (default: the agent's, flink-agents-replay.<agent id>.capture)")
     diff.add_argument("--agent-id", default="support-triage", help="the agent's name (default support-triage)")
@@ -454,7 +460,7 @@ def _add_memory_commands(commands) -> None:
     compact.set_defaults(handler=_memory)
     for command in (diff, clean):
         command.add_argument("--replay", required=True, metavar="NAME",
-                             help="the replay's name: its capture topic (replay_job.py prints it)")
+                             help="the replay's name: its capture topic (the replay job prints it)")
         command.set_defaults(handler=_memory)
 
 
@@ -468,7 +474,7 @@ def _add_memory_diff_options(command, *, required: bool) -> None:
                               + ("" if required else "; compares long-term memory too"))
     command.add_argument("--as-of", type=int, required=required, default=None, metavar="EPOCH",
                          help="the savepoint's memory epoch: its trigger time in epoch ms, its checkpoint id if "
-                              "taken before 0.5 (replay_job.py prints it)")
+                              "taken before 0.5 (the replay job prints it)")
 
 
 def _epoch_or_time(text: str) -> int:

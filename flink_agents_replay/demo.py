@@ -5,8 +5,9 @@
 1. starts a Kafka broker (KRaft, 127.0.0.1), the local OpenAI-compatible model and order service (every
    request counted), a Chroma server for the agent's long-term memory (it remembers each customer's past
    issues and mentions them in its replies) and a standalone Flink session cluster with two TaskManagers;
-2. submits ``jobs/agent_job.py`` with ``flink run -d -py`` (tickets topic -> triage agent -> replies topic
-   through Flink's exactly-once ``KafkaSink``);
+2. submits the packaged main job, :mod:`flink_agents_replay.jobs.agent_job`, with ``flink run -d -pym`` and
+   Flink's Kafka connector as ``--jarfile`` (tickets topic -> triage agent -> replies topic through Flink's
+   exactly-once ``KafkaSink``);
 3. feeds a few hundred tickets, and once a checkpoint has completed and part of them are answered, kills
    the TaskManager running the agent with SIGKILL — with model calls in flight;
 4. lets Flink restore the last checkpoint on the other TaskManager: the inputs since that checkpoint run
@@ -43,16 +44,15 @@ from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 
-__all__ = ["DemoResult", "default_job_script", "format_table", "run_demo"]
+__all__ = ["DEFAULT_JOB_MODULE", "DemoResult", "format_table", "run_demo"]
 
 AGENT_ID = "support-triage"
 _INPUT_TOPIC, _OUTPUT_TOPIC = "tickets", "replies"
 _METRIC_GROUP = "flink_agents_replay"
 
 
-def default_job_script() -> Path:
-    """``jobs/agent_job.py`` of the repository this package is installed from (an editable install)."""
-    return Path(__file__).resolve().parents[1] / "jobs" / "agent_job.py"
+#: The job the demo submits: the package's own main job, so an installed wheel runs it.
+DEFAULT_JOB_MODULE = "flink_agents_replay.jobs.agent_job"
 
 
 @dataclass
@@ -138,7 +138,7 @@ class _Progress:
 
 
 def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, model_delay_ms: int = 40,
-             feed_per_second: float = 25.0, kill_after: float = 0.35, job_script: Path | None = None,
+             feed_per_second: float = 25.0, kill_after: float = 0.35, job_module: str = DEFAULT_JOB_MODULE,
              say: Callable[[str], None] = print) -> DemoResult:
     """Run the demo end to end; return what it measured. See the module docstring.
 
@@ -149,17 +149,13 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         model_delay_ms: how long each model and order request takes.
         feed_per_second: tickets written to the input topic per second.
         kill_after: fraction of the tickets answered before the TaskManager is killed.
-        job_script: the job to submit (default ``jobs/agent_job.py`` of this repository).
+        job_module: the job to submit, a module taking the main job's arguments (default the packaged main job).
         say: where progress lines go.
     """
-    job_script = Path(job_script or default_job_script())
-    if not job_script.is_file():
-        raise FileNotFoundError(f"the demo submits {job_script}, which is not there: run it from the repository "
-                                "(./run demo), or pass --job")
     demo = _Demo(_Progress(say), tickets=make_tickets(tickets, customers), model_delay_ms=model_delay_ms)
     try:
         demo.start_services()
-        demo.submit(job_script, parallelism, feed_per_second)
+        demo.submit(job_module, parallelism, feed_per_second)
         kill = demo.kill_midstream(max(1, int(tickets * kill_after)))
         recovery_s = demo.await_recovery(kill.at)
         result = demo.finish(kill, recovery_s)
@@ -223,14 +219,16 @@ class _Demo:
         self.progress(f"Flink web UI at {self.cluster.rest_url}")
         ensure_topics(self.bootstrap, [_INPUT_TOPIC, _OUTPUT_TOPIC], partitions=2, replication_factor=1)
 
-    def submit(self, job_script: Path, parallelism: int, feed_per_second: float) -> None:
-        """Submit the agent job with ``flink run -d -py`` and start feeding tickets."""
-        self.progress(f"submitting {job_script.name} with `flink run -d -py` (parallelism {parallelism})")
-        self.job_id = self.cluster.submit_python_job(
-            job_script, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
+    def submit(self, job_module: str, parallelism: int, feed_per_second: float) -> None:
+        """Submit the agent job with ``flink run -d -pym`` and start feeding tickets."""
+        from flink_agents_replay.local.jars import kafka_connector_jar
+
+        self.progress(f"submitting {job_module} with `flink run -d -pym` (parallelism {parallelism})")
+        self.job_id = self.cluster.submit_python_module(
+            job_module, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
             "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
             "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
-            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url,
+            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, jars=[kafka_connector_jar()],
         )
         self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
         self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)

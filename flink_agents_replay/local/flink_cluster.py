@@ -333,7 +333,16 @@ class LocalFlinkCluster:
     def submit_python_job(self, script: Path | str, *job_args: str, detached: bool = True,
                           timeout_s: float = 300.0) -> str:
         """``flink run [-d] -py script job_args...``; return the job id Flink printed."""
-        result = self.flink_command("run", *(["-d"] if detached else []), "-py", str(Path(script).resolve()), *job_args,
+        return self._submit(["-py", str(Path(script).resolve())], job_args, detached, timeout_s)
+
+    def submit_python_module(self, module: str, *job_args: str, jars: Sequence[Path | str] = (),
+                             detached: bool = True, timeout_s: float = 300.0) -> str:
+        """``flink run [-d] [--jarfile jar] -pym module job_args...``: a job of an installed package; the job id."""
+        jar_options = [option for jar in jars for option in ("--jarfile", str(Path(jar).resolve()))]
+        return self._submit([*jar_options, "-pym", module], job_args, detached, timeout_s)
+
+    def _submit(self, program: list[str], job_args: Sequence[str], detached: bool, timeout_s: float) -> str:
+        result = self.flink_command("run", *(["-d"] if detached else []), *program, *job_args,
                                     timeout_s=timeout_s, check=True)
         match = _JOB_ID.search(result.stdout + result.stderr)
         if match is None:

@@ -1,26 +1,64 @@
-"""Fetch jars from Maven Central with Maven, from the small poms under ``conf/maven/``.
+"""Jars the development tools use, fetched from Maven Central and checked against a lock file.
 
-Each *bundle* is one pom (``conf/maven/<bundle>/pom.xml``); its runtime dependencies are copied into
-``<home>/jars/<bundle>-<digest of the pom>/``. The digest makes a changed pom fetch afresh, and a
-``.complete`` marker makes an interrupted fetch start over instead of leaving half a classpath.
+``jars.lock`` (package data beside this module) lists each *bundle*'s jars by Maven coordinates with the
+SHA-256 of the jar. :func:`fetch_jars` downloads what is missing into ``<home>/jars/<bundle>-<digest>/`` (the
+digest covers the bundle's lock lines, so a changed lock fetches afresh) and checks every jar, cached or new,
+against its sum: a jar that does not match is refused, never used. Nothing here needs Maven or a JDK; the
+download's base URL is ``$FLINK_AGENTS_REPLAY_MAVEN_URL`` (a mirror or repository manager), else Maven Central.
+Each jar appears atomically (downloaded beside it, checked, then renamed), so an interrupted fetch leaves
+nothing half-written.
+
+Bundles: ``kafka-broker`` (the local broker's class path), ``flink-connectors`` (Flink's Kafka connector, for
+the demo and the testing API), ``flink-kubernetes-operator-api`` (the operator's CRDs, for the manifest checks).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
-import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from flink_agents_replay.local.errors import LocalServiceError
-from flink_agents_replay.local.paths import conf_dir, home_dir
+from flink_agents_replay.local.paths import home_dir
 
-__all__ = ["KAFKA_BROKER", "FLINK_CONNECTORS", "fetch_jars", "kafka_connector_jar", "require_command"]
+__all__ = ["FLINK_CONNECTORS", "K8S_OPERATOR_API", "KAFKA_BROKER", "MAVEN_URL_ENV", "LockedJar", "bundles",
+           "fetch_jars", "kafka_connector_jar", "locked_jars", "require_command"]
 
 KAFKA_BROKER = "kafka-broker"
 FLINK_CONNECTORS = "flink-connectors"
+K8S_OPERATOR_API = "flink-kubernetes-operator-api"
+MAVEN_URL_ENV = "FLINK_AGENTS_REPLAY_MAVEN_URL"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+LOCK_FILE = Path(__file__).resolve().parent / "jars.lock"
 
-_MAVEN_TIMEOUT_S = 900
+_DOWNLOAD_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class LockedJar:
+    """One jar of the lock file: its bundle, Maven coordinates and SHA-256."""
+
+    bundle: str
+    group: str
+    artifact: str
+    version: str
+    sha256: str
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.group}:{self.artifact}:{self.version}"
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.artifact}-{self.version}.jar"
+
+    def url(self, base: str) -> str:
+        return f"{base.rstrip('/')}/{self.group.replace('.', '/')}/{self.artifact}/{self.version}/{self.file_name}"
 
 
 def require_command(name: str, what: str) -> str:
@@ -31,46 +69,79 @@ def require_command(name: str, what: str) -> str:
     return path
 
 
-def fetch_jars(bundle: str, *, quiet: bool = True) -> Path:
-    """Return the directory holding ``bundle``'s jars, fetching them with Maven if not cached."""
-    pom = conf_dir() / "maven" / bundle / "pom.xml"
-    if not pom.is_file():
-        raise LocalServiceError(f"no pom for jar bundle '{bundle}' at {pom}")
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
-    target = home_dir() / "jars" / f"{bundle}-{digest}"
-    marker = target / ".complete"
-    if marker.is_file():
-        return target
-    mvn = require_command("mvn", "Apache Maven 3.6 or later (Debian: apt-get install maven)")
-    require_command("java", "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)")
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    command = [
-        mvn, "-B", "-f", str(pom), "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DoutputDirectory={target}",
-    ]
-    if quiet:
-        command.insert(2, "-q")
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=_MAVEN_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise LocalServiceError(
-            f"Maven did not finish fetching '{bundle}' within {_MAVEN_TIMEOUT_S} s: is Maven Central reachable?"
-        ) from exc
-    if result.returncode != 0 or not any(target.glob("*.jar")):
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-        raise LocalServiceError(
-            f"Maven could not fetch the '{bundle}' jars (exit {result.returncode}); check that Maven Central "
-            f"is reachable and ~/.m2/settings.xml is sane. Maven said:\n{tail}"
-        )
-    marker.write_text(digest + "\n")
-    return target
+def locked_jars(lock_file: Path | None = None) -> list[LockedJar]:
+    """Every jar the lock file (default ``jars.lock`` beside this module) lists, in its order."""
+    lock_file = lock_file or LOCK_FILE
+    jars = []
+    for number, line in enumerate(lock_file.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            bundle, coordinates, sha256 = line.split()
+            group, artifact, version = coordinates.split(":")
+        except ValueError:
+            raise LocalServiceError(f"{lock_file}:{number}: expected 'bundle group:artifact:version sha256'") from None
+        jars.append(LockedJar(bundle, group, artifact, version, sha256.lower()))
+    return jars
+
+
+def bundles() -> list[str]:
+    """The bundles the lock file names."""
+    return sorted({jar.bundle for jar in locked_jars()})
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(jar: LockedJar, target: Path) -> None:
+    """Download ``jar`` to ``target``, atomically and only if its SHA-256 is the lock's."""
+    url = jar.url(os.environ.get(MAVEN_URL_ENV) or MAVEN_CENTRAL)
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".download-", delete=False) as partial:
+        try:
+            with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
+                shutil.copyfileobj(response, partial)
+        except (urllib.error.URLError, OSError) as exc:
+            os.unlink(partial.name)
+            raise LocalServiceError(f"could not download {jar.coordinates} from {url}: {exc}; is the repository "
+                                    f"reachable? (${MAVEN_URL_ENV} sets another one)") from exc
+    actual = _sha256(Path(partial.name))
+    if actual != jar.sha256:
+        os.unlink(partial.name)
+        raise LocalServiceError(f"{url} has SHA-256 {actual}, the lock file says {jar.sha256}: refused (a wrong "
+                                f"mirror, or the lock file is stale: conf/maven/lock_jars.py remakes it)")
+    os.replace(partial.name, target)
+
+
+def _check(jar: LockedJar, path: Path) -> None:
+    actual = _sha256(path)
+    if actual != jar.sha256:
+        raise LocalServiceError(f"{path} has SHA-256 {actual}, but {jar.coordinates} must be {jar.sha256}: refused. "
+                                "The cached jar was changed or is stale; delete it and fetch again "
+                                "(flink-agents-replay local jars fetch)")
+
+
+def fetch_jars(bundle: str) -> Path:
+    """The folder holding ``bundle``'s jars, each checked against the lock; missing ones are downloaded first."""
+    jars = [jar for jar in locked_jars() if jar.bundle == bundle]
+    if not jars:
+        raise LocalServiceError(f"no jar bundle {bundle!r} in {LOCK_FILE} (there are: {', '.join(bundles())})")
+    digest = hashlib.sha256("".join(f"{j.coordinates} {j.sha256}\n" for j in jars).encode()).hexdigest()[:12]
+    folder = home_dir() / "jars" / f"{bundle}-{digest}"
+    for jar in jars:
+        path = folder / jar.file_name
+        if path.is_file():
+            _check(jar, path)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            _download(jar, path)
+    return folder
 
 
 def kafka_connector_jar() -> Path:
-    """Path of Flink's Kafka SQL connector jar (for jobs that read or write Kafka topics)."""
-    jars = sorted(fetch_jars(FLINK_CONNECTORS).glob("flink-sql-connector-kafka-*.jar"))
-    if not jars:
-        raise LocalServiceError("the flink-connectors bundle holds no flink-sql-connector-kafka jar")
-    return jars[-1]
+    """Path of Flink's Kafka SQL connector jar, checked against the lock (fetched if missing)."""
+    return next(fetch_jars(FLINK_CONNECTORS).glob("flink-sql-connector-kafka-*.jar"))

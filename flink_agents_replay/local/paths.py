@@ -1,7 +1,8 @@
-"""Where local services keep their files: a cache and work directory outside the repository.
+"""Where local services keep their files: a cache and work directory outside the repository, and their config.
 
-The cache root itself (:func:`home_dir`) belongs to the product (``flink_agents_replay.home``: the checkpoint
-bridge caches its jar there too); this module adds what only the development services need.
+The cache root itself (:func:`home_dir`) belongs to the product (``flink_agents_replay.home``); this module adds
+what only the development services need: the configuration files they start from (Kafka's and Flink's), which
+are package data, so an installed wheel has them.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from flink_agents_replay.home import home_dir
 
 __all__ = ["conf_dir", "home_dir"]
 
+PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
+
 
 def conf_dir() -> Path:
-    """The project's ``conf/`` directory (``$FLINK_AGENTS_REPLAY_CONF`` overrides it)."""
+    """The services' configuration files (``kafka/``, ``flink/``); ``$FLINK_AGENTS_REPLAY_CONF`` overrides them."""
     configured = os.environ.get("FLINK_AGENTS_REPLAY_CONF")
     if configured:
         return Path(configured).expanduser().resolve()
-    return Path(__file__).resolve().parent.parent.parent / "conf"
+    return PACKAGED_CONF

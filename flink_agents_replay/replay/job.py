@@ -23,7 +23,7 @@ from typing import Any
 from pyflink.common.watermark_strategy import TimestampAssigner
 
 from flink_agents_replay.capture.manifest import read_capture_start
-from flink_agents_replay.errors import ReplayConfigError
+from flink_agents_replay.errors import FlinkAgentsReplayError, ReplayConfigError, SignatureError
 from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
 from flink_agents_replay.records.codec import READABLE_VERSIONS
@@ -31,7 +31,8 @@ from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
 
-__all__ = ["captured_inputs", "prepare_replay", "replay_config", "savepoint_of"]
+__all__ = ["CapturedInputParser", "captured_inputs", "keyed_captured_inputs", "prepare_replay", "replay_config",
+           "savepoint_of"]
 
 
 
@@ -77,12 +78,13 @@ def savepoint_of(env) -> str | None:
     return settings.get("execution.state-recovery.path") or settings.get("execution.savepoint.path") or None
 
 
-class _CapturedInputs:
-    """Flat-map from a capture record's value to its :class:`CapturedInput` (run records are skipped).
+class CapturedInputParser:
+    """A capture record's value -> ``(CapturedInput, None)``; ``(None, None)`` for a record of another kind (a
+    run); ``(None, reason)`` for one that does not verify.
 
-    The source hands over values only: each is verified for production's capture ``topic`` (a record copied
-    from another capture topic fails), its key and seq inside the signed payload, and the key group it
-    carries must be its key's (``key_type``, ``max_parallelism``)."""
+    Each record is verified for production's capture ``topic`` (a record copied from another capture topic
+    fails), its key and seq inside the signed payload, and the key group it carries must be its key's
+    (``key_type``, ``max_parallelism``) and, where the source knows it, the partition it was read from."""
 
     def __init__(self, signing_key: bytes, uid: str, *, topic: str, key_type: str, max_parallelism: int,
                  verification_keys: tuple[bytes, ...] = ()):
@@ -94,16 +96,35 @@ class _CapturedInputs:
         self.max_parallelism = max_parallelism
         self._decoder = None
 
-    def __call__(self, text: str) -> Iterator[Any]:
+    def __call__(self, value: bytes | None, partition: int | None) -> tuple[Any, str | None]:
         from flink_agents_replay.capture.reader import CaptureDecoder
         from flink_agents_replay.capture.records import CapturedInput
 
+        if value is None:
+            return None, "no value (a tombstone)"
         if self._decoder is None:
             self._decoder = CaptureDecoder(self.signing_key, self.uid, verification_keys=self.verification_keys,
                                            key_type=self.key_type, max_parallelism=self.max_parallelism)
-        record = self._decoder.decode(text.encode("latin-1"), "capture record read by the replay's source",
-                                      topic=self.topic)
-        if isinstance(record, CapturedInput):
+        try:
+            record = self._decoder.decode(value, "capture record read by the replay's source", topic=self.topic,
+                                          partition=partition)
+        except FlinkAgentsReplayError as exc:
+            return None, str(exc)
+        return (record, None) if isinstance(record, CapturedInput) else (None, None)
+
+
+class _CapturedInputs:
+    """Flat-map from a capture record's value (Latin-1 text) to its :class:`CapturedInput`: fails on a record
+    that does not verify (:func:`captured_inputs`; the packaged replay job sends those to dead letters)."""
+
+    def __init__(self, parse: CapturedInputParser):
+        self.parse = parse
+
+    def __call__(self, text: str) -> Iterator[Any]:
+        record, reason = self.parse(text.encode("latin-1"), None)
+        if reason is not None:
+            raise SignatureError(reason)
+        if record is not None:
             yield record
 
 
@@ -144,15 +165,23 @@ def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, sig
     inputs = (
         env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), name).uid(source_uid)
         # The manifest's offsets cover every partition of the capture: one per key group (read_capture_start).
-        .flat_map(_CapturedInputs(signing_key, uid, topic=topic, key_type=key_type,
-                                  max_parallelism=len(settings.start_offsets),
-                                  verification_keys=tuple(verification_keys)),
+        .flat_map(_CapturedInputs(CapturedInputParser(signing_key, uid, topic=topic, key_type=key_type,
+                                                      max_parallelism=len(settings.start_offsets),
+                                                      verification_keys=tuple(verification_keys))),
                   output_type=Types.PICKLED_BYTE_ARRAY())
         .name("decode captured inputs").uid(f"{source_uid}-decode")
-        .assign_timestamps_and_watermarks(
-            WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
     )
-    return inputs.key_by(lambda captured: captured.key, key_type=flink_key_type(key_type))
+    return keyed_captured_inputs(inputs, key_type)
+
+
+def keyed_captured_inputs(inputs, key_type: str):
+    """A stream of :class:`CapturedInput` keyed as in production, each with production's event time as its
+    timestamp (the capture time if it had none), with watermarks following them."""
+    from pyflink.common import WatermarkStrategy
+
+    timed = inputs.assign_timestamps_and_watermarks(
+        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
+    return timed.key_by(lambda captured: captured.key, key_type=flink_key_type(key_type))
 
 
 def replay_config(production: Mapping[str, Any], settings: ReplaySettings, *, journal_topic: str, capture_topic: str,

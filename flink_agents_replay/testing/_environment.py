@@ -273,12 +273,13 @@ class AgentTestEnvironment:
         from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
         from flink_agents_replay.flink_env import create_environment
-        from flink_agents_replay.local.jars import kafka_connector_jar
+        from flink_agents_replay.jobs.connector import require_kafka_connector
         from flink_agents_replay.pipeline import connect_to_agent
-        from flink_agents_replay.testing.jobs import exactly_once_string_sink
+        from flink_agents_replay.testing.jobs import connector_jars, exactly_once_string_sink
 
         env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
-                                 restart_attempts=3 if fail_over else 0, jars=[kafka_connector_jar()])
+                                 restart_attempts=3 if fail_over else 0)
+        require_kafka_connector(env, connector_jars())
         source = (KafkaSource.builder().set_bootstrap_servers(self.bootstrap_servers).set_topics(topics["input"])
                   .set_group_id(f"testenv-{uuid.uuid4().hex[:8]}")
                   .set_starting_offsets(KafkaOffsetsInitializer.earliest())

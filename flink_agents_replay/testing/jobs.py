@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 import uuid
@@ -24,12 +25,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.jobs.connector import CONNECTOR_ENV
 from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
-from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
     "canonical_output",
+    "connector_jars",
     "collect_outputs",
     "exactly_once_string_sink",
     "failure_free_outputs",
@@ -45,6 +47,17 @@ __all__ = [
     "trigger_savepoint",
     "wait_until",
 ]
+
+
+def connector_jars() -> list[str]:
+    """Flink's Kafka connector for test jobs: ``$FLINK_AGENTS_REPLAY_KAFKA_CONNECTOR`` (paths separated by ``;``)
+    if set, else the development tools' copy (fetched from Maven Central and checked against ``jars.lock``)."""
+    given = [jar.strip() for jar in os.environ.get(CONNECTOR_ENV, "").split(";") if jar.strip()]
+    if given:
+        return given
+    from flink_agents_replay.local.jars import kafka_connector_jar
+
+    return [str(kafka_connector_jar())]
 
 
 def make_inputs(keys: int, per_key: int) -> list[dict]:
@@ -192,7 +205,7 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
     from flink_agents_replay.pipeline import connect_to_agent
 
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
-                             restart_attempts=restart_attempts, jars=[kafka_connector_jar()], config=flink_config)
+                             restart_attempts=restart_attempts, jars=connector_jars(), config=flink_config)
     keyed = keyed_json_inputs(env, bootstrap_servers, input_topic, bounded=until_outputs is None)
     outputs = connect_to_agent(keyed, agent, config)
     rows = outputs.map(canonical_output, output_type=Types.PICKLED_BYTE_ARRAY())

@@ -1,4 +1,4 @@
-"""An agent embedded in a process-mode job (``jobs/embedded_agent_job.py``), on a MiniCluster with real Kafka.
+"""An agent embedded in a process-mode job (``tests/jobs/embedded_agent_job.py``), on a MiniCluster with real Kafka.
 
 The job's own Python functions run in PyFlink's process mode; the agent's operator runs embedded (thread
 mode) in the TaskManager JVM through the checkpoint bridge. Every step records, from where it runs, its
@@ -28,7 +28,7 @@ from flink_agents_replay.testing.jobs import job_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-JOB = Path(__file__).resolve().parents[2] / "jobs" / "embedded_agent_job.py"
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "embedded_agent_job.py"
 SIGNING_KEY = "test-signing-key-0123456789"
 USER_STEPS = ("parse", "filter", "format")
 

@@ -1,11 +1,13 @@
 """Replay isolation (docs/design.md §9): a replay never reuses what production journaled after the savepoint.
 
-The race, with the README's own jobs and Flink's own client on a local standalone cluster: production
-(``jobs/agent_job.py --capture``) runs with a checkpoint interval of a day, ``flink savepoint`` is taken
+The race, with the package's own jobs and Flink's own client on a local standalone cluster: production
+(``flink_agents_replay.jobs.agent_job --capture``)
+runs with a checkpoint interval of a day, ``flink savepoint`` is taken
 while customers' runs are in flight (the job keeps running), a second batch of tickets is answered, and
 production is cancelled before any further checkpoint could prune its journal. So production's journal
 still holds every record written after the savepoint's barrier when the replay starts. The replay
-(``jobs/replay_job.py``) runs the *unchanged* agent with only a model setting changed (``--model``) and the
+(``flink_agents_replay.jobs.replay_job``)
+runs the *unchanged* agent with only a model setting changed (``--model``) and the
 model ``live``.
 
 Every run that started after the savepoint must call the model for real (two chat calls per ticket,
@@ -16,7 +18,6 @@ must finish from production's journal without calling anything again.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.config import default_capture_topic, default_journal_topic, default_uid
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
 from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.records.journal import key_digest, parse_journal_key
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import prepare_replay
@@ -32,9 +34,8 @@ from flink_agents_replay.testing.committed import poll_until
 
 pytestmark = pytest.mark.integration
 
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
 SIGNING_KEY = "replay-isolation-signing-key"
-MAX_PARALLELISM = 128  # agent_job.py's default
+MAX_PARALLELISM = 128  # the main job's default
 CUSTOMERS = 6
 _SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 _JOB_ID = re.compile(r"JobID\s+([0-9a-f]{32})")
@@ -80,7 +81,8 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     # random point of it), so nothing prunes the journal after the savepoint.
     _produce(kafka_bootstrap, input_topic, first)
     submitted = cluster.flink_command(
-        "run", "-d", "-py", str(JOBS / "agent_job.py"), "--bootstrap-servers", kafka_bootstrap,
+        "run", "-d", "--jarfile", str(kafka_connector_jar()), "-pym", "flink_agents_replay.jobs.agent_job",
+        "--bootstrap-servers", kafka_bootstrap,
         "--input-topic", input_topic, "--output-topic", output_topic, "--agent-id", agent_id, "--parallelism", "2",
         "--model-base-url", server.base_url, "--signing-key", SIGNING_KEY, "--checkpoint-interval-ms", "86400000",
         "--restart-attempts", "0", "--capture", check=True)
@@ -127,7 +129,8 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     log_from = len(operator_log())
     before = server.stats()
     replayed = cluster.flink_command(
-        "run", "-s", savepoint, "-py", str(JOBS / "replay_job.py"), "--replay-name", "other-model",
+        "run", "-s", savepoint, "--jarfile", str(kafka_connector_jar()), "-pym", "flink_agents_replay.jobs.replay_job",
+        "--replay-name", "other-model",
         "--agent-id", agent_id, "--bootstrap-servers", kafka_bootstrap, "--output-topic", output_topic,
         "--side-effects", "llm=live", "--model", "stub-model-2", "--model-base-url", server.base_url,
         "--signing-key", SIGNING_KEY, timeout_s=300)
@@ -149,7 +152,7 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     # (A line may be in the log twice, as in test_savepoint_workflow: one per subtask is kept.)
     replay_log = operator_log()[log_from:]
     restores = {line.split(" INFO ", 1)[-1] for line in replay_log if " restored: " in line}
-    assert len(restores) == 2, restores  # replay_job.py's parallelism
+    assert len(restores) == 2, restores  # the replay job's parallelism
     assert sum(int(re.search(r"(\d+) runs were in flight", line).group(1)) for line in restores) == len(in_flight)
     # Their two actions (classify, the reply's tool loop) were reused from production's journal; every later run
     # executed its two.

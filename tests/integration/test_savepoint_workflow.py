@@ -1,8 +1,8 @@
-"""The savepoint workflow with Flink's own client, on a local standalone cluster, with ``jobs/agent_job.py``.
+"""The savepoint workflow with Flink's own client, on a local standalone cluster, with the packaged main job.
 
-    flink run -d -py jobs/agent_job.py ...                 # submit
-    flink stop --savepointPath DIR <job id>                # stop with a savepoint
-    flink run -d -s <savepoint> -py jobs/agent_job.py ...  # restore, at the same and at another parallelism
+    flink run -d -pym flink_agents_replay.jobs.agent_job ...                 # submit
+    flink stop --savepointPath DIR <job id>                                  # stop with a savepoint
+    flink run -d -s <savepoint> -pym flink_agents_replay.jobs.agent_job ...  # restore, at the same and another p
 
 Three batches of tickets, one per run of the job (p=2, then p=2 from the first savepoint, then p=3 from the
 second). Every reply must be committed exactly once and equal a failure-free run computed by construction
@@ -10,8 +10,9 @@ second). Every reply must be committed exactly once and equal a failure-free run
 process — must have executed every logical call once. A restore with a changed agent id (so a changed
 operator uid) must fail with Flink's own error.
 
-The job captures its traffic (``--capture``); at the end ``jobs/replay_job.py`` replays the unchanged agent
-from the second savepoint with every call ``recorded`` (``flink run -s <savepoint> -py jobs/replay_job.py``)
+The job captures its traffic (``--capture``); at the end the packaged replay job replays the unchanged agent
+from the second savepoint with every call ``recorded``
+(``flink run -s <savepoint> -pym flink_agents_replay.jobs.replay_job``)
 and ``flink-agents-replay diff --fail-on-diff`` must find no difference, with no request reaching the
 service; the same replay under another agent id is refused before submission.
 """
@@ -23,18 +24,22 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets, support_triage_agent
+from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.jobs import failure_free_outputs
 
 pytestmark = pytest.mark.integration
 
-JOB = Path(__file__).resolve().parents[2] / "jobs" / "agent_job.py"
-REPLAY_JOB = JOB.with_name("replay_job.py")
+AGENT_JOB, REPLAY_JOB = "flink_agents_replay.jobs.agent_job", "flink_agents_replay.jobs.replay_job"
+
+
+def _packaged(module: str) -> list[str]:
+    """The packaged job ``module``, with Flink's Kafka connector as `flink run --jarfile`, as a user submits it."""
+    return ["--jarfile", str(kafka_connector_jar()), "-pym", module]
 SIGNING_KEY = "savepoint-workflow-signing-key"
 _SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 
@@ -93,7 +98,7 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
         chat_before = server.stats().chat
         restore = ["-s", savepoint] if savepoint else []
         log_from = len(operator_log())
-        result = cluster.flink_command("run", "-d", *restore, "-py", str(JOB), *job_args(parallelism), check=True)
+        result = cluster.flink_command("run", "-d", *restore, *_packaged(AGENT_JOB), *job_args(parallelism), check=True)
         job_id = re.search(r"JobID\s+([0-9a-f]{32})", result.stdout + result.stderr).group(1)
         if not last:
             # Stop once every customer's first ticket of the batch is being answered: runs are in flight.
@@ -139,7 +144,7 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
     assert stats.orders == sum(1 for t in tickets if t["order_id"])
 
     # Another agent id is another operator uid: Flink cannot map the savepoint's agent state and says so.
-    changed = cluster.flink_command("run", "-s", final_savepoint, "-py", str(JOB), *job_args(2, agent="renamed"),
+    changed = cluster.flink_command("run", "-s", final_savepoint, *_packaged(AGENT_JOB), *job_args(2, agent="renamed"),
                                     timeout_s=300)
     output = changed.stdout + changed.stderr
     assert changed.returncode != 0
@@ -148,7 +153,7 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
     # Replay the unchanged agent from the second savepoint (p=3 batch's start) on recorded calls: no difference.
     def replay(name: str, agent: str = agent_id):
         return cluster.flink_command(
-            "run", "-s", savepoint, "-py", str(REPLAY_JOB), "--replay-name", name, "--agent-id", agent,
+            "run", "-s", savepoint, *_packaged(REPLAY_JOB), "--replay-name", name, "--agent-id", agent,
             "--bootstrap-servers", kafka_bootstrap, "--output-topic", output_topic, "--side-effects", "*=recorded",
             "--model-base-url", server.base_url, "--signing-key", SIGNING_KEY, timeout_s=300)
 

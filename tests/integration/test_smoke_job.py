@@ -8,7 +8,7 @@ from flink_agents_replay.testing.jobs import job_script
 
 pytestmark = pytest.mark.integration
 
-JOB = pathlib.Path(__file__).resolve().parents[2] / "jobs" / "smoke_job.py"
+JOB = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "smoke_job.py"
 
 
 def test_smoke_job_writes_and_reads_back_every_record_once(kafka_bootstrap):

@@ -1,4 +1,7 @@
-"""Building the checkpoint bridge jar: from source, into the cache outside the repo, once per digest."""
+"""The checkpoint bridge jar: the wheel's, else built from source into the cache outside the repo, once per digest.
+
+(That a built wheel carries the jar, and that the same JDK rebuilds it byte for byte, is checked on a real wheel
+by tests/integration/test_installed_wheel.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.checkpoint_bridge import build
+from flink_agents_replay.checkpoint_bridge import build, compile_jar
 from flink_agents_replay.checkpoint_bridge.build import BridgeBuildError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +87,34 @@ def test_compile_error_reports_javac_output_and_leaves_no_jar(home, tmp_path, mo
         build.bridge_jar()
     assert not list(home.rglob("*.jar"))
     assert not [p for p in (home / "bridge").rglob("*") if p.is_file()], "a failed build leaves nothing behind"
+
+
+def test_the_jar_a_wheel_ships_is_used_without_compiling_or_writing_anything(home, tmp_path, monkeypatch):
+    package = tmp_path / "site-packages" / "checkpoint_bridge"
+    package.mkdir(parents=True)
+    shipped = package / f"checkpoint-bridge-{build.source_digest()}.jar"
+    shipped.write_bytes(b"PK the wheel's jar")
+    stale = package / "checkpoint-bridge-0000000000000000.jar"
+    stale.write_bytes(b"PK a jar of other sources")
+    monkeypatch.setattr(build, "PACKAGE_DIR", package)
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("a shipped jar of the current sources must not be compiled again")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert build.bridge_jar() == shipped
+    assert not home.exists(), "nothing is written to the cache: it may be read-only"
+
+
+@needs_javac
+def test_the_same_jdk_gives_the_same_jar_bytes(tmp_path):
+    first = compile_jar.compile_jar(tmp_path / "a" / "bridge.jar")
+    second = compile_jar.compile_jar(tmp_path / "b" / "bridge.jar")
+    assert first.read_bytes() == second.read_bytes()
+    with zipfile.ZipFile(first) as jar:
+        names = jar.namelist()
+    assert names == sorted(names) or names[0] == "META-INF/MANIFEST.MF"
+    assert any(name.endswith("PositionedKafkaRecords.class") for name in names)
 
 
 def test_compile_classpath_is_the_installed_pyflink():

@@ -1,4 +1,4 @@
-"""Missing Java or Maven: a clear message naming what to install, never a stack trace."""
+"""Missing Java: a clear message naming what to install, never a stack trace (jars need no Maven: test_jar_lock)."""
 
 import subprocess
 import sys
@@ -6,7 +6,6 @@ import sys
 import pytest
 
 from flink_agents_replay.local.errors import LocalServiceError
-from flink_agents_replay.local.jars import FLINK_CONNECTORS, fetch_jars
 from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
 
 
@@ -19,19 +18,9 @@ def empty_path(monkeypatch, tmp_path):
     return bin_dir
 
 
-def test_missing_maven_is_named(empty_path):
-    with pytest.raises(LocalServiceError, match=r"'mvn' is not on PATH: install Apache Maven"):
-        fetch_jars(FLINK_CONNECTORS)
-
-
 def test_missing_java_is_named(empty_path, tmp_path):
     with pytest.raises(LocalServiceError, match=r"'java' is not on PATH: install a Java 17 JDK"):
         LocalKafkaBroker(tmp_path / "kafka").start()
-
-
-def test_unknown_bundle_is_named(empty_path):
-    with pytest.raises(LocalServiceError, match="no pom for jar bundle 'nope'"):
-        fetch_jars("nope")
 
 
 def test_cli_prints_the_message_not_a_traceback(empty_path, tmp_path):

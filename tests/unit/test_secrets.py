@@ -4,15 +4,21 @@ Configs end up in log lines and tracebacks, so ``AgentConfig`` redacts them; the
 file (``--signing-key-file``) or the environment, and ``--signing-key`` still works but warns that ``ps`` shows it.
 """
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from flink_agents_replay.config import SIGNING_KEY_ENV, AgentConfig
 from flink_agents_replay.errors import ConfigError
-from flink_agents_replay.testing.jobs import job_script
+from flink_agents_replay.jobs import agent_job, replay_job
 
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
+TEST_JOBS = Path(__file__).resolve().parents[1] / "jobs"
+
+
+@contextmanager
+def _agent_job():
+    yield agent_job
 SIGNING_KEY = "s3cret-signing-key-0123456789"
 SECRETS = {"sasl.password": "sasl-pa55word", "ssl.key.password": "ssl-key-pa55", "ssl.keystore.password": "ks-pa55",
            "sasl.oauthbearer.client.secret": "oauth-5ecret", "sasl.jaas.config": "jaas-with-pa55"}
@@ -37,7 +43,7 @@ def test_the_main_job_takes_the_key_from_a_file_or_the_environment(tmp_path, mon
     key_file.write_text(SIGNING_KEY + "\n")
     monkeypatch.delenv(SIGNING_KEY_ENV, raising=False)
     common = ["--bootstrap-servers", "127.0.0.1:9092"]
-    with job_script(JOBS / "agent_job.py") as job:
+    with _agent_job() as job:
         assert job.parse_args([*common, "--signing-key-file", str(key_file)]).signing_key == SIGNING_KEY
         monkeypatch.setenv(SIGNING_KEY_ENV, SIGNING_KEY)
         assert job.parse_args(common).signing_key == SIGNING_KEY
@@ -49,7 +55,7 @@ def test_the_main_job_takes_the_key_from_a_file_or_the_environment(tmp_path, mon
 def test_a_bad_key_file_is_a_usage_error_that_names_the_file_not_the_key(content, tmp_path, capsys):
     key_file = tmp_path / "signing.key"
     key_file.write_text(content)
-    with job_script(JOBS / "agent_job.py") as job, pytest.raises(SystemExit) as exited:
+    with _agent_job() as job, pytest.raises(SystemExit) as exited:
         job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(key_file)])
     assert exited.value.code == 2
     err = capsys.readouterr().err
@@ -58,12 +64,12 @@ def test_a_bad_key_file_is_a_usage_error_that_names_the_file_not_the_key(content
 
 
 def test_a_missing_key_file_is_a_usage_error(tmp_path, capsys):
-    with job_script(JOBS / "agent_job.py") as job, pytest.raises(SystemExit):
+    with _agent_job() as job, pytest.raises(SystemExit):
         job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(tmp_path / "none")])
     assert "cannot read the signing key file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["agent_job.py", "replay_job.py", "embedded_agent_job.py"])
+@pytest.mark.parametrize("script", [agent_job.__file__, replay_job.__file__, TEST_JOBS / "embedded_agent_job.py"])
 def test_every_job_offers_a_key_file(script):
-    text = (JOBS / script).read_text()
+    text = Path(script).read_text()
     assert "--signing-key-file" in text and "job_signing_key(" in text

@@ -1,8 +1,8 @@
 """Replay job: a (changed) agent restored from a production savepoint, fed from production's capture.
 
-Run it with Flink's own client, from a savepoint of ``jobs/agent_job.py --capture``::
+Run it with Flink's own client, from a savepoint of ``flink_agents_replay.jobs.agent_job --capture``::
 
-    flink run -s /tmp/savepoints/savepoint-... -py jobs/replay_job.py --replay-name try-voucher \\
+    flink run -s /tmp/savepoints/savepoint-... -pym flink_agents_replay.jobs.replay_job --replay-name try-voucher \\
         --agent flink_agents_replay.examples.support_triage:support_triage_agent_v2 --side-effects llm=live
 
 then compare: ``flink-agents-replay diff --replay flink-agents-replay.support-triage.capture.replay-try-voucher``.
@@ -15,6 +15,10 @@ replay's journal, capture and output topics must not be production's). The repla
 named after ``--replay-name``; the production job's source and sink state in the savepoint is not used
 (a replay reads the capture), so the job is submitted with unclaimed state allowed. A replay that fails
 is run again from the savepoint with a new ``--replay-name``: it is never resumed, so it has no restarts.
+
+A capture record that does not verify (not this operator's, signed with another key, copied from another topic
+or partition) goes to the dead-letter topic (default ``<output topic>.replay-<name>.dead-letters``) with the
+reason, its partition and offset, and the replay goes on; its run is then missing from the diff.
 """
 
 from __future__ import annotations
@@ -39,10 +43,17 @@ from flink_agents_replay.config import (
 )
 from flink_agents_replay.errors import ConfigError, ReplayError
 from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
+from flink_agents_replay.jobs.kafka_input import DeadLetters, KafkaInput, records_from_kafka
 from flink_agents_replay.kafka_topics import ensure_topics
-from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config, savepoint_of
+from flink_agents_replay.replay.job import (
+    CapturedInputParser,
+    keyed_captured_inputs,
+    prepare_replay,
+    replay_config,
+    savepoint_of,
+)
 
 DEFAULT_AGENT = "flink_agents_replay.examples.support_triage:support_triage_agent"
 
@@ -59,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capture-topic", default=None, help="production's capture topic (default the agent's)")
     parser.add_argument("--output-topic", default="replies",
                         help="production's output topic: the replay writes to <it>.replay-<name> (default replies)")
+    parser.add_argument("--dead-letter-topic", default=None,
+                        help="where capture records that do not verify go (default <output topic>.replay-<name>"
+                             ".dead-letters)")
+    parser.add_argument("--connector-jar", action="append", default=[],
+                        help=f"Flink's Kafka connector jar, if not in Flink's lib/ or given with --jarfile "
+                             f"(else ${CONNECTOR_ENV})")
     parser.add_argument("--savepoint", default=None, help="the savepoint (default: the one `flink run -s` gives)")
     parser.add_argument("--side-effects", default="",
                         help="policies per resource, e.g. llm=live,orders=recorded ('*' for all others); unnamed "
@@ -98,6 +115,18 @@ def load_agent(args: argparse.Namespace):
                    orders_base_url=args.orders_base_url, **memory)
 
 
+def _captured_records(env, args: argparse.Namespace, settings, uid: str, dead_letter_topic: str):
+    """Production's captured inputs after the savepoint; records that do not verify go to dead letters."""
+    capture = settings.production_capture_topic
+    parse = CapturedInputParser(args.signing_key.encode(), uid, topic=capture, key_type=args.key_type,
+                                max_parallelism=len(settings.start_offsets))
+    source = KafkaInput(args.bootstrap_servers, capture, f"flink-agents-replay-replay-{args.replay_name}",
+                        bounded=True, start_offsets=settings.start_offsets)
+    dead_letters = DeadLetters(args.bootstrap_servers, dead_letter_topic,
+                               f"dead-letters-flink-agents-replay-replay-{args.replay_name}")
+    return records_from_kafka(env, source, parse, dead_letters, uid="replay-captured-inputs")
+
+
 def build(args: argparse.Namespace):
     """The replay job's environment with its pipeline, after every check."""
     kafka = {"bootstrap.servers": args.bootstrap_servers}
@@ -107,23 +136,25 @@ def build(args: argparse.Namespace):
     if args.savepoint:
         restore["execution.state-recovery.path"] = args.savepoint
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=2000, restart_attempts=0,
-                             jars=[kafka_connector_jar()], config=restore)
+                             config=restore)
+    require_kafka_connector(env, args.connector_jar)
     savepoint = savepoint_of(env)
     if not savepoint:
-        raise ReplayError("a replay starts from a production savepoint: flink run -s <savepoint> -py "
-                          "jobs/replay_job.py ... (or --savepoint)")
+        raise ReplayError("a replay starts from a production savepoint: flink run -s <savepoint> -pym "
+                          "flink_agents_replay.jobs.replay_job ... (or --savepoint)")
     settings = prepare_replay(kafka, capture_topic, savepoint, uid=uid, key_type=args.key_type,
                               max_parallelism=args.max_parallelism, policies=args.side_effects)
     suffix = f"replay-{args.replay_name}"
     production_journal = settings.production_journal_topic or default_journal_topic(uid)
     topics = {"journal": f"{production_journal}.{suffix}", "capture": f"{capture_topic}.{suffix}",
               "outputs": f"{args.output_topic}.{suffix}"}
+    topics["dead_letters"] = args.dead_letter_topic or f"{topics['outputs']}.dead-letters"
     config = replay_config({"kafka": kafka, "signing_key": args.signing_key, "max_parallelism": args.max_parallelism},
                            settings, journal_topic=topics["journal"], capture_topic=topics["capture"],
-                           output_topics=[topics["outputs"]])
-    inputs = captured_inputs(env, kafka, settings, args.signing_key.encode(), uid=uid, key_type=args.key_type)
+                           output_topics=[topics["outputs"], topics["dead_letters"]])
+    inputs = keyed_captured_inputs(_captured_records(env, args, settings, uid, topics["dead_letters"]), args.key_type)
     outputs = connect_to_agent(inputs, load_agent(args), config)  # refuses production topics as targets
-    ensure_topics(args.bootstrap_servers, [topics["outputs"]], 1)
+    ensure_topics(args.bootstrap_servers, [topics["outputs"], topics["dead_letters"]], 1)
     (
         outputs.map(lambda reply: json.dumps({"seq": reply.seq, **reply.output}, sort_keys=True),
                     output_type=Types.STRING()).name("format replies").uid("replay-format-replies")
@@ -145,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         env, topics, memory_as_of = build(args)
-    except ReplayError as exc:  # a clear message, not a traceback from the Flink client
-        print(f"replay_job.py: {exc}", file=sys.stderr)
+    except ReplayError as exc:  # ConfigError too: a clear message, not a traceback from the Flink client
+        print(f"flink_agents_replay.jobs.replay_job: {exc}", file=sys.stderr)
         return 2
     env.execute(f"flink-agents-replay replay {args.replay_name}")
     memory = (f" --memory-store {args.memory_url} --memory-namespace {args.agent_id}/memory --as-of {memory_as_of}"

@@ -1,21 +1,25 @@
 """The main job: support tickets from Kafka -> triage agent (durable actions) -> replies to Kafka, exactly once.
 
-Submit it to a Flink cluster with Flink's own client (see the README for the local cluster)::
+Submit it from the installed package with Flink's own client (Flink's Kafka connector in its ``lib/``, or
+given with ``--jarfile`` or ``--connector-jar``; see :mod:`flink_agents_replay.jobs.connector`)::
 
-    flink run -d -py jobs/agent_job.py --bootstrap-servers 127.0.0.1:9092 \\
+    flink run -d -pym flink_agents_replay.jobs.agent_job --bootstrap-servers 127.0.0.1:9092 \\
         --input-topic tickets --output-topic replies --model-base-url http://127.0.0.1:8000/v1
 
 stop it with a savepoint and restore it, at the same or another parallelism::
 
     flink stop --savepointPath /tmp/savepoints <job id>
-    flink run -d -s /tmp/savepoints/savepoint-... -py jobs/agent_job.py ... --parallelism 3
+    flink run -d -s /tmp/savepoints/savepoint-... -pym flink_agents_replay.jobs.agent_job ... --parallelism 3
 
-or run it on a local MiniCluster with ``python jobs/agent_job.py ... --bounded`` (ends at the topic's end).
+or run it on a local MiniCluster with ``python -m flink_agents_replay.jobs.agent_job ... --bounded`` (ends at
+the topic's end).
 
 The pipeline: a ``KafkaSource`` reads JSON tickets ``{"ticket_id", "customer", "order_id", "text"}``; the
 source and the parsing run at parallelism 1, so every customer's tickets reach the agent from one
-upstream instance and in the same order after a restore (docs/design.md §8); ``key_by`` customer;
-:func:`~flink_agents_replay.pipeline.connect_to_agent` runs
+upstream instance and in the same order after a restore (docs/design.md §8). A record that is not a JSON
+object with a string ``customer``, or is larger than ``--max-record-bytes``, goes to the dead-letter topic
+with the reason, its partition and offset, and the job goes on (:mod:`flink_agents_replay.jobs.kafka_input`).
+``key_by`` customer; :func:`~flink_agents_replay.pipeline.connect_to_agent` runs
 :mod:`flink_agents_replay.examples.support_triage` with its actions journaled to Kafka; each reply
 leaves through Flink's exactly-once ``KafkaSink`` (a consumer with ``isolation.level=read_committed``
 sees each one once).
@@ -31,22 +35,18 @@ import json
 import os
 import sys
 
-from pyflink.common import Types, WatermarkStrategy
+from pyflink.common import Types
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import (
-    KafkaOffsetsInitializer,
-    KafkaRecordSerializationSchema,
-    KafkaSink,
-    KafkaSource,
-)
+from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 
 from flink_agents_replay.config import SIGNING_KEY_ENV, job_signing_key
 from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
+from flink_agents_replay.jobs.kafka_input import DeadLetters, JsonRecords, KafkaInput, records_from_kafka
 from flink_agents_replay.kafka_topics import ensure_topics
-from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.pipeline import connect_to_agent
 
 
@@ -56,6 +56,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Kafka for tickets, replies and the journal (default $KAFKA_BOOTSTRAP_SERVERS)")
     parser.add_argument("--input-topic", default="tickets", help="topic of JSON tickets (default tickets)")
     parser.add_argument("--output-topic", default="replies", help="topic the replies go to (default replies)")
+    parser.add_argument("--dead-letter-topic", default=None,
+                        help="where records the job cannot take go, with the reason, partition and offset "
+                             "(default <input topic>.dead-letters)")
+    parser.add_argument("--max-record-bytes", type=int, default=1024 * 1024,
+                        help="larger input records go to the dead-letter topic (default 1 MiB)")
+    parser.add_argument("--connector-jar", action="append", default=[],
+                        help=f"Flink's Kafka connector jar, if not in Flink's lib/ or given with --jarfile "
+                             f"(else ${CONNECTOR_ENV})")
     parser.add_argument("--agent-id", default="support-triage",
                         help="agent name: derives the operator uid and the journal topic; keep it across restores")
     parser.add_argument("--journal-topic", default=None,
@@ -96,30 +104,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"a journal signing key is needed: --signing-key or ${SIGNING_KEY_ENV} (16+ characters)")
     if args.parallelism < 1:
         parser.error("--parallelism must be at least 1")
+    if args.max_record_bytes < 1:
+        parser.error("--max-record-bytes must be at least 1")
+    args.dead_letter_topic = args.dead_letter_topic or f"{args.input_topic}.dead-letters"
     return args
 
 
 def build(args: argparse.Namespace):
     """The job's environment with the pipeline defined on it."""
-    ensure_topics(args.bootstrap_servers, [args.input_topic, args.output_topic], args.topic_partitions)
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
-                             restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,
-                             jars=[kafka_connector_jar()])
-    source = (
-        KafkaSource.builder().set_bootstrap_servers(args.bootstrap_servers).set_topics(args.input_topic)
-        .set_group_id(f"flink-agents-replay-{args.agent_id}")
-        # Used on a fresh start only: a restore continues from the offsets in the checkpoint.
-        .set_starting_offsets(KafkaOffsetsInitializer.earliest())
-        .set_value_only_deserializer(SimpleStringSchema())
-    )
-    if args.bounded:
-        source = source.set_bounded(KafkaOffsetsInitializer.latest())
-    tickets = (
-        env.from_source(source.build(), WatermarkStrategy.no_watermarks(), "tickets").uid("tickets-source")
-        .set_parallelism(1)
-        .map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).name("parse tickets").uid("parse-tickets")
-        .set_parallelism(1)
-    )
+                             restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms)
+    require_kafka_connector(env, args.connector_jar)
+    ensure_topics(args.bootstrap_servers, [args.input_topic, args.output_topic], args.topic_partitions)
+    ensure_topics(args.bootstrap_servers, [args.dead_letter_topic], 1)
+    prefix = args.transactional_id_prefix or f"flink-agents-replay-{args.agent_id}"
+    tickets = records_from_kafka(
+        env, KafkaInput(args.bootstrap_servers, args.input_topic, f"flink-agents-replay-{args.agent_id}",
+                        bounded=args.bounded),
+        JsonRecords("customer", args.max_record_bytes),
+        DeadLetters(args.bootstrap_servers, args.dead_letter_topic, f"dead-letters-{prefix}"), uid="tickets")
     keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
 
     agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
@@ -143,7 +146,7 @@ def build(args: argparse.Namespace):
             .set_value_serialization_schema(SimpleStringSchema()).build()
         )
         .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(args.transactional_id_prefix or f"flink-agents-replay-{args.agent_id}")
+        .set_transactional_id_prefix(prefix)
         # Above the longest outage a restore must bridge, below the broker's transaction.max.timeout.ms.
         .set_property("transaction.timeout.ms", "600000")
         .build()
@@ -158,7 +161,12 @@ def build(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    build(args).execute(f"flink-agents-replay {args.agent_id}")
+    try:
+        env = build(args)
+    except ConfigError as exc:  # a clear message, not a traceback from the Flink client
+        print(f"flink_agents_replay.jobs.agent_job: {exc}", file=sys.stderr)
+        return 2
+    env.execute(f"flink-agents-replay {args.agent_id}")
     return 0
 
 

@@ -1,0 +1,207 @@
+"""JSON records from Kafka, with the ones a job cannot take sent to a dead-letter topic instead of failing it.
+
+A record that fails a job is read back after every restart: one bad record (a *poison pill*) stops the job for
+good. Here each record is checked before it reaches the agent: it must be UTF-8 JSON, an object, no larger
+than ``max_record_bytes``, and carry the key field as a string. A record that is not goes to the dead-letter
+topic as JSON with the reason and where it came from, and the job goes on::
+
+    {"reason": "not JSON: Expecting value: line 1 column 1 (char 0)", "topic": "tickets", "partition": 0,
+     "offset": 41, "timestamp": 1733390000000, "bytes": 9, "value": "not json!", "truncated": false}
+
+Dead letters leave through Flink's exactly-once ``KafkaSink`` (a ``read_committed`` consumer sees each once,
+also across restarts) and are counted in the parse operator's ``deadLetters`` metric. The source keeps each
+record's partition and offset through a small deserializer shipped in the package's jar
+(``PositionedKafkaRecords``): PyFlink's own Kafka source hands over values only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyflink.datastream import ProcessFunction
+
+__all__ = ["DEAD_LETTER_METRIC", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput", "RecordParser",
+           "check_json_record", "records_from_kafka"]
+
+DEAD_LETTER_METRIC = "deadLetters"
+#: How much of a dead record's value its dead letter keeps (the rest is counted in ``bytes``).
+_VALUE_KEPT = 16 * 1024
+
+
+@dataclass(frozen=True)
+class KafkaInput:
+    """Where records come from. ``start_offsets`` (partition -> offset) replaces the earliest offsets of a fresh
+    start; a restore always continues from the checkpoint's offsets."""
+
+    bootstrap_servers: str
+    topic: str
+    group_id: str
+    bounded: bool = False
+    start_offsets: Mapping[int, int] | None = None
+    kafka_properties: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """Where records the job does not take go: a topic, written exactly once by its own transactional ids."""
+
+    bootstrap_servers: str
+    topic: str
+    transactional_id_prefix: str
+    kafka_properties: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record the job did not take: why, and where it was."""
+
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    value: bytes | None
+
+    def to_json(self) -> str:
+        value = self.value or b""
+        return json.dumps({
+            "reason": self.reason, "topic": self.topic, "partition": self.partition, "offset": self.offset,
+            "timestamp": self.timestamp, "bytes": len(value),
+            "value": value[:_VALUE_KEPT].decode("utf-8", errors="replace") if self.value is not None else None,
+            "truncated": len(value) > _VALUE_KEPT,
+        }, sort_keys=True)
+
+
+#: A parse: ``(value, None)`` takes the record, ``(None, reason)`` sends it to the dead letters,
+#: ``(None, None)`` skips it (a record of another kind). Called with the value's bytes and its partition.
+RecordParser = Callable[[bytes | None, int], tuple[Any, str | None]]
+
+
+class JsonRecords:
+    """The main job's parse: a JSON object of at most ``max_record_bytes`` with a string ``key_field``."""
+
+    def __init__(self, key_field: str, max_record_bytes: int = 1024 * 1024):
+        self.key_field = key_field
+        self.max_record_bytes = max_record_bytes
+
+    def __call__(self, value: bytes | None, partition: int) -> tuple[dict | None, str | None]:
+        return check_json_record(value, self.key_field, self.max_record_bytes)
+
+
+def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int) -> tuple[dict | None, str | None]:
+    """``(record, None)`` for an acceptable value, else ``(None, reason)``."""
+    if value is None:
+        return None, "no value (a tombstone)"
+    if len(value) > max_record_bytes:
+        return None, f"larger than the limit: {len(value)} bytes > {max_record_bytes}"
+    try:
+        record = json.loads(value.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8: {exc}"
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(record, dict):
+        return None, f"not a JSON object: a {type(record).__name__}"
+    if key_field not in record:
+        return None, f"no key field {key_field!r}"
+    if not isinstance(record[key_field], str):
+        return None, f"key field {key_field!r} is not a string: {record[key_field]!r}"
+    return record, None
+
+
+class _ParseRecords(ProcessFunction):
+    """The parse operator's function: taken records on, dead letters to the side output, counted."""
+
+    def __init__(self, parse: RecordParser, dead_letters):
+        super().__init__()
+        self.parse = parse
+        self.dead_letters = dead_letters
+        self.counter = None
+
+    def open(self, runtime_context) -> None:
+        self.counter = runtime_context.get_metrics_group().counter(DEAD_LETTER_METRIC)
+
+    def process_element(self, row, ctx) -> Iterator[Any]:
+        record, reason = self.parse(row.value, row.partition)
+        if reason is None:
+            if record is not None:
+                yield record
+            return
+        self.counter.inc()
+        letter = DeadLetter(reason, row.topic, row.partition, row.offset, row.timestamp, row.value)
+        yield self.dead_letters, letter.to_json()
+
+
+def _positioned_source(source: KafkaInput):
+    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource, KafkaTopicPartition
+    from pyflink.java_gateway import get_gateway
+
+    if source.start_offsets is not None:
+        starting = KafkaOffsetsInitializer.offsets(
+            {KafkaTopicPartition(source.topic, p): offset for p, offset in source.start_offsets.items()})
+    else:
+        starting = KafkaOffsetsInitializer.earliest()
+    builder = (
+        KafkaSource.builder().set_bootstrap_servers(source.bootstrap_servers).set_topics(source.topic)
+        .set_group_id(source.group_id)
+        .set_starting_offsets(starting)  # a fresh start only: a restore continues from the checkpoint's offsets
+    )
+    for setting, value in (source.kafka_properties or {}).items():
+        builder = builder.set_property(setting, str(value))
+    if source.bounded:
+        builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
+    records = get_gateway().jvm.io.github.flinkagentsreplay.bridge.PositionedKafkaRecords
+    builder._j_builder.setDeserializer(records.deserializer())
+    return builder.build()
+
+
+def _dead_letter_sink(dead_letters: DeadLetters):
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.base import DeliveryGuarantee
+    from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
+
+    builder = (
+        KafkaSink.builder().set_bootstrap_servers(dead_letters.bootstrap_servers)
+        .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(dead_letters.topic)
+                               .set_value_serialization_schema(SimpleStringSchema()).build())
+        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
+        .set_transactional_id_prefix(dead_letters.transactional_id_prefix)
+        .set_property("transaction.timeout.ms", "600000")
+    )
+    for setting, value in (dead_letters.kafka_properties or {}).items():
+        builder = builder.set_property(setting, str(value))
+    return builder.build()
+
+
+def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letters: DeadLetters, *, uid: str):
+    """The records ``parse`` takes (parallelism 1, in the topic's order); the others, as :class:`DeadLetter`
+    JSON, to the dead-letter topic. Operator uids: ``<uid>-source``, ``parse-<uid>``, ``<uid>-dead-letters-sink``.
+
+    Flink's Kafka connector must be on the class path (:mod:`flink_agents_replay.jobs.connector`).
+    """
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.datastream import OutputTag
+
+    from flink_agents_replay.checkpoint_bridge.wiring import ship_bridge_jar
+
+    ship_bridge_jar(env._j_stream_execution_environment)  # holds PositionedKafkaRecords
+    tag = OutputTag("dead-letters", Types.STRING())
+    row_type = Types.ROW_NAMED(["topic", "partition", "offset", "timestamp", "value"],
+                               [Types.STRING(), Types.INT(), Types.LONG(), Types.LONG(),
+                                Types.PRIMITIVE_ARRAY(Types.BYTE())])
+    records = (
+        env.from_source(_positioned_source(source), WatermarkStrategy.no_watermarks(), f"{source.topic} source",
+                        type_info=row_type)
+        .uid(f"{uid}-source").set_parallelism(1)
+        .process(_ParseRecords(parse, tag), output_type=Types.PICKLED_BYTE_ARRAY())
+        .name(f"parse {source.topic}").uid(f"parse-{uid}").set_parallelism(1)
+    )
+    (
+        records.get_side_output(tag)
+        .sink_to(_dead_letter_sink(dead_letters)).name("dead letters sink").uid(f"{uid}-dead-letters-sink")
+        .set_parallelism(1)
+    )
+    return records
