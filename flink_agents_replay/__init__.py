@@ -51,7 +51,7 @@ from flink_agents_replay.formats import dataclass_sentinels
 
 dataclass_sentinels.install()  # before anything is pickled: a job script's dataclasses keep their fields
 
-__version__ = "0.5.1"
+__version__ = "0.6.0"
 
 __all__ = [
     "Agent",

@@ -5,7 +5,7 @@ good. Here each record is checked before it reaches the agent: it must be UTF-8 
 than ``max_record_bytes``, and carry the key field as a string. A record that is not goes to the dead-letter
 topic as JSON with the reason and where it came from, and the job goes on::
 
-    {"reason": "not JSON: Expecting value: line 1 column 1 (char 0)", "topic": "tickets", "partition": 0,
+    {"v": 1, "reason": "not JSON: Expecting value: line 1 column 1 (char 0)", "topic": "tickets", "partition": 0,
      "offset": 41, "timestamp": 1733390000000, "bytes": 9, "value": "not json!", "truncated": false}
 
 Dead letters leave through Flink's exactly-once ``KafkaSink`` (a ``read_committed`` consumer sees each once,
@@ -23,10 +23,12 @@ from typing import Any
 
 from pyflink.datastream import ProcessFunction
 
-__all__ = ["DEAD_LETTER_METRIC", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput", "RecordParser",
-           "check_json_record", "records_from_kafka"]
+__all__ = ["DEAD_LETTER_METRIC", "DEAD_LETTER_VERSION", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput",
+           "RecordParser", "check_json_record", "records_from_kafka"]
 
 DEAD_LETTER_METRIC = "deadLetters"
+#: The dead-letter record's format (its ``"v"``): consumers of the topic can tell a later one.
+DEAD_LETTER_VERSION = 1
 #: How much of a dead record's value its dead letter keeps (the rest is counted in ``bytes``).
 _VALUE_KEPT = 16 * 1024
 
@@ -68,8 +70,8 @@ class DeadLetter:
     def to_json(self) -> str:
         value = self.value or b""
         return json.dumps({
-            "reason": self.reason, "topic": self.topic, "partition": self.partition, "offset": self.offset,
-            "timestamp": self.timestamp, "bytes": len(value),
+            "v": DEAD_LETTER_VERSION, "reason": self.reason, "topic": self.topic, "partition": self.partition,
+            "offset": self.offset, "timestamp": self.timestamp, "bytes": len(value),
             "value": value[:_VALUE_KEPT].decode("utf-8", errors="replace") if self.value is not None else None,
             "truncated": len(value) > _VALUE_KEPT,
         }, sort_keys=True)
@@ -176,7 +178,8 @@ def _dead_letter_sink(dead_letters: DeadLetters):
     return builder.build()
 
 
-def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letters: DeadLetters, *, uid: str):
+def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letters: DeadLetters, *, uid: str,
+                       parallelism: int = 1):
     """The records ``parse`` takes (parallelism 1, in the topic's order); the others, as :class:`DeadLetter`
     JSON, to the dead-letter topic. Operator uids: ``<uid>-source``, ``parse-<uid>``, ``<uid>-dead-letters-sink``.
 
@@ -195,9 +198,9 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
     records = (
         env.from_source(_positioned_source(source), WatermarkStrategy.no_watermarks(), f"{source.topic} source",
                         type_info=row_type)
-        .uid(f"{uid}-source").set_parallelism(1)
+        .uid(f"{uid}-source").set_parallelism(parallelism)
         .process(_ParseRecords(parse, tag), output_type=Types.PICKLED_BYTE_ARRAY())
-        .name(f"parse {source.topic}").uid(f"parse-{uid}").set_parallelism(1)
+        .name(f"parse {source.topic}").uid(f"parse-{uid}").set_parallelism(parallelism)
     )
     (
         records.get_side_output(tag)

@@ -124,7 +124,8 @@ def _captured_records(env, args: argparse.Namespace, settings, uid: str, dead_le
                         bounded=True, start_offsets=settings.start_offsets)
     dead_letters = DeadLetters(args.bootstrap_servers, dead_letter_topic,
                                f"dead-letters-flink-agents-replay-replay-{args.replay_name}")
-    return records_from_kafka(env, source, parse, dead_letters, uid="replay-captured-inputs")
+    return records_from_kafka(env, source, parse, dead_letters, uid="replay-captured-inputs",
+                              parallelism=args.parallelism)
 
 
 def build(args: argparse.Namespace):
@@ -152,7 +153,9 @@ def build(args: argparse.Namespace):
     config = replay_config({"kafka": kafka, "signing_key": args.signing_key, "max_parallelism": args.max_parallelism},
                            settings, journal_topic=topics["journal"], capture_topic=topics["capture"],
                            output_topics=[topics["outputs"], topics["dead_letters"]])
-    inputs = keyed_captured_inputs(_captured_records(env, args, settings, uid, topics["dead_letters"]), args.key_type)
+    # The captured records are read and parsed at parallelism 1 (records_from_kafka): so are their timestamps.
+    records = _captured_records(env, args, settings, uid, topics["dead_letters"])
+    inputs = keyed_captured_inputs(records, args.key_type, parallelism=args.parallelism)
     outputs = connect_to_agent(inputs, load_agent(args), config)  # refuses production topics as targets
     ensure_topics(args.bootstrap_servers, [topics["outputs"], topics["dead_letters"]], 1)
     (

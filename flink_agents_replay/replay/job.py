@@ -174,13 +174,19 @@ def captured_inputs(env, kafka: KafkaSettingsLike, settings: ReplaySettings, sig
     return keyed_captured_inputs(inputs, key_type)
 
 
-def keyed_captured_inputs(inputs, key_type: str):
+def keyed_captured_inputs(inputs, key_type: str, *, parallelism: int | None = None):
     """A stream of :class:`CapturedInput` keyed as in production, each with production's event time as its
-    timestamp (the capture time if it had none), with watermarks following them."""
+    timestamp (the capture time if it had none), with watermarks following them.
+
+    ``parallelism``: the timestamps' operator's, which must be the parallelism of ``inputs`` so that it is fed
+    one to one: a rebalance in between would send a key's inputs down two paths, out of their order.
+    """
     from pyflink.common import WatermarkStrategy
 
     timed = inputs.assign_timestamps_and_watermarks(
         WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
+    if parallelism is not None:
+        timed = timed.set_parallelism(parallelism)
     return timed.key_by(lambda captured: captured.key, key_type=flink_key_type(key_type))
 
 
