@@ -1,0 +1,65 @@
+"""What the packaged jobs take from Kafka and what goes to the dead letters instead (no Flink needed here; the
+jobs themselves: tests/integration/test_installed_wheel.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flink_agents_replay.capture.records import CapturedInput
+from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION, DeadLetter, JsonRecords
+from flink_agents_replay.replay.job import CapturedInputParser
+
+TAKE = JsonRecords("customer", max_record_bytes=64)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (None, "no value (a tombstone)"),
+    (b"not json", "not JSON: Expecting value: line 1 column 1 (char 0)"),
+    (b"\xff\xfe{}", "not UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    (b'["customer"]', "not a JSON object: a list"),
+    (b'"c1"', "not a JSON object: a str"),
+    (b'{"text": "hi"}', "no key field 'customer'"),
+    (b'{"customer": 7}', "key field 'customer' is not a string: 7"),
+    (b'{"customer": null}', "key field 'customer' is not a string: None"),
+    (b'{"customer": "c1", "text": "' + b"x" * 60 + b'"}', "larger than the limit: 90 bytes > 64"),
+])
+def test_a_record_the_job_cannot_take_has_a_reason(value, reason):
+    assert TAKE(value, 0) == (None, reason)
+
+
+def test_an_acceptable_record_is_taken_as_its_object():
+    assert TAKE(b'{"customer": "c\xc3\xa9", "n": 1}', 3) == ({"customer": "cé", "n": 1}, None)
+    assert TAKE(b'{"customer": ""}', 0) == ({"customer": ""}, None)  # an empty key is still a key
+
+
+def test_a_dead_letter_says_why_and_where_and_keeps_a_bounded_value():
+    letter = json.loads(DeadLetter("not JSON: x", "tickets", 1, 41, 1700000000000, b"\xffbad" + b"y" * 20000).to_json())
+    assert letter["v"] == DEAD_LETTER_VERSION == 1
+    where = (letter["reason"], letter["topic"], letter["partition"], letter["offset"])
+    assert where == ("not JSON: x", "tickets", 1, 41)
+    assert letter["bytes"] == 20004 and letter["truncated"] is True
+    assert letter["value"].startswith("\ufffdbad") and len(letter["value"]) == 16 * 1024
+    tombstone = json.loads(DeadLetter("no value (a tombstone)", "tickets", 0, 1, 0, None).to_json())
+    assert tombstone["value"] is None and tombstone["bytes"] == 0 and tombstone["truncated"] is False
+
+
+def test_a_capture_record_that_does_not_verify_is_a_reason_not_an_exception():
+    from flink_agents_replay.capture.records import SIGNED_KEY
+    from flink_agents_replay.capture.schemas import CAPTURED_INPUT, capture_codec
+    from flink_agents_replay.keygroups import key_group
+
+    parse = CapturedInputParser(b"k" * 32, "op", topic="cap", key_type="STRING", max_parallelism=128)
+    assert parse(None, 0) == (None, "no value (a tombstone)")
+    record, reason = parse(b"hello", 5)
+    assert record is None and "is not a flink-agents-replay record" in reason
+
+    group = key_group("c1", "STRING", 128)
+    captured = CapturedInput("c1", 1, None, {"customer": "c1"}, "in-1", key_group=group)
+    encoded = capture_codec(b"k" * 32, "op").encode(SIGNED_KEY, CAPTURED_INPUT, captured, topic="cap", partition=None)
+    assert parse(encoded, group)[0] == captured
+    copied = parse(encoded, group + 1)  # the same record copied into another partition
+    assert copied[0] is None and "copied to partition" in copied[1]
+    other_key = CapturedInputParser(b"o" * 32, "op", topic="cap", key_type="STRING", max_parallelism=128)
+    assert other_key(encoded, group)[0] is None
