@@ -93,6 +93,23 @@ class JsonRecords:
         return check_json_record(value, self.key_field, self.max_record_bytes)
 
 
+#: How deep a record may nest. The journal digests inputs to recognise them after a restore, and refuses values
+#: nested deeper than 64 levels: a deeper record would fail the agent's operator on every restart.
+MAX_NESTING = 32
+
+
+def _nesting(value: Any) -> int:
+    """How many levels of lists and objects ``value`` has (iteratively: a deep value must not overflow here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int) -> tuple[dict | None, str | None]:
     """``(record, None)`` for an acceptable value, else ``(None, reason)``."""
     if value is None:
@@ -105,6 +122,10 @@ def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int
         return None, f"not UTF-8: {exc}"
     except ValueError as exc:
         return None, f"not JSON: {exc}"
+    except RecursionError:
+        return None, f"nested deeper than {MAX_NESTING} levels"
+    if _nesting(record) > MAX_NESTING:
+        return None, f"nested deeper than {MAX_NESTING} levels"
     if not isinstance(record, dict):
         return None, f"not a JSON object: a {type(record).__name__}"
     if key_field not in record:

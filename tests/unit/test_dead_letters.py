@@ -11,7 +11,7 @@ from flink_agents_replay.capture.records import CapturedInput
 from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION, DeadLetter, JsonRecords
 from flink_agents_replay.replay.job import CapturedInputParser
 
-TAKE = JsonRecords("customer", max_record_bytes=64)
+TAKE = JsonRecords("customer", max_record_bytes=89)
 
 
 @pytest.mark.parametrize(("value", "reason"), [
@@ -23,10 +23,22 @@ TAKE = JsonRecords("customer", max_record_bytes=64)
     (b'{"text": "hi"}', "no key field 'customer'"),
     (b'{"customer": 7}', "key field 'customer' is not a string: 7"),
     (b'{"customer": null}', "key field 'customer' is not a string: None"),
-    (b'{"customer": "c1", "text": "' + b"x" * 60 + b'"}', "larger than the limit: 90 bytes > 64"),
+    (b'{"customer": "c1", "text": "' + b"x" * 60 + b'"}', "larger than the limit: 90 bytes > 89"),
+    (b"[" * 20 + b"]" * 20, "not a JSON object: a list"),
+    (b'{"customer": "c", "a": ' + b"[" * 32 + b"]" * 32 + b"}", "nested deeper than 32 levels"),
 ])
 def test_a_record_the_job_cannot_take_has_a_reason(value, reason):
     assert TAKE(value, 0) == (None, reason)
+
+
+def test_a_record_nested_too_deep_for_json_or_the_journal_is_a_dead_letter_not_a_crash():
+    take = JsonRecords("customer", max_record_bytes=10 ** 7)
+    assert take(b"[" * 100_000 + b"]" * 100_000, 0) == (None, "nested deeper than 32 levels")  # RecursionError
+    deep = b'{"customer": "c", "a": ' + b"[" * 31 + b"]" * 31 + b"}"
+    assert take(deep, 0)[1] is None
+    from flink_agents_replay.digest import digest_value
+
+    digest_value(take(deep, 0)[0])  # what the journal does with an input: the deepest taken record digests
 
 
 def test_an_acceptable_record_is_taken_as_its_object():

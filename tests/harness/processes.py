@@ -1,0 +1,30 @@
+"""The service processes (Kafka, Flink, Chroma) alive on this machine: to check that a run left none behind."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["service_processes"]
+
+
+def _is_service(arguments: list[bytes]) -> bool:
+    """Kafka and Flink (java), or a Chroma server (``.../chroma run ...``)."""
+    return bool(arguments) and (arguments[0].endswith(b"java") or (len(arguments) > 2 and any(
+        a.endswith(b"chroma") for a in arguments[:2]) and b"run" in arguments))
+
+
+def service_processes() -> set[int]:
+    """PIDs of the live (not zombie) service processes."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    arguments = cmdline.read().split(b"\0")
+                with open(f"/proc/{entry}/stat") as stat:
+                    zombie = stat.read().split(") ", 1)[1][0] == "Z"
+            except (OSError, IndexError):
+                continue
+            if not zombie and _is_service(arguments):
+                pids.add(int(entry))
+    return pids
