@@ -36,9 +36,6 @@ import os
 import sys
 
 from pyflink.common import Types
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 
 from flink_agents_replay.config import SIGNING_KEY_ENV, job_signing_key
 from flink_agents_replay.errors import ConfigError
@@ -46,6 +43,7 @@ from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import DeadLetters, JsonRecords, KafkaInput, records_from_kafka
+from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.pipeline import connect_to_agent
 
@@ -139,18 +137,7 @@ def build(args: argparse.Namespace):
         config["journal_topic"] = args.journal_topic
     replies = connect_to_agent(keyed, agent, config)
 
-    sink = (
-        KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
-        .set_record_serializer(
-            KafkaRecordSerializationSchema.builder().set_topic(args.output_topic)
-            .set_value_serialization_schema(SimpleStringSchema()).build()
-        )
-        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(prefix)
-        # Above the longest outage a restore must bridge, below the broker's transaction.max.timeout.ms.
-        .set_property("transaction.timeout.ms", "600000")
-        .build()
-    )
+    sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic, prefix)
     (
         replies.map(lambda reply: json.dumps({"seq": reply.seq, **reply.output}, sort_keys=True),
                     output_type=Types.STRING()).name("format replies").uid("format-replies")

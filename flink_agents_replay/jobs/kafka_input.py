@@ -23,6 +23,8 @@ from typing import Any
 
 from pyflink.datastream import ProcessFunction
 
+from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
+
 __all__ = ["DEAD_LETTER_METRIC", "DEAD_LETTER_VERSION", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput",
            "RecordParser", "check_json_record", "records_from_kafka"]
 
@@ -148,7 +150,10 @@ class _ParseRecords(ProcessFunction):
         self.counter = runtime_context.get_metrics_group().counter(DEAD_LETTER_METRIC)
 
     def process_element(self, row, ctx) -> Iterator[Any]:
-        record, reason = self.parse(row.value, row.partition)
+        try:
+            record, reason = self.parse(row.value, row.partition)
+        except Exception as exc:  # a parse that breaks on a record must not fail the job on every restart
+            record, reason = None, f"the parse failed: {type(exc).__name__}: {exc}"
         if reason is None:
             if record is not None:
                 yield record
@@ -181,28 +186,13 @@ def _positioned_source(source: KafkaInput):
     return builder.build()
 
 
-def _dead_letter_sink(dead_letters: DeadLetters):
-    from pyflink.common.serialization import SimpleStringSchema
-    from pyflink.datastream.connectors.base import DeliveryGuarantee
-    from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
-
-    builder = (
-        KafkaSink.builder().set_bootstrap_servers(dead_letters.bootstrap_servers)
-        .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(dead_letters.topic)
-                               .set_value_serialization_schema(SimpleStringSchema()).build())
-        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(dead_letters.transactional_id_prefix)
-        .set_property("transaction.timeout.ms", "600000")
-    )
-    for setting, value in (dead_letters.kafka_properties or {}).items():
-        builder = builder.set_property(setting, str(value))
-    return builder.build()
-
-
 def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letters: DeadLetters, *, uid: str,
                        parallelism: int = 1):
-    """The records ``parse`` takes (parallelism 1, in the topic's order); the others, as :class:`DeadLetter`
-    JSON, to the dead-letter topic. Operator uids: ``<uid>-source``, ``parse-<uid>``, ``<uid>-dead-letters-sink``.
+    """The records ``parse`` takes; the others (and any that ``parse`` raises on), as :class:`DeadLetter` JSON, to
+    the dead-letter topic. Operator uids: ``<uid>-source``, ``parse-<uid>``, ``<uid>-dead-letters-sink``.
+
+    Source and parse run at ``parallelism`` (default 1: one upstream instance, in each partition's order); key the
+    result right after, or keep whatever follows at the same parallelism, so a key's records keep their order.
 
     Flink's Kafka connector must be on the class path (:mod:`flink_agents_replay.jobs.connector`).
     """
@@ -223,9 +213,8 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
         .process(_ParseRecords(parse, tag), output_type=Types.PICKLED_BYTE_ARRAY())
         .name(f"parse {source.topic}").uid(f"parse-{uid}").set_parallelism(parallelism)
     )
-    (
-        records.get_side_output(tag)
-        .sink_to(_dead_letter_sink(dead_letters)).name("dead letters sink").uid(f"{uid}-dead-letters-sink")
+    sink = exactly_once_string_sink(dead_letters.bootstrap_servers, dead_letters.topic,
+                                    dead_letters.transactional_id_prefix, properties=dead_letters.kafka_properties)
+    records.get_side_output(tag).sink_to(sink).name("dead letters sink").uid(f"{uid}-dead-letters-sink") \
         .set_parallelism(1)
-    )
     return records

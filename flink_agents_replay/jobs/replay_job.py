@@ -30,9 +30,6 @@ import os
 import sys
 
 from pyflink.common import Types
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 
 from flink_agents_replay.config import (
     SIGNING_KEY_ENV,
@@ -45,6 +42,7 @@ from flink_agents_replay.errors import ConfigError, ReplayError
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import DeadLetters, KafkaInput, records_from_kafka
+from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.replay.job import (
@@ -161,12 +159,8 @@ def build(args: argparse.Namespace):
     (
         outputs.map(lambda reply: json.dumps({"seq": reply.seq, **reply.output}, sort_keys=True),
                     output_type=Types.STRING()).name("format replies").uid("replay-format-replies")
-        .sink_to(KafkaSink.builder().set_bootstrap_servers(args.bootstrap_servers)
-                 .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(topics["outputs"])
-                                        .set_value_serialization_schema(SimpleStringSchema()).build())
-                 .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-                 .set_transactional_id_prefix(f"flink-agents-replay-replay-{args.replay_name}")
-                 .set_property("transaction.timeout.ms", "600000").build())
+        .sink_to(exactly_once_string_sink(args.bootstrap_servers, topics["outputs"],
+                                          f"flink-agents-replay-replay-{args.replay_name}"))
         .name("replay replies sink").uid("replay-replies-sink")
     )
     print(f"replay {args.replay_name} from checkpoint {settings.checkpoint_id} of {savepoint}: capture "

@@ -146,20 +146,10 @@ def reference_outputs(agent: Agent, inputs: Iterable[Any], **options: Any) -> Co
 def exactly_once_string_sink(bootstrap_servers: str, topic: str, transactional_id_prefix: str,
                              transaction_timeout_ms: int = 60_000):
     """Flink's ``KafkaSink`` writing strings to ``topic`` in transactions committed at checkpoints (read them
-    with ``isolation.level=read_committed``)."""
-    from pyflink.common.serialization import SimpleStringSchema
-    from pyflink.datastream.connectors.base import DeliveryGuarantee
-    from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
+    with ``isolation.level=read_committed``); tests' jobs abort theirs sooner than production's."""
+    from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink as sink
 
-    return (
-        KafkaSink.builder().set_bootstrap_servers(bootstrap_servers)
-        .set_record_serializer(KafkaRecordSerializationSchema.builder().set_topic(topic)
-                               .set_value_serialization_schema(SimpleStringSchema()).build())
-        .set_delivery_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-        .set_transactional_id_prefix(transactional_id_prefix)
-        .set_property("transaction.timeout.ms", str(transaction_timeout_ms))
-        .build()
-    )
+    return sink(bootstrap_servers, topic, transactional_id_prefix, transaction_timeout_ms=transaction_timeout_ms)
 
 
 def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool = False,

@@ -75,3 +75,19 @@ def test_a_capture_record_that_does_not_verify_is_a_reason_not_an_exception():
     assert copied[0] is None and "copied to partition" in copied[1]
     other_key = CapturedInputParser(b"o" * 32, "op", topic="cap", key_type="STRING", max_parallelism=128)
     assert other_key(encoded, group)[0] is None
+
+
+def test_a_parse_that_raises_makes_a_dead_letter_and_counts_it():
+    from types import SimpleNamespace
+
+    from flink_agents_replay.jobs.kafka_input import _ParseRecords
+
+    counted = []
+    parse = _ParseRecords(lambda value, partition: {}["missing"], "dead-letters")
+    parse.counter = SimpleNamespace(inc=lambda: counted.append(1))
+    row = SimpleNamespace(topic="t", partition=2, offset=9, timestamp=5, value=b"{}")
+
+    [(tag, text)] = list(parse.process_element(row, None))
+    assert tag == "dead-letters" and counted == [1]
+    assert json.loads(text)["reason"] == "the parse failed: KeyError: 'missing'"
+    assert (json.loads(text)["partition"], json.loads(text)["offset"]) == (2, 9)
