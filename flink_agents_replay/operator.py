@@ -79,8 +79,9 @@ log = logging.getLogger("flink_agents_replay.operator")
 COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_reused_out_of_order",
             "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
             "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
-            "replay_inputs_skipped", "replay_runs_failed", "calls_retried_after_failure", "runs_abandoned",
-            "earlier_attempt_records_ignored", "histories_expired", "runs_woken", "runs_checked", "runs_drained")
+            "replay_inputs_skipped", "replay_capture_records_skipped", "replay_runs_failed",
+            "calls_retried_after_failure", "runs_abandoned", "earlier_attempt_records_ignored", "histories_expired",
+            "runs_woken", "runs_checked", "runs_drained")
 #: How a run came to be applied: woken by its end (or found by another timer of its key), found by its key's
 #: check timer (polling, or the fallback behind wake-ups), or waited for at the end of a bounded input.
 APPLIED_BY = ("runs_woken", "runs_checked", "runs_drained")

@@ -9,7 +9,7 @@ topic is what is checked, with the key and seq inside the signed payload.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
 from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
@@ -71,12 +71,14 @@ class CaptureDecoder:
 
 def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | None, decoder: CaptureDecoder, *,
                  start: Mapping[int, int] | None = None, partitions_to_read: Iterable[int] | None = None,
-                 timeout_s: float = 30.0) -> Iterator[CapturedInput | CapturedRun]:
+                 timeout_s: float = 30.0, skip_invalid: Callable[[SignatureError], None] | None = None,
+                 ) -> Iterator[CapturedInput | CapturedRun]:
     """Every input and run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
     (default: the earliest kept) to its end now, in each partition's order.
 
     ``partitions``: the partition count the topic must have (the max parallelism), or ``None`` for whatever
-    it has.
+    it has. A record that does not verify raises :class:`SignatureError`, or, with ``skip_invalid``, is handed to
+    it and skipped (a replay goes on: its source sends such records to the dead letters).
     """
     settings = KafkaSettings.of(kafka_config)
     if partitions is None:
@@ -91,8 +93,14 @@ def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | 
         begin = {p: max(first[p], (start or {}).get(p, 0)) for p in everything}
         end = store.end_offsets(everything)
         for stored in store.read(begin, end):
-            record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset {stored.offset}",
-                                    topic=topic, partition=stored.partition)
+            try:
+                record = decoder.decode(stored.value, f"{topic} partition {stored.partition} offset {stored.offset}",
+                                        topic=topic, partition=stored.partition)
+            except SignatureError as exc:
+                if skip_invalid is None:
+                    raise
+                skip_invalid(exc)
+                continue
             if record is not None:
                 yield record
     finally:

@@ -17,7 +17,8 @@ the topic's end).
 The pipeline: a ``KafkaSource`` reads JSON tickets ``{"ticket_id", "customer", "order_id", "text"}``; the
 source and the parsing run at parallelism 1, so every customer's tickets reach the agent from one
 upstream instance and in the same order after a restore (docs/design.md §8). A record that is not a JSON
-object with a string ``customer``, or is larger than ``--max-record-bytes``, goes to the dead-letter topic
+object with a string ``customer``, a ``ticket_id`` and a ``text``, or is larger than ``--max-record-bytes``,
+goes to the dead-letter topic
 with the reason, its partition and offset, and the job goes on (:mod:`flink_agents_replay.jobs.kafka_input`).
 ``key_by`` customer; :func:`~flink_agents_replay.pipeline.connect_to_agent` runs
 :mod:`flink_agents_replay.examples.support_triage` with its actions journaled to Kafka; each reply
@@ -42,7 +43,13 @@ from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink_env import create_environment
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
-from flink_agents_replay.jobs.kafka_input import DeadLetters, JsonRecords, KafkaInput, records_from_kafka
+from flink_agents_replay.jobs.kafka_input import (
+    DEFAULT_MAX_RECORD_BYTES,
+    DeadLetters,
+    JsonRecords,
+    KafkaInput,
+    records_from_kafka,
+)
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
 from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.pipeline import connect_to_agent
@@ -57,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dead-letter-topic", default=None,
                         help="where records the job cannot take go, with the reason, partition and offset "
                              "(default <input topic>.dead-letters)")
-    parser.add_argument("--max-record-bytes", type=int, default=1024 * 1024,
-                        help="larger input records go to the dead-letter topic (default 1 MiB)")
+    parser.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
+                        help="larger input records go to the dead-letter topic (default 256 KiB; keep it well below "
+                             "the journal's limit, Kafka's 1 MB message: an action's record may hold the whole input)")
     parser.add_argument("--connector-jar", action="append", default=[],
                         help=f"Flink's Kafka connector jar, if not in Flink's lib/ or given with --jarfile "
                              f"(else ${CONNECTOR_ENV})")
@@ -119,7 +127,7 @@ def build(args: argparse.Namespace):
     tickets = records_from_kafka(
         env, KafkaInput(args.bootstrap_servers, args.input_topic, f"flink-agents-replay-{args.agent_id}",
                         bounded=args.bounded),
-        JsonRecords("customer", args.max_record_bytes),
+        JsonRecords("customer", args.max_record_bytes, required=("ticket_id", "text")),
         DeadLetters(args.bootstrap_servers, args.dead_letter_topic, f"dead-letters-{prefix}"), uid="tickets")
     keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
 

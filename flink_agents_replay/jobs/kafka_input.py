@@ -84,32 +84,49 @@ class DeadLetter:
 RecordParser = Callable[[bytes | None, int], tuple[Any, str | None]]
 
 
-class JsonRecords:
-    """The main job's parse: a JSON object of at most ``max_record_bytes`` with a string ``key_field``."""
-
-    def __init__(self, key_field: str, max_record_bytes: int = 1024 * 1024):
-        self.key_field = key_field
-        self.max_record_bytes = max_record_bytes
-
-    def __call__(self, value: bytes | None, partition: int) -> tuple[dict | None, str | None]:
-        return check_json_record(value, self.key_field, self.max_record_bytes)
-
-
+#: The default size limit of a record: well below the journal's (Kafka's 1 MB message), since an action's journal
+#: record holds what it sends on, which may be the whole input.
+DEFAULT_MAX_RECORD_BYTES = 256 * 1024
 #: How deep a record may nest. The journal digests inputs to recognise them after a restore, and refuses values
 #: nested deeper than 64 levels: a deeper record would fail the agent's operator on every restart.
 MAX_NESTING = 32
 
 
-def _nesting(value: Any) -> int:
-    """How many levels of lists and objects ``value`` has (iteratively: a deep value must not overflow here)."""
-    deepest, stack = 0, [(value, 1)]
+class JsonRecords:
+    """A parse for JSON objects: at most ``max_record_bytes``, a string ``key_field`` and every ``required`` field
+    (the ones the agent reads; a record without one would fail its action on every restart)."""
+
+    def __init__(self, key_field: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 required: tuple[str, ...] = ()):
+        self.key_field = key_field
+        self.max_record_bytes = max_record_bytes
+        self.required = required
+
+    def __call__(self, value: bytes | None, partition: int) -> tuple[dict | None, str | None]:
+        record, reason = check_json_record(value, self.key_field, self.max_record_bytes)
+        missing = [name for name in self.required if record is not None and name not in record]
+        if missing:
+            return None, f"no field {missing[0]!r} (the agent reads it)"
+        return record, reason
+
+
+def _shape(value: Any) -> tuple[int, str | None]:
+    """How many levels of lists and objects ``value`` has, and a string in it that is not valid Unicode (a lone
+    surrogate, which JSON's ``\\ud800`` escapes can make), if any. Iterative: a deep value must not overflow."""
+    deepest, invalid, stack = 0, None, [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                invalid = item
+            continue
+        children = [*item, *item.values()] if isinstance(item, dict) else item if isinstance(item, list) else None
         if children is not None:
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in children)
-    return deepest
+    return deepest, invalid
 
 
 def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int) -> tuple[dict | None, str | None]:
@@ -126,8 +143,11 @@ def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int
         return None, f"not JSON: {exc}"
     except RecursionError:
         return None, f"nested deeper than {MAX_NESTING} levels"
-    if _nesting(record) > MAX_NESTING:
+    depth, invalid = _shape(record)
+    if depth > MAX_NESTING:
         return None, f"nested deeper than {MAX_NESTING} levels"
+    if invalid is not None:
+        return None, f"a string is not valid Unicode (a lone surrogate): {invalid!r:.60}"
     if not isinstance(record, dict):
         return None, f"not a JSON object: a {type(record).__name__}"
     if key_field not in record:

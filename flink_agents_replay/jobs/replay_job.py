@@ -176,11 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayError as exc:  # ConfigError too: a clear message, not a traceback from the Flink client
         print(f"flink_agents_replay.jobs.replay_job: {exc}", file=sys.stderr)
         return 2
-    env.execute(f"flink-agents-replay replay {args.replay_name}")
+    detached = env._j_stream_execution_environment.getConfiguration().toMap().get("execution.attached") == "false"
+    result = env.execute(f"flink-agents-replay replay {args.replay_name}")
     memory = (f" --memory-store {args.memory_url} --memory-namespace {args.agent_id}/memory --as-of {memory_as_of}"
               if args.memory_url else "")
-    print(f"replay done; compare it: flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}"
-          + memory)
+    compare = f"flink-agents-replay diff --replay {topics['capture']} --agent-id {args.agent_id}{memory}"
+    if detached:  # flink run -d: the job has only been submitted, and may still fail
+        print(f"replay submitted as job {result.get_job_id()}; once it has FINISHED, compare it: {compare}")
+    else:
+        print(f"replay done; compare it: {compare}")
     return 0
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.paths import home_dir
 
-__all__ = ["FLINK_CONNECTORS", "K8S_OPERATOR_API", "KAFKA_BROKER", "MAVEN_URL_ENV", "LockedJar", "bundles",
-           "fetch_jars", "kafka_connector_jar", "locked_jars", "require_command"]
+__all__ = ["FLINK_CONNECTORS", "K8S_OPERATOR_API", "KAFKA_BROKER", "MAVEN_URL_ENV", "LockedJar", "bundle_jars",
+           "bundles", "fetch_jars", "kafka_connector_jar", "locked_jars", "require_command"]
 
 KAFKA_BROKER = "kafka-broker"
 FLINK_CONNECTORS = "flink-connectors"
@@ -100,20 +100,25 @@ def _sha256(path: Path) -> str:
 
 def _download(jar: LockedJar, target: Path) -> None:
     """Download ``jar`` to ``target``, atomically and only if its SHA-256 is the lock's."""
-    url = jar.url(os.environ.get(MAVEN_URL_ENV) or MAVEN_CENTRAL)
+    base = os.environ.get(MAVEN_URL_ENV) or MAVEN_CENTRAL
+    if not base.startswith(("https://", "http://", "file:")):
+        raise LocalServiceError(f"${MAVEN_URL_ENV} must be an http(s):// or file: URL of a Maven repository, "
+                                f"got {base!r}")
+    url = jar.url(base)
     with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".download-", delete=False) as partial:
         try:
             with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
                 shutil.copyfileobj(response, partial)
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, ValueError) as exc:
             os.unlink(partial.name)
             raise LocalServiceError(f"could not download {jar.coordinates} from {url}: {exc}; is the repository "
                                     f"reachable? (${MAVEN_URL_ENV} sets another one)") from exc
     actual = _sha256(Path(partial.name))
     if actual != jar.sha256:
         os.unlink(partial.name)
-        raise LocalServiceError(f"{url} has SHA-256 {actual}, the lock file says {jar.sha256}: refused (a wrong "
-                                f"mirror, or the lock file is stale: conf/maven/lock_jars.py remakes it)")
+        raise LocalServiceError(f"{url} has SHA-256 {actual}, the lock file says {jar.sha256}: refused (the "
+                                f"repository serves other bytes than Maven Central's)")
+    os.chmod(partial.name, 0o644)  # readable by a Flink that runs as another user
     os.replace(partial.name, target)
 
 
@@ -142,6 +147,13 @@ def fetch_jars(bundle: str) -> Path:
     return folder
 
 
+def bundle_jars(bundle: str) -> list[Path]:
+    """The jars of ``bundle``, each checked against the lock, and nothing else: a class path of exactly these
+    (a stray jar put into the cache folder is not on it)."""
+    folder = fetch_jars(bundle)
+    return [folder / jar.file_name for jar in locked_jars() if jar.bundle == bundle]
+
+
 def kafka_connector_jar() -> Path:
     """Path of Flink's Kafka SQL connector jar, checked against the lock (fetched if missing)."""
-    return next(fetch_jars(FLINK_CONNECTORS).glob("flink-sql-connector-kafka-*.jar"))
+    return next(jar for jar in bundle_jars(FLINK_CONNECTORS) if jar.name.startswith("flink-sql-connector-kafka-"))

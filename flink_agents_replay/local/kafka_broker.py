@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flink_agents_replay.local.errors import LocalServiceError
-from flink_agents_replay.local.jars import KAFKA_BROKER, fetch_jars, require_command
+from flink_agents_replay.local.jars import KAFKA_BROKER, bundle_jars, require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
 from flink_agents_replay.local.processes import (
     RecordedProcess,
@@ -116,7 +116,7 @@ class LocalKafkaBroker(RecordedProcess):
         if current.running:
             return current
         java = require_command("java", "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)")
-        jars = fetch_jars(KAFKA_BROKER)
+        jars = bundle_jars(KAFKA_BROKER)
         port = claim_port(self.port)
         controller_port = self._controller_port or free_port(exclude={port})
         self.port, self._controller_port = port, controller_port  # a restart() comes back on the same ports
@@ -131,7 +131,7 @@ class LocalKafkaBroker(RecordedProcess):
             + _sasl_properties(port, controller_port, sasl_port, self.sasl_users)
             + _advertised_properties(port, self.advertised_port)
         )
-        classpath = f"{jars}/*"
+        classpath = os.pathsep.join(str(jar) for jar in jars)  # exactly the locked jars, nothing else
         log_options = [
             f"-Dkafka.logs.dir={logs_dir}",
             f"-Dlog4j2.configurationFile={conf_dir() / 'kafka' / 'log4j2.properties'}",

@@ -106,7 +106,7 @@ class ReplayMode:
         runs = 0
         for record in read_capture(self.kafka, self.settings.production_capture_topic, self.max_parallelism,
                                    decoder, start=start, partitions_to_read=partitions,
-                                   timeout_s=self.kafka_timeout_s):
+                                   timeout_s=self.kafka_timeout_s, skip_invalid=self._skip_invalid):
             if isinstance(record, CapturedRun):
                 runs += 1
                 self.recorded_calls[(key_digest(record.key), record.seq)] = {
@@ -115,6 +115,12 @@ class ReplayMode:
                  "from capture %s partitions %s in %.2f s", self.subtask, self.settings.checkpoint_id, runs,
                  len(self.recorded_calls), self.settings.production_capture_topic, describe_partitions(partitions),
                  time.monotonic() - begun)
+
+    def _skip_invalid(self, error: Exception) -> None:
+        """A capture record that does not verify holds no call to serve: skipped, counted and logged (the replay's
+        source sends it to the dead letters if it is an input)."""
+        self.counters["replay_capture_records_skipped"].inc()
+        log.warning("subtask %d replay: skipped a capture record that does not verify: %s", self.subtask, error)
 
     def journal_to_restore(self, own: JournalStore | None) -> JournalStore | None:
         """Production's journal: what is left of it finishes the savepoint's runs in flight; what production

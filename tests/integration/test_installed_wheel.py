@@ -203,6 +203,23 @@ def _produce(bootstrap: str, topic: str, values: list[bytes | None], partitions:
     assert producer.flush(30) == 0
 
 
+def _first_record(bootstrap: str, topic: str, *, skip_partition: int) -> tuple[int, bytes]:
+    """A record of ``topic`` (partition, value) from a partition other than ``skip_partition``."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"copy-{topic}", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    try:
+        for _ in range(600):
+            message = consumer.poll(0.1)
+            if message is not None and not message.error() and message.partition() != skip_partition:
+                return message.partition(), message.value()
+        raise AssertionError(f"no record in {topic}")
+    finally:
+        consumer.close()
+
+
 def _rest(rest: str, path: str):
     import urllib.request
 
@@ -286,7 +303,16 @@ def _packaged_jobs(clean, flink, rest, server, bootstrap, new_topic):  # noqa: P
     assert len({(letter["partition"], letter["offset"]) for letter in letters.rows}) == len(bad)
     assert exceptions == [], "the job failed (and restarted) on the way"
 
-    # Replays of the savepoint with flink run -pym: the unchanged agent differs in nothing, a changed one does.
+    # Someone with topic access puts junk into the capture, and a genuine record copied to another partition.
+    capture = f"flink-agents-replay.{AGENT_ID}.capture"
+    _produce(bootstrap, capture, [b"junk in the capture"], partitions=1)
+    partition, value = _first_record(bootstrap, capture, skip_partition=0)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(capture, value, partition=(partition + 1) % 128)
+    assert producer.flush(30) == 0
+
+    # Replays of the savepoint with flink run -pym: the unchanged agent differs in nothing, a changed one does;
+    # both go past the two capture records that do not verify, which become their dead letters.
     def replay(name: str, *agent: str):
         ran = flink("run", "-s", savepoint, "--jarfile", str(kafka_connector_jar()), "-pym",
                     "flink_agents_replay.jobs.replay_job", "--replay-name", name, "--agent-id", AGENT_ID,
@@ -304,6 +330,11 @@ def _packaged_jobs(clean, flink, rest, server, bootstrap, new_topic):  # noqa: P
     changed = replay("changed", "--agent", "flink_agents_replay.examples.support_triage:support_triage_agent_v2",
                      "--side-effects", "llm=live")
     assert unchanged["summary"]["changed"] == 0 and unchanged["summary"]["same"] > 0, unchanged["summary"]
+    replay_letters = CommittedReader(bootstrap, f"{topics['output']}.replay-unchanged.dead-letters", decode=json.loads)
+    poll_until(lambda: len(replay_letters.poll()) >= 2, 60, lambda: f"{replay_letters.rows}")
+    assert sorted(letter["reason"].split(" (")[0].split(":")[0] for letter in replay_letters.rows) == [
+        "capture record", "capture record"], replay_letters.rows
+    assert any("copied to partition" in letter["reason"] for letter in replay_letters.rows), replay_letters.rows
     assert changed["summary"]["changed"] >= 1, changed["summary"]
     assert not list(clean.home.iterdir()), "nothing is written to the (read-only) home"
 

@@ -41,6 +41,21 @@ def test_a_record_nested_too_deep_for_json_or_the_journal_is_a_dead_letter_not_a
     digest_value(take(deep, 0)[0])  # what the journal does with an input: the deepest taken record digests
 
 
+@pytest.mark.parametrize("value", [b'{"customer": "x\\ud800y"}', b'{"customer": "c", "text": "\\udc80"}',
+                                   b'{"customer": "c", "\\ud83d": 1}', b'{"customer": "c", "t": ["\\ud800"]}'])
+def test_a_string_that_is_not_valid_unicode_is_a_dead_letter(value):
+    record, reason = TAKE(value, 0)
+    assert record is None and reason.startswith("a string is not valid Unicode (a lone surrogate)")
+
+
+def test_the_fields_the_agent_reads_are_required():
+    take = JsonRecords("customer", required=("ticket_id", "text"))
+    assert take(b'{"customer": "c", "text": "hi"}', 0) == (None, "no field 'ticket_id' (the agent reads it)")
+    assert take(b'{"customer": "c", "ticket_id": 1}', 0) == (None, "no field 'text' (the agent reads it)")
+    assert take(b'{"customer": "c", "ticket_id": "T", "text": null}', 0)[1] is None
+    assert take(b'not json', 0)[1].startswith("not JSON")
+
+
 def test_an_acceptable_record_is_taken_as_its_object():
     assert TAKE(b'{"customer": "c\xc3\xa9", "n": 1}', 3) == ({"customer": "cé", "n": 1}, None)
     assert TAKE(b'{"customer": ""}', 0) == ({"customer": ""}, None)  # an empty key is still a key

@@ -53,6 +53,7 @@ def test_a_bundle_is_downloaded_without_maven_and_reused(repository):
 
     assert (folder / "thing-1.0.jar").read_bytes() == GOOD
     assert [p.name for p in folder.iterdir()] == ["thing-1.0.jar"], "no partial downloads left behind"
+    assert (folder / "thing-1.0.jar").stat().st_mode & 0o777 == 0o644
     repository.unlink()  # the cached jar is used: nothing is downloaded again
     assert jars.fetch_jars("things") == folder
 
@@ -85,3 +86,19 @@ def test_the_lock_names_every_bundle_the_tools_use_with_a_sha256_each():
     assert all(len(jar.sha256) == 64 and int(jar.sha256, 16) >= 0 for jar in locked)
     coordinates = [(jar.bundle, jar.coordinates) for jar in locked]
     assert len(coordinates) == len(set(coordinates))
+
+
+def test_a_class_path_holds_exactly_the_locked_jars_not_a_stray_one_in_the_folder(repository):
+    folder = jars.fetch_jars("things")
+    (folder / "aaa-unlisted-1.0.jar").write_bytes(b"PK someone else's classes")
+
+    assert jars.bundle_jars("things") == [folder / "thing-1.0.jar"]
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://mirror.example/maven2", "127.0.0.1:8000/maven2"])
+def test_a_malformed_mirror_url_is_named_and_leaves_nothing_behind(repository, monkeypatch, url):
+    monkeypatch.setenv(jars.MAVEN_URL_ENV, url)
+
+    with pytest.raises(LocalServiceError, match=r"\$FLINK_AGENTS_REPLAY_MAVEN_URL must be an http\(s\):// or file"):
+        jars.fetch_jars("things")
+    assert not [p for p in Path(jars.home_dir()).rglob("*") if p.is_file()]
