@@ -78,13 +78,21 @@ class CleanSetting:
         return self.run(str(self.venv / "bin" / "flink-agents-replay"), *args, timeout=timeout, env=env)
 
 
+def _without_python_path() -> dict[str, str]:
+    """This environment less ``PYTHONPATH``/``PYTHONHOME``: a process-mode PyFlink job run in this process (the
+    embedding test) leaves the job's PYTHONPATH in ``os.environ``, and build's isolated environment would then see
+    this venv's old setuptools."""
+    return {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _build_dist(out: Path) -> tuple[Path, Path]:
     """``python -m build``: the sdist, then the wheel from it; ``twine check`` on both."""
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True,
-                   capture_output=True, text=True, timeout=900)
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True,
+                           text=True, timeout=900, env=_without_python_path())
+    assert built.returncode == 0, (built.stdout + built.stderr)[-5000:]
     sdist, wheel = next(out.glob("*.tar.gz")), next(out.glob("*.whl"))
     checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, env=_without_python_path())
     assert checked.returncode == 0, checked.stdout + checked.stderr
     return sdist, wheel
 
