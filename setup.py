@@ -32,6 +32,8 @@ class BuildPyWithBridgeJar(build_py):
             return
         compile_jar = _compile_jar_module()
         package = Path(self.build_lib) / "flink_agents_replay" / "checkpoint_bridge"
+        for stale in package.glob(f"{compile_jar.JAR_PREFIX}*.jar"):  # an earlier build's, of other sources
+            stale.unlink()
         jar = compile_jar.compile_jar(package / compile_jar.packaged_jar_name())
         print(f"compiled the checkpoint bridge: {jar}")
 

@@ -1,7 +1,7 @@
 """The chaos soak's job: tickets -> an agent with an external ledger call and per-customer memory -> replies.
 
 ``bench/chaos_soak.py`` submits this script to its local cluster with ``flink run -d -py`` (and again with
-``-s <savepoint>`` at another parallelism). It is ``jobs/agent_job.py``'s pipeline (Kafka source at
+``-s <savepoint>`` at another parallelism). It is ``flink_agents_replay/jobs/agent_job.py``'s pipeline (Kafka source at
 parallelism 1, ``key_by`` customer, the agent, Flink's exactly-once ``KafkaSink``) around an agent made to
 make every invariant observable from outside the worker:
 
@@ -152,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
-    """The job's environment with the pipeline defined on it (see ``jobs/agent_job.py`` for the pipeline's why)."""
+    """The job's environment with the pipeline defined on it (``flink_agents_replay.jobs.agent_job`` says why)."""
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.common.serialization import SimpleStringSchema
     from pyflink.datastream.connectors.base import DeliveryGuarantee

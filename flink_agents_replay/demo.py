@@ -228,7 +228,7 @@ class _Demo:
             job_module, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
             "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
             "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
-            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, jars=[kafka_connector_jar()],
+            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, jar=kafka_connector_jar(),
         )
         self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
         self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)

@@ -46,7 +46,10 @@ class CaptureDecoder:
         header = RecordCodec.peek_header(value)
         if header is None:
             raise SignatureError(f"capture record ({where}) is not a flink-agents-replay record")
-        expected = _KINDS.get(header.get("kind"))
+        kind = header.get("kind")
+        if not isinstance(kind, str):
+            raise SignatureError(f"capture record ({where}) has no kind")
+        expected = _KINDS.get(kind)
         if expected is None:
             return None
         header, payload = self.codec.verify(SIGNED_KEY, value, topic=topic, partition=None, where=where)

@@ -10,6 +10,8 @@ appears atomically, so concurrent builders and interrupted builds never leave a 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flink_agents_replay.checkpoint_bridge import compile_jar
@@ -18,7 +20,7 @@ from flink_agents_replay.errors import FlinkAgentsReplayError
 from flink_agents_replay.home import home_dir
 
 __all__ = ["JAR_NAME", "JAVA_RELEASE", "BridgeBuildError", "bridge_jar", "compile_classpath", "java_sources",
-           "packaged_jar", "source_digest"]
+           "source_digest"]
 
 JAR_NAME = "flink-agents-replay-checkpoint-bridge.jar"
 JAVA_ROOT = compile_jar.JAVA_ROOT
@@ -33,40 +35,36 @@ class BridgeBuildError(FlinkAgentsReplayError, RuntimeError):
     """
 
 
-def _pyflink_version() -> str:
+@contextmanager
+def _as_bridge_error() -> Iterator[None]:
+    """The compile module's errors (it imports nothing of the package) as this package's own."""
     try:
-        return compile_jar.flink_version()
+        yield
     except JarBuildError as exc:
         raise BridgeBuildError(str(exc)) from None
+
+
+def _pyflink_version() -> str:
+    with _as_bridge_error():
+        return compile_jar.flink_version()
 
 
 def java_sources() -> list[Path]:
     """The bridge's Java sources, in a stable order."""
-    try:
+    with _as_bridge_error():
         return compile_jar.java_sources(JAVA_ROOT)
-    except JarBuildError as exc:
-        raise BridgeBuildError(str(exc)) from None
 
 
 def compile_classpath() -> list[Path]:
     """``flink-dist`` and ``flink-python`` of the installed PyFlink: what the bridge compiles against."""
-    try:
+    with _as_bridge_error():
         return compile_jar.compile_classpath()
-    except JarBuildError as exc:
-        raise BridgeBuildError(str(exc)) from None
 
 
 def source_digest() -> str:
     """Digest of the Java sources, the PyFlink version and the compiler release: names the jar."""
-    try:
+    with _as_bridge_error():
         return compile_jar.source_digest(JAVA_ROOT, _pyflink_version())
-    except JarBuildError as exc:
-        raise BridgeBuildError(str(exc)) from None
-
-
-def packaged_jar() -> Path:
-    """Where a wheel ships the jar of the current sources (it may not exist: editable installs)."""
-    return PACKAGE_DIR / f"{compile_jar.JAR_PREFIX}{source_digest()}.jar"
 
 
 def bridge_jar() -> Path:
@@ -77,8 +75,6 @@ def bridge_jar() -> Path:
         return shipped
     target = home_dir() / "bridge" / digest / JAR_NAME
     if not target.is_file():
-        try:
+        with _as_bridge_error():
             compile_jar.compile_jar(target, JAVA_ROOT)
-        except JarBuildError as exc:
-            raise BridgeBuildError(str(exc)) from None
     return target

@@ -47,8 +47,13 @@ def flink_version() -> str:
     try:
         return importlib.metadata.version(FLINK_LIBRARIES)
     except importlib.metadata.PackageNotFoundError:
+        pass
+    try:  # a PyFlink without its distribution's metadata (vendored): its own version module
+        from pyflink.version import __version__
+    except ImportError:
         raise JarBuildError(f"{FLINK_LIBRARIES} is not installed: install apache-flink (pip install "
                             "apache-flink)") from None
+    return __version__
 
 
 def compile_classpath() -> list[Path]:

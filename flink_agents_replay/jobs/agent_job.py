@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bounded", action="store_true", help="end at the input topic's current end")
     parser.add_argument("--capture", action="store_true",
                         help="capture the traffic (inputs, outputs, calls) for replays: flink-agents-replay.<agent id>"
-                             ".capture, with a manifest entry per checkpoint (see jobs/replay_job.py)")
+                             ".capture, with a manifest entry per checkpoint (see flink_agents_replay.jobs.replay_job)")
     parser.add_argument("--topic-partitions", type=int, default=2,
                         help="partitions of the input and output topics if this job creates them (default 2)")
     args = parser.parse_args(argv)
@@ -139,7 +139,8 @@ def build(args: argparse.Namespace):
         "max_concurrent_runs": args.max_concurrent_runs,
         "durability": args.durability,
         "capture": args.capture,
-        "output_topics": [args.output_topic],  # in the capture manifest: a replay refuses to write there
+        # In the capture manifest: a replay refuses to write there.
+        "output_topics": [args.output_topic, args.dead_letter_topic],
     }
     if args.journal_topic:
         config["journal_topic"] = args.journal_topic

@@ -29,8 +29,13 @@ _PROBE_CLASS = "org.apache.flink.connector.kafka.source.KafkaSource"
 
 
 def _jar_url(jar: str) -> str:
-    if urlparse(jar).scheme in ("file", "http", "https", "hdfs", "s3", "s3a", "local"):
+    """A local jar's ``file:`` URL: what py4j's class loader and Flink's job submission both take."""
+    scheme = urlparse(jar).scheme
+    if scheme == "file":
         return jar
+    if len(scheme) > 1:  # a one-letter scheme is a Windows drive
+        raise ConfigError(f"Kafka connector jar {jar!r}: give a local path or a file: URL (a {scheme}: URL is not "
+                          "loaded by the job's client; put such a jar into Flink's lib/ or pipeline.jars instead)")
     path = Path(jar).expanduser()
     if not path.is_file():
         raise ConfigError(f"Kafka connector jar {jar!r} does not exist (from --connector-jar or ${CONNECTOR_ENV})")

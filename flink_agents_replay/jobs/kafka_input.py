@@ -31,8 +31,9 @@ __all__ = ["DEAD_LETTER_METRIC", "DEAD_LETTER_VERSION", "DeadLetter", "DeadLette
 DEAD_LETTER_METRIC = "deadLetters"
 #: The dead-letter record's format (its ``"v"``): consumers of the topic can tell a later one.
 DEAD_LETTER_VERSION = 1
-#: How much of a dead record's value its dead letter keeps (the rest is counted in ``bytes``).
+#: How much of a dead record's value its dead letter keeps (the rest is counted in ``bytes``), and of its reason.
 _VALUE_KEPT = 16 * 1024
+_REASON_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,8 @@ class DeadLetter:
     def to_json(self) -> str:
         value = self.value or b""
         return json.dumps({
-            "v": DEAD_LETTER_VERSION, "reason": self.reason, "topic": self.topic, "partition": self.partition,
-            "offset": self.offset, "timestamp": self.timestamp, "bytes": len(value),
+            "v": DEAD_LETTER_VERSION, "reason": self.reason[:_REASON_KEPT], "topic": self.topic,
+            "partition": self.partition, "offset": self.offset, "timestamp": self.timestamp, "bytes": len(value),
             "value": value[:_VALUE_KEPT].decode("utf-8", errors="replace") if self.value is not None else None,
             "truncated": len(value) > _VALUE_KEPT,
         }, sort_keys=True)
@@ -214,7 +215,8 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
     Source and parse run at ``parallelism`` (default 1: one upstream instance, in each partition's order); key the
     result right after, or keep whatever follows at the same parallelism, so a key's records keep their order.
 
-    Flink's Kafka connector must be on the class path (:mod:`flink_agents_replay.jobs.connector`).
+    Flink's Kafka connector must be on the class path (:mod:`flink_agents_replay.jobs.connector`), and the job must
+    checkpoint: the dead letters' exactly-once sink commits at checkpoints.
     """
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.datastream import OutputTag

@@ -2,7 +2,7 @@
 
 PyFlink ships Flink's ``bin/`` (``jobmanager.sh``, ``taskmanager.sh``, ``stop-cluster.sh``, ``flink``) and
 ``lib/`` inside the package (docs/design.md §12). :class:`LocalFlinkCluster` runs them with ``FLINK_CONF_DIR``
-pointing at a configuration generated from ``conf/flink/`` into a work directory outside the package
+pointing at a configuration generated from the package's ``local/conf/flink/`` into a work directory outside the package
 (default ``$FLINK_AGENTS_REPLAY_HOME/flink``), which also holds the logs, the PID files, the temporary
 files and the checkpoint and savepoint directories::
 
@@ -66,7 +66,7 @@ _IDENT = "far"
 _JOBMANAGER_PID_FILE = f"flink-{_IDENT}-standalonesession.pid"
 _TASKMANAGER_PID_FILE = f"flink-{_IDENT}-taskexecutor.pid"
 _LOG4J_FILES = ("log4j.properties", "log4j-cli.properties")
-_JAVA_HINT = "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)"
+_JAVA_HINT = "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)"
 _JOB_ID = re.compile(r"JobID\s+([0-9a-f]{32})")
 
 
@@ -335,11 +335,12 @@ class LocalFlinkCluster:
         """``flink run [-d] -py script job_args...``; return the job id Flink printed."""
         return self._submit(["-py", str(Path(script).resolve())], job_args, detached, timeout_s)
 
-    def submit_python_module(self, module: str, *job_args: str, jars: Sequence[Path | str] = (),
+    def submit_python_module(self, module: str, *job_args: str, jar: Path | str | None = None,
                              detached: bool = True, timeout_s: float = 300.0) -> str:
-        """``flink run [-d] [--jarfile jar] -pym module job_args...``: a job of an installed package; the job id."""
-        jar_options = [option for jar in jars for option in ("--jarfile", str(Path(jar).resolve()))]
-        return self._submit([*jar_options, "-pym", module], job_args, detached, timeout_s)
+        """``flink run [-d] [--jarfile jar] -pym module job_args...``: a job of an installed package; the job id.
+        (``flink run`` takes one ``--jarfile``.)"""
+        jar_option = ["--jarfile", str(Path(jar).resolve())] if jar is not None else []
+        return self._submit([*jar_option, "-pym", module], job_args, detached, timeout_s)
 
     def _submit(self, program: list[str], job_args: Sequence[str], detached: bool, timeout_s: float) -> str:
         result = self.flink_command("run", *(["-d"] if detached else []), *program, *job_args,

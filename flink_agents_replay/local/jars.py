@@ -15,6 +15,7 @@ the demo and the testing API), ``flink-kubernetes-operator-api`` (the operator's
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
 import tempfile
@@ -105,21 +106,22 @@ def _download(jar: LockedJar, target: Path) -> None:
         raise LocalServiceError(f"${MAVEN_URL_ENV} must be an http(s):// or file: URL of a Maven repository, "
                                 f"got {base!r}")
     url = jar.url(base)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".download-", delete=False) as partial:
+    partial = Path(tempfile.mkstemp(dir=target.parent, prefix=".download-")[1])
+    try:
         try:
-            with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
-                shutil.copyfileobj(response, partial)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            os.unlink(partial.name)
+            with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response, partial.open("wb") as out:
+                shutil.copyfileobj(response, out)
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             raise LocalServiceError(f"could not download {jar.coordinates} from {url}: {exc}; is the repository "
                                     f"reachable? (${MAVEN_URL_ENV} sets another one)") from exc
-    actual = _sha256(Path(partial.name))
-    if actual != jar.sha256:
-        os.unlink(partial.name)
-        raise LocalServiceError(f"{url} has SHA-256 {actual}, the lock file says {jar.sha256}: refused (the "
-                                f"repository serves other bytes than Maven Central's)")
-    os.chmod(partial.name, 0o644)  # readable by a Flink that runs as another user
-    os.replace(partial.name, target)
+        actual = _sha256(partial)
+        if actual != jar.sha256:
+            raise LocalServiceError(f"{url} has SHA-256 {actual}, the lock file says {jar.sha256}: refused (the "
+                                    f"repository serves other bytes than Maven Central's)")
+        partial.chmod(0o644)  # readable by a Flink that runs as another user
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _check(jar: LockedJar, path: Path) -> None:

@@ -115,7 +115,7 @@ class LocalKafkaBroker(RecordedProcess):
         current = self.status()
         if current.running:
             return current
-        java = require_command("java", "a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)")
+        java = require_command("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
         jars = bundle_jars(KAFKA_BROKER)
         port = claim_port(self.port)
         controller_port = self._controller_port or free_port(exclude={port})

@@ -27,7 +27,7 @@ Steps
 -----
 1. Production runs with capture on and takes a savepoint (``flink savepoint <job id> <dir>``).
 2. Change the agent (prompt, model, action code).
-3. ``flink run -s <savepoint> -py jobs/replay_job.py --capture-topic ... --replay-name try-1 ...``:
+3. ``flink run -s <savepoint> -pym flink_agents_replay.jobs.replay_job --replay-name try-1 ...``:
    :func:`.job.prepare_replay` checks the savepoint and the capture first; the replay ends when the
    capture's end (at submission) is reached.
 4. ``flink-agents-replay diff --production <capture> --replay <replay capture>``: same / changed / new /

@@ -126,7 +126,7 @@ def test_start_names_a_taken_port_and_a_missing_java(tmp_path, monkeypatch):
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no java here
-    with pytest.raises(LocalServiceError, match="'java' is not on PATH: install a Java 17 JDK"):
+    with pytest.raises(LocalServiceError, match="'java' is not on PATH: install a Java 17 runtime"):
         LocalFlinkCluster(tmp_path / "nojava").start()
 
 

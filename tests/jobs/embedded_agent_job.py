@@ -15,9 +15,10 @@ such a job needs is ``python.pythonpath`` naming the directories of this package
 
 Run it on a local MiniCluster, with 20 sample tickets written to a new topic first::
 
-    FLINK_AGENTS_REPLAY_SIGNING_KEY=... python jobs/embedded_agent_job.py --bootstrap-servers HOST:PORT --inputs 20
+    FLINK_AGENTS_REPLAY_SIGNING_KEY=... python tests/jobs/embedded_agent_job.py --bootstrap-servers HOST:PORT \\
+        --inputs 20
 
-or with ``flink run -py jobs/embedded_agent_job.py --bootstrap-servers HOST:PORT --input-topic T
+or with ``flink run -py tests/jobs/embedded_agent_job.py --bootstrap-servers HOST:PORT --input-topic T
 --output-topic O`` on a cluster (``--output-topic`` writes with Flink's exactly-once ``KafkaSink``; without it
 replies are printed).
 """

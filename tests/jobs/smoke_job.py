@@ -7,8 +7,8 @@ It checks the ground the agent operator stands on, end to end:
 3. a bounded ``KafkaSource`` reads the topic back with ``read_committed`` and every record must come
    back exactly once.
 
-Run it on a MiniCluster (``python jobs/smoke_job.py --bootstrap-servers HOST:PORT``) or submit it with
-``flink run -py jobs/smoke_job.py ...``. It prints a short table and exits non-zero on any mismatch.
+Run it on a MiniCluster (``python tests/jobs/smoke_job.py --bootstrap-servers HOST:PORT``) or submit it with
+``flink run -py tests/jobs/smoke_job.py ...``. It prints a short table and exits non-zero on any mismatch.
 """
 
 from __future__ import annotations

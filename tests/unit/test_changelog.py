@@ -17,6 +17,7 @@ import flink_agents_replay
 from flink_agents_replay.capture.manifest import MANIFEST_VERSION
 from flink_agents_replay.capture.schemas import CAPTURE_SCHEMAS
 from flink_agents_replay.formats.state import STATE_VERSION
+from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION
 from flink_agents_replay.journal.fencing import FENCING_MARKER_VERSION
 from flink_agents_replay.journal.markers import MARKER_VERSION
 from flink_agents_replay.journal.transfer import DUMP_VERSION
@@ -39,6 +40,7 @@ FORMAT_VERSIONS = {
     "MANIFEST_VERSION": MANIFEST_VERSION,  # capture manifest entries
     "lm_schema": longterm_versions.SCHEMA,  # long-term memory documents' metadata field
     "DUMP_VERSION": DUMP_VERSION,  # `journal dump` files
+    "DEAD_LETTER_VERSION": DEAD_LETTER_VERSION,  # the packaged jobs' dead-letter records
     # Module-private, but persisted inside call records all the same.
     "chat._SCHEMA": chat._SCHEMA,  # a chat model's answer
     "raised._VERSION": raised._VERSION,  # an exception kept as its parts

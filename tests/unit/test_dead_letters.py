@@ -81,6 +81,10 @@ def test_a_capture_record_that_does_not_verify_is_a_reason_not_an_exception():
     assert parse(None, 0) == (None, "no value (a tombstone)")
     record, reason = parse(b"hello", 5)
     assert record is None and "is not a flink-agents-replay record" in reason
+    import struct
+
+    kind_not_a_string = struct.pack(">4sBI", b"FARJ", 3, 12) + b'{"kind":[1]}' + b"\0" * 32
+    assert parse(kind_not_a_string, 0)[1].endswith("has no kind")  # a TypeError before
 
     group = key_group("c1", "STRING", 128)
     captured = CapturedInput("c1", 1, None, {"customer": "c1"}, "in-1", key_group=group)
@@ -89,7 +93,8 @@ def test_a_capture_record_that_does_not_verify_is_a_reason_not_an_exception():
     copied = parse(encoded, group + 1)  # the same record copied into another partition
     assert copied[0] is None and "copied to partition" in copied[1]
     other_key = CapturedInputParser(b"o" * 32, "op", topic="cap", key_type="STRING", max_parallelism=128)
-    assert other_key(encoded, group)[0] is None
+    unverified = other_key(encoded, group)
+    assert unverified[0] is None and unverified[1], unverified  # a reason, not a silent skip
 
 
 def test_a_parse_that_raises_makes_a_dead_letter_and_counts_it():
@@ -106,3 +111,22 @@ def test_a_parse_that_raises_makes_a_dead_letter_and_counts_it():
     assert tag == "dead-letters" and counted == [1]
     assert json.loads(text)["reason"] == "the parse failed: KeyError: 'missing'"
     assert (json.loads(text)["partition"], json.loads(text)["offset"]) == (2, 9)
+
+
+@pytest.mark.parametrize("jar", ["s3://bucket/connector.jar", "hdfs:///jars/c.jar", "local:///opt/flink/c.jar",
+                                 "https://repo1.maven.org/maven2/c.jar", "/no/such/connector.jar"])
+def test_a_connector_jar_the_client_cannot_load_is_a_config_error(jar):
+    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.jobs.connector import _jar_url
+
+    with pytest.raises(ConfigError, match="Kafka connector jar"):
+        _jar_url(jar)
+
+
+def test_a_connector_jar_is_taken_as_a_local_path_or_file_url(tmp_path):
+    from flink_agents_replay.jobs.connector import _jar_url
+
+    jar = tmp_path / "flink-sql-connector-kafka.jar"
+    jar.write_bytes(b"PK")
+    assert _jar_url(str(jar)) == jar.as_uri()
+    assert _jar_url(jar.as_uri()) == jar.as_uri()

@@ -19,7 +19,7 @@ def empty_path(monkeypatch, tmp_path):
 
 
 def test_missing_java_is_named(empty_path, tmp_path):
-    with pytest.raises(LocalServiceError, match=r"'java' is not on PATH: install a Java 17 JDK"):
+    with pytest.raises(LocalServiceError, match=r"'java' is not on PATH: install a Java 17 runtime"):
         LocalKafkaBroker(tmp_path / "kafka").start()
 
 

@@ -4,7 +4,6 @@ Configs end up in log lines and tracebacks, so ``AgentConfig`` redacts them; the
 file (``--signing-key-file``) or the environment, and ``--signing-key`` still works but warns that ``ps`` shows it.
 """
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,6 @@ from flink_agents_replay.errors import ConfigError
 from flink_agents_replay.jobs import agent_job, replay_job
 
 TEST_JOBS = Path(__file__).resolve().parents[1] / "jobs"
-
-
-@contextmanager
-def _agent_job():
-    yield agent_job
 SIGNING_KEY = "s3cret-signing-key-0123456789"
 SECRETS = {"sasl.password": "sasl-pa55word", "ssl.key.password": "ssl-key-pa55", "ssl.keystore.password": "ks-pa55",
            "sasl.oauthbearer.client.secret": "oauth-5ecret", "sasl.jaas.config": "jaas-with-pa55"}
@@ -43,20 +37,19 @@ def test_the_main_job_takes_the_key_from_a_file_or_the_environment(tmp_path, mon
     key_file.write_text(SIGNING_KEY + "\n")
     monkeypatch.delenv(SIGNING_KEY_ENV, raising=False)
     common = ["--bootstrap-servers", "127.0.0.1:9092"]
-    with _agent_job() as job:
-        assert job.parse_args([*common, "--signing-key-file", str(key_file)]).signing_key == SIGNING_KEY
-        monkeypatch.setenv(SIGNING_KEY_ENV, SIGNING_KEY)
-        assert job.parse_args(common).signing_key == SIGNING_KEY
-        with pytest.warns(UserWarning, match="ps"):
-            assert job.parse_args([*common, "--signing-key", SIGNING_KEY]).signing_key == SIGNING_KEY
+    assert agent_job.parse_args([*common, "--signing-key-file", str(key_file)]).signing_key == SIGNING_KEY
+    monkeypatch.setenv(SIGNING_KEY_ENV, SIGNING_KEY)
+    assert agent_job.parse_args(common).signing_key == SIGNING_KEY
+    with pytest.warns(UserWarning, match="ps"):
+        assert agent_job.parse_args([*common, "--signing-key", SIGNING_KEY]).signing_key == SIGNING_KEY
 
 
 @pytest.mark.parametrize("content", ["short-s3cret\n", ""])
 def test_a_bad_key_file_is_a_usage_error_that_names_the_file_not_the_key(content, tmp_path, capsys):
     key_file = tmp_path / "signing.key"
     key_file.write_text(content)
-    with _agent_job() as job, pytest.raises(SystemExit) as exited:
-        job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(key_file)])
+    with pytest.raises(SystemExit) as exited:
+        agent_job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(key_file)])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert str(key_file) in err and "Traceback" not in err
@@ -64,8 +57,8 @@ def test_a_bad_key_file_is_a_usage_error_that_names_the_file_not_the_key(content
 
 
 def test_a_missing_key_file_is_a_usage_error(tmp_path, capsys):
-    with _agent_job() as job, pytest.raises(SystemExit):
-        job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(tmp_path / "none")])
+    with pytest.raises(SystemExit):
+        agent_job.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--signing-key-file", str(tmp_path / "none")])
     assert "cannot read the signing key file" in capsys.readouterr().err
 
 
