@@ -131,8 +131,10 @@ def dist(tmp_path_factory) -> tuple[Path, Path]:
 def clean(dist, tmp_path_factory) -> CleanSetting:
     base = tmp_path_factory.mktemp("clean")
     venv.create(base / "venv", with_pip=True)
+    # Without the leaked PYTHONPATH: pip would take this venv's packages for installed ones (CI saw the clean venv
+    # without confluent_kafka after the embedding test had run).
     installed = subprocess.run([str(base / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", str(dist[1])],
-                               capture_output=True, text=True, timeout=900, cwd=base)
+                               capture_output=True, text=True, timeout=900, cwd=base, env=_without_python_path())
     assert installed.returncode == 0, installed.stdout + installed.stderr
     jre = _jre(base / "jre")
     tools = _tools_without_a_jdk(base / "tools")
