@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 
 from flink_agents_replay.errors import ConfigError
 
-__all__ = ["CONNECTOR_ENV", "KAFKA_CONNECTOR_COORDINATES", "kafka_connector_loadable", "require_kafka_connector"]
+__all__ = ["CONNECTOR_ENV", "KAFKA_CONNECTOR_COORDINATES", "connector_jars_from_environment",
+           "kafka_connector_loadable", "require_kafka_connector"]
 
 CONNECTOR_ENV = "FLINK_AGENTS_REPLAY_KAFKA_CONNECTOR"
 #: The connector the package is tested with (built for Flink 2.x); the thin flink-connector-kafka works too.
@@ -61,11 +62,16 @@ def kafka_connector_loadable() -> bool:
     return True
 
 
+def connector_jars_from_environment() -> list[str]:
+    """The jars ``$FLINK_AGENTS_REPLAY_KAFKA_CONNECTOR`` names (separated by ``;``), if any."""
+    return [jar.strip() for jar in os.environ.get(CONNECTOR_ENV, "").split(";") if jar.strip()]
+
+
 def require_kafka_connector(env, connector_jars: Sequence[str] = ()) -> None:
     """Give the job of ``env`` Flink's Kafka connector, or raise :class:`ConfigError` saying how to add it."""
     from pyflink.util.java_utils import add_jars_to_context_class_loader
 
-    given = list(connector_jars) or [j for j in os.environ.get(CONNECTOR_ENV, "").split(";") if j.strip()]
+    given = list(connector_jars) or connector_jars_from_environment()
     urls = [_jar_url(jar.strip()) for jar in given]
     if urls:
         env.add_jars(*urls)  # pipeline.jars, and py4j's class loader

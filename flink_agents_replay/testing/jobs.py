@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import threading
 import time
 import uuid
@@ -25,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from flink_agents_replay.agent import Agent
 from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.jobs.connector import CONNECTOR_ENV
+from flink_agents_replay.jobs.connector import connector_jars_from_environment
 from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.operator import AgentOutput
 
@@ -52,7 +51,7 @@ __all__ = [
 def connector_jars() -> list[str]:
     """Flink's Kafka connector for test jobs: ``$FLINK_AGENTS_REPLAY_KAFKA_CONNECTOR`` (paths separated by ``;``)
     if set, else the development tools' copy (fetched from Maven Central and checked against ``jars.lock``)."""
-    given = [jar.strip() for jar in os.environ.get(CONNECTOR_ENV, "").split(";") if jar.strip()]
+    given = connector_jars_from_environment()
     if given:
         return given
     from flink_agents_replay.local.jars import kafka_connector_jar
