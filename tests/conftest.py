@@ -36,6 +36,21 @@ def operator_log():
 
 
 @pytest.fixture(autouse=True)
+def _environment_as_before_the_test():
+    """``os.environ`` as it was before each test. PyFlink's loopback workers (process-mode functions on a
+    MiniCluster) run in this process and add the job's worker settings to ``os.environ`` (``PYTHONPATH``,
+    ``PYFLINK_GATEWAY_DISABLED``...); a later test's subprocess inheriting them cannot start PyFlink (CI saw
+    "launching the PythonGatewayServer during Python UDF execution") or pip sees the wrong packages."""
+    before = dict(os.environ)
+    yield
+    for name in [name for name in os.environ if name not in before]:
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
 def _ship_test_module_by_value(request):
     """Functions defined in a test module reach the Flink worker by value: the worker cannot import tests/."""
     cloudpickle.register_pickle_by_value(request.module)

@@ -177,9 +177,7 @@ class JournalCheckpoints:
         gaps = {p: (offsets[p], low[p]) for p in offsets if offsets[p] < low[p]}
         if not gaps:
             return offsets
-        shown = ", ".join(f"partition {p}: needs {o}, earliest {lw}" for p, (o, lw) in sorted(gaps.items())[:5])
-        message = (f"journal records this checkpoint needs were already deleted ({shown}); this happens when "
-                   "restoring an older savepoint after later checkpoints pruned the journal")
+        message = _gap_message(gaps)
         if not self.accept_gap:
             raise JournalGapError(message + ". Actions in that gap would run again: set "
                                   "accept_reexecution_after_gap=True to accept that")
@@ -320,6 +318,18 @@ class JournalCheckpoints:
             self.writer.close()
         if self.store is not None:
             self.store.close()
+
+
+def _gap_message(gaps: dict[int, tuple[int, int]]) -> str:
+    shown = ", ".join(f"partition {p}: needs {o}, earliest {lw}" for p, (o, lw) in sorted(gaps.items())[:5])
+    if any(needed < 0 for needed, _ in gaps.values()):
+        # Versions before 0.6.0 could take librdkafka's -1001 (no offset, during a broker restart) for an end offset.
+        return (f"this checkpoint's journal marker holds no offset ({shown}): it was taken by a version before "
+                "0.6.0 while the broker restarted, so where its runs' records start is unknown. Restoring the "
+                "latest checkpoint with accept_reexecution_after_gap=True reads from the earliest records and "
+                "reuses every one still there")
+    return (f"journal records this checkpoint needs were already deleted ({shown}); this happens when "
+            "restoring an older savepoint after later checkpoints pruned the journal")
 
 
 def describe_partitions(partitions: Iterable[int]) -> str:

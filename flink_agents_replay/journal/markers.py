@@ -41,7 +41,14 @@ _NEVER = float("inf")
 
 def build_marker(ends: Mapping[int, int], run_firsts: Iterable[tuple[int, int]],
                  floors: Mapping[int, int]) -> dict[int, int]:
-    """Per partition, the first offset a restore must read (``run_firsts``: (partition, first offset))."""
+    """Per partition, the first offset a restore must read (``run_firsts``: (partition, first offset)).
+
+    Raises :class:`JournalError` for an end that is not an offset: such a marker would be refused by every restore.
+    """
+    unknown = {p: o for p, o in ends.items() if o < 0}
+    if unknown:
+        raise JournalError(f"no end offset for journal partitions {sorted(unknown)} (Kafka answered {unknown}): "
+                           "the checkpoint cannot mark where a restore starts")
     marker = dict(ends)
     for partition, first in run_firsts:
         marker[partition] = min(marker[partition], first)

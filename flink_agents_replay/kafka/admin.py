@@ -41,8 +41,9 @@ __all__ = ["KafkaAdmin", "TopicDescription", "TopicInfo"]
 
 log = logging.getLogger(__name__)
 
+# _NOENT: "Failed to query partition leaders: No leaders found", while a restarted broker loads its partitions.
 _TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-              KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH)
+              KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError._NOENT)
 _NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 T = TypeVar("T")
 
@@ -246,7 +247,8 @@ class KafkaAdmin:
 
         def list_offsets() -> dict[int, int]:
             futures = self._client.list_offsets(request, request_timeout=self.timeout_s)
-            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+            offsets = {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+            return _checked_offsets(offsets)
 
         return self.with_retries(f"list offsets of {role.label} {topic!r}", list_offsets)
 
@@ -304,3 +306,15 @@ def _partition_mismatch(topic: str, role: TopicRole, found: int, wanted: int) ->
     if role.keyed_by_key_group:
         fix += f", or set max parallelism to {found} if that is what the job's savepoints were taken with"
     return TopicMismatchError(f"{role.label} {topic!r} has {found} partitions but {role.partition_rule(wanted)}. {fix}")
+
+
+def _checked_offsets(offsets: dict[int, int]) -> dict[int, int]:
+    """``offsets``, or a retriable error when one is not an offset: while a restarted broker loads its partitions,
+    librdkafka can answer -1001 (no offset) without an error, and a marker or a restore taking it for an offset
+    would read nothing, or refuse every later restore."""
+    missing = sorted(p for p, offset in offsets.items() if offset < 0)
+    if missing:
+        raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE,
+                                        f"no offset for partitions {missing} (answered {offsets[missing[0]]})"))
+    return offsets
+

@@ -143,7 +143,8 @@ def clean(dist, tmp_path_factory) -> CleanSetting:
     subprocess.run(["mount", "--bind", str(home), str(home)], check=True)
     subprocess.run(["mount", "-o", "remount,bind,ro", str(home)], check=True)
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PYTHON", "VIRTUAL_ENV", "JAVA", "FLINK", "KAFKA", "OPENAI", "CHROMA", "JDK"))}
+           if not name.startswith(("PYTHON", "PYFLINK", "VIRTUAL_ENV", "JAVA", "FLINK", "KAFKA", "OPENAI", "CHROMA",
+                                   "JDK"))}
     env.update(PATH=os.pathsep.join([str(base / "venv" / "bin"), str(jre / "bin"), str(tools)]),
                JAVA_HOME=str(jre), FLINK_AGENTS_REPLAY_HOME=str(home))
     work = base / "work"

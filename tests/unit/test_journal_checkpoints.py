@@ -9,7 +9,7 @@ import pytest
 
 from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import JournalGapError
+from flink_agents_replay.errors import JournalError, JournalGapError
 from flink_agents_replay.journal import checkpoints as checkpoints_module
 from flink_agents_replay.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
 from flink_agents_replay.journal.markers import encode_marker
@@ -258,3 +258,30 @@ def test_markers_without_replaying_since_restore_with_the_clock_starting_at_the_
     assert again.expire_histories([]) == 0
     clock.now += 60
     assert again.expire_histories([]) == 1
+
+
+class NoEndOffsetStore(TopicStore):
+    """A journal whose end offsets come back as librdkafka's -1001 (no offset)."""
+
+    def end_offsets(self, partitions):
+        return {p: -1001 for p in partitions}
+
+
+def test_a_snapshot_without_end_offsets_fails_and_writes_no_marker():
+    checkpoints = make_checkpoints(NoEndOffsetStore())
+    with pytest.raises(JournalError, match=r"no end offset for journal partitions \[0, 1\]"):
+        checkpoints.snapshot(1, [])
+    assert checkpoints.completed(1) == 0, "nothing remembered to prune"
+
+
+def test_a_marker_without_offsets_is_refused_with_its_cause_and_read_from_the_earliest_when_accepted():
+    production = make_checkpoints()
+    run_once(production, "a", 1, group=0)
+    bad = json.loads(marker_of(production, 1))
+    bad["offsets"] = {p: -1001 for p in bad["offsets"]}
+    marker = json.dumps(bad).encode()
+    with pytest.raises(JournalGapError, match="marker holds no offset.*before 0.6.0 while the broker restarted"):
+        make_checkpoints(production.store).restore([marker], job_id="job")
+    accepted = make_checkpoints(production.store, accept_gap=True)
+    accepted.restore([marker], job_id="job")
+    assert accepted.index.records_read > 0

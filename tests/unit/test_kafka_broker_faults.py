@@ -256,3 +256,68 @@ def test_transient_librdkafka_facilities_are_demoted_to_info_and_others_kept():
     finally:
         LIBRDKAFKA_LOGGER.removeHandler(handler)
     assert [(r.args[0], r.levelname) for r in records] == [("FAIL", "INFO"), ("CONFWARN", "WARNING")]
+
+
+class _Offset:
+    def __init__(self, offset):
+        self.offset = offset
+
+
+class _Future:
+    def __init__(self, offset):
+        self._offset = offset
+
+    def result(self, timeout=None):
+        return _Offset(self._offset)
+
+
+class _OffsetsClient:
+    """An admin client whose list_offsets answers the given offsets, one list per request (the last one repeats)."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.requests = 0
+
+    def list_offsets(self, request, request_timeout=None):
+        answer = self.answers[min(self.requests, len(self.answers) - 1)]
+        self.requests += 1
+        return {tp: _Future(answer[tp.partition]) for tp in request}
+
+    def poll(self, timeout):
+        return 0
+
+
+def _admin_with(client, timeout_s=5.0):
+    from flink_agents_replay.kafka import KafkaAdmin
+
+    admin = KafkaAdmin(BOOTSTRAP, timeout_s=timeout_s)
+    admin._client = client
+    return admin
+
+
+def test_an_offset_librdkafka_answers_as_minus_1001_is_asked_again_not_taken():
+    # Seen on a real broker restart: list_offsets answered -1001 for every partition, without an error. A marker
+    # built on it made every later restore fail with JournalGapError (the chaos soak's broker_restart).
+    client = _OffsetsClient({0: -1001, 1: -1001}, {0: 7, 1: 3})
+    assert _admin_with(client).end_offsets("j", [0, 1]) == {0: 7, 1: 3}
+    assert client.requests == 2
+
+
+def test_offsets_still_unknown_at_the_timeout_are_a_journal_error_naming_the_partitions():
+    client = _OffsetsClient({0: 5, 1: -1001})
+    with pytest.raises(JournalError, match=r"list offsets of .*'j'.*no offset for partitions \[1\]"):
+        _admin_with(client, timeout_s=0.3).start_offsets("j", [0, 1])
+    assert client.requests >= 2
+
+
+def test_no_leaders_while_a_broker_restarts_is_retried():
+    from confluent_kafka import KafkaException
+
+    class NoLeadersOnce(_OffsetsClient):
+        def list_offsets(self, request, request_timeout=None):
+            if self.requests == 0:
+                self.requests += 1
+                raise KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders"))
+            return super().list_offsets(request, request_timeout)
+
+    assert _admin_with(NoLeadersOnce({0: 4})).end_offsets("j", [0]) == {0: 4}
