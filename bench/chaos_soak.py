@@ -15,7 +15,8 @@ recovery and a random gap:
 * ``tm_kill``: SIGKILL of the TaskManager running the agent, calls under way; a new one replaces it once
   the job runs again;
 * ``tm_pause``: a zombie. SIGSTOP of the TaskManager running the agent, calls under way, until Flink declares
-  it lost (the default 30 s heartbeat timeout) and restores the job on the other one; then SIGCONT. The
+  it lost (the heartbeat timeout: the template's 30 s, or ``heartbeat_timeout_ms``)
+  and restores the job on the other one; then SIGCONT. The
   resumed process finishes what it had under way and delivers journal records after the new attempt's
   fences, which a tail of the journal (written apart from the package's reader) counts: the fault hit when
   it found at least one. Then an exception in an action, so that a restore may read the range holding them;
@@ -144,14 +145,21 @@ class SoakResult:
 def run_soak(*, minutes: float, seed: int, feed_per_second: float = 4.0, customers: int = 24,
              model_delay_ms: int = 60, ledger_delay_ms: int = 150, gap_s: tuple[float, float] = (8.0, 20.0),
              broker_pause_s: tuple[float, float] = (10.0, 40.0), min_faults: int = 1, journal_bound: int = 2000,
-             kinds: tuple[str, ...] = FAULT_KINDS,
-             say: Callable[[str], None] = print) -> SoakResult:
-    """Run the soak (see the module docstring); everything it started is stopped before it returns or raises."""
+             kinds: tuple[str, ...] = FAULT_KINDS, max_minutes: float | None = None,
+             heartbeat_timeout_ms: int | None = None, say: Callable[[str], None] = print) -> SoakResult:
+    """Run the soak (see the module docstring); everything it started is stopped before it returns or raises.
+
+    It injects faults for at least ``minutes`` and until every kind has *hit* ``min_faults`` times, but no
+    longer than ``max_minutes`` (default: twice ``minutes``, at least 10); ``minutes=0`` ends as soon as every
+    kind has hit. ``heartbeat_timeout_ms`` shortens the cluster's (the template's 30 s): how long a paused
+    TaskManager stays a zombie before Flink restores its work elsewhere."""
+    cap_s = (max_minutes if max_minutes is not None else max(2 * minutes, 10.0)) * 60
     soak = _Soak(seed=seed, customers=customers, feed_per_second=feed_per_second, model_delay_ms=model_delay_ms,
-                 ledger_delay_ms=ledger_delay_ms, broker_pause_s=broker_pause_s, say=say)
+                 ledger_delay_ms=ledger_delay_ms, broker_pause_s=broker_pause_s,
+                 heartbeat_timeout_ms=heartbeat_timeout_ms, say=say)
     try:
         soak.start()
-        soak.inject_faults(minutes * 60, gap_s, min_faults, kinds)
+        soak.inject_faults(minutes * 60, gap_s, min_faults, kinds, cap_s=cap_s)
         result = soak.finish(minutes, min_faults, journal_bound, kinds)
         soak.failed = not result.ok
         return result
@@ -163,7 +171,8 @@ class _Soak:
     """The soak's services, its fault injectors and its checks."""
 
     def __init__(self, *, seed: int, customers: int, feed_per_second: float, model_delay_ms: int,
-                 ledger_delay_ms: int, broker_pause_s: tuple[float, float], say: Callable[[str], None]):
+                 ledger_delay_ms: int, broker_pause_s: tuple[float, float], heartbeat_timeout_ms: int | None,
+                 say: Callable[[str], None]):
         from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
         from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
         from flink_agents_replay.local.model_server import StubModelServer
@@ -189,7 +198,7 @@ class _Soak:
         self.broker = LocalKafkaBroker(self.work / "kafka", port=free_port())
         self.model = StubModelServer(port=0, delay_ms=model_delay_ms)
         self.ledger = LedgerService(self.work / "ledger.db", delay_ms=ledger_delay_ms)
-        self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
+        self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2, heartbeat_timeout_ms=heartbeat_timeout_ms)
         self.agent_id = f"soak-{seed}"
         self.journal_topic = default_journal_topic(default_uid(self.agent_id))
         self.broker_up = threading.Event()
@@ -238,19 +247,19 @@ class _Soak:
 
     # -- faults --------------------------------------------------------------------------------------------
     def inject_faults(self, seconds: float, gap_s: tuple[float, float], min_faults: int,
-                      kinds: tuple[str, ...] = FAULT_KINDS) -> None:
+                      kinds: tuple[str, ...] = FAULT_KINDS, *, cap_s: float) -> None:
         """Faults from the seeded schedule until ``seconds`` have passed since the warm-up ended and every kind
-        was injected ``min_faults`` times (a short run goes on for the last round, up to ``seconds`` longer)."""
+        has hit ``min_faults`` times, or ``cap_s`` has passed (a kind that keeps missing is then a shortfall)."""
         injectors = {"action_exception": self._action_exception, "tm_kill": self._tm_kill,
                      "tm_pause": self._tm_pause, "broker_pause": self._broker_pause,
                      "broker_restart": self._broker_restart, "savepoint_rescale": self._savepoint_rescale}
-        deadline = _now() + seconds
+        begun = _now()
         schedule: list[str] = []
         while True:
             self._idle(self.rng.uniform(*gap_s))
-            injected = Counter(f.kind for f in self.faults)
-            if _now() >= deadline + seconds or (
-                    _now() >= deadline and all(injected[kind] >= min_faults for kind in kinds)):
+            hits = Counter(f.kind for f in self.faults if f.hit)
+            if _now() - begun >= cap_s or (
+                    _now() - begun >= seconds and all(hits[kind] >= min_faults for kind in kinds)):
                 break
             if not schedule:
                 schedule = list(kinds)

@@ -184,6 +184,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         closers = [getattr(getattr(self, "journal", None), "close", None)]
         closers += [observer.close for observer in getattr(self, "observers", ())]
         closers.append(getattr(getattr(self, "mode", None), "close", None))
+        closers += [resource.close for resource in _all_resources(getattr(self, "agent", None))]
         errors = []
         for close in filter(None, closers):
             try:
@@ -371,3 +372,18 @@ class ActionExecutionOperator(KeyedProcessFunction):
                      describe_stats(self.totals))
         for output in result.outputs:
             yield AgentOutput(key, result.seq, output.id, output.output)
+
+
+def _all_resources(agent) -> list:
+    """The resources of ``agent`` and of its sub-agents, each once (a resource may be shared)."""
+    found: dict[int, object] = {}
+    seen: set[int] = set()
+    pending = [agent] if agent is not None else []
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.update((id(resource), resource) for resource in current.resources.values())
+        pending.extend(current.sub_agents.values())
+    return list(found.values())

@@ -66,6 +66,11 @@ class Resource(ABC):
         """Whether calls journal an acknowledged *started* record first (to detect calls in doubt)."""
         return self.side_effects is SideEffects.EXTERNAL
 
+    def close(self) -> None:
+        """Release what the resource holds (clients, connections): the operator calls it when its task ends
+        (cancel, failure, stop). Nothing by default."""
+        return None
+
 
 class Tool(Resource):
     """A plain Python callable. Defaults to ``external`` side effects: the safe assumption.

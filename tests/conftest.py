@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -18,6 +19,35 @@ from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_ka
 
 # Before any Flink job starts: the operator logs (restore reports) go to a file tests can read.
 _OPERATOR_LOG = os.environ.setdefault(LOG_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="far-log-"), "operator.log"))
+
+#: The tiers of ``./run tests``: a test's folder under tests/ is its tier and its marker.
+_TIERS = ("lint", "unit", "integration")
+#: What the ``slow`` marker means.
+SLOW_S = 60.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_collection_modifyitems(items):
+    """Mark each test with its tier, from its folder, so ``-m`` can pick tiers in any run."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.path))
+        tier = path.relative_to(tests_dir).parts[0] if path.is_relative_to(tests_dir) else None
+        if tier in _TIERS:
+            item.add_marker(tier)
+
+
+def pytest_runtest_logreport(report):
+    """Note a test that ran over :data:`SLOW_S` without the ``slow`` marker (named in the run's summary)."""
+    if report.when == "call" and report.duration > SLOW_S and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_S:.0f} s not marked slow")
+        for nodeid, duration in _unmarked_slow:
+            terminalreporter.line(f"{duration:7.1f} s  {nodeid}")
 
 
 @pytest.fixture

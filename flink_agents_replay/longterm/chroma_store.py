@@ -80,11 +80,15 @@ class ChromaVectorStore:
         return {**self.__dict__, "_client": None, "_collections": {}}
 
     def close(self) -> None:
-        """Release the client (a client passed in stays open). chromadb 1.5.9 keeps its HTTP connections
-        until the process ends even then: Python reports them as unclosed sockets at exit."""
+        """Release the client and its HTTP connections (a client passed in stays open)."""
         self._collections.clear()
         if self._owns_client and self._client is not None:
+            # chromadb 1.5.9's close() stops its System but leaves the HTTP session of its server API open:
+            # its pooled sockets would stay until the process ends (Python reports them as unclosed at exit).
+            session = getattr(getattr(self._client, "_server", None), "_session", None)
             self._client.close()
+            if session is not None:
+                session.close()
             self._client = None
 
     def __enter__(self) -> ChromaVectorStore:

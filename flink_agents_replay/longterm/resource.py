@@ -71,6 +71,12 @@ class LongTermMemory(Resource):
             "add": self._add, "search": self._search, "get_all": self._get_all, "get": self._get,
             "update": self._update, "delete": self._delete}
 
+    def close(self) -> None:
+        """Close the store's client when it has one to close (:meth:`ChromaVectorStore.close`)."""
+        close = getattr(self.store, "close", None)
+        if callable(close):
+            close()
+
     def invoke(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         site = current_call_site()
         if site is None:

@@ -212,6 +212,7 @@ def test_broker_down_when_the_job_starts_is_a_clear_error_within_kafka_timeout(o
     assert took < KAFKA_TIMEOUT_S + 60, f"took {took:.0f} s"  # the MiniCluster's own start-up included
 
 
+@pytest.mark.slow
 def test_slow_broker_backpressures_the_source_and_loses_nothing(own_broker, tmp_path, operator_log):
     proxy_port = free_port()
     broker, bootstrap = own_broker(advertised_port=proxy_port)

@@ -91,25 +91,24 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
     shutil.copytree(fixture / "savepoint", savepoint)
     input_topic = produce_inputs(kafka_bootstrap, inputs["after_savepoint"])
 
-    # Without the setting: the new topic id is refused, and the error says how to accept a moved journal.
+    # Two restores at once, in their own processes (a refused restore writes nothing: it fails before its
+    # first run). Without the setting: the new topic id is refused, and the error says how to accept a moved
+    # journal. With it: the journal is reused.
     (tmp_path / "refused").mkdir()
-    refused, refused_calls, _ = _restore(kafka_bootstrap, tmp_path / "refused", names, savepoint, None, input_topic,
-                                         f"compat-out-refused-{uuid.uuid4().hex[:6]}")
-    try:
-        refused.wait(timeout=300)
-    finally:
-        refused.stdin.close()  # if it did not fail, this ends it and the test fails below
-        refused.wait(timeout=120)
-    stderr = (tmp_path / "refused" / "stderr").read_text(errors="replace")
-    assert refused.returncode == 1 and "JOB FAILED" in stderr, stderr[-3000:]
-    assert f"accept_moved_journal_from={old_journal_id!r}" in stderr and "journal dump" in stderr, stderr[-3000:]
-    assert not [n for n in refused_calls.counts() if n.startswith("call:")]
-
     (tmp_path / "accepted").mkdir()
     output_topic = f"compat-out-{uuid.uuid4().hex[:6]}"
     ensure_topics(kafka_bootstrap, [output_topic], partitions=1)
+    refused, refused_calls, _ = _restore(kafka_bootstrap, tmp_path / "refused", names, savepoint, None, input_topic,
+                                         f"compat-out-refused-{uuid.uuid4().hex[:6]}")
     process, counter, log = _restore(kafka_bootstrap, tmp_path / "accepted", names, savepoint, old_journal_id,
                                      input_topic, output_topic)
+    try:
+        refused.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        pass  # it did not fail: the test fails below
+    finally:
+        refused.stdin.close()  # if it did not fail, this ends it
+        refused.wait(timeout=120)
     wanted = Counter(tuple(row) for row in expected["outputs"])
     try:
         with CommittedReader(kafka_bootstrap, output_topic, decode=lambda value: value.decode()) as reader:
@@ -120,8 +119,12 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
     finally:
         process.stdin.close()  # the job script cancels its job and exits
         process.wait(timeout=120)
-    assert process.returncode == 0, _stderr(tmp_path / "accepted")
+    stderr = (tmp_path / "refused" / "stderr").read_text(errors="replace")
+    assert refused.returncode == 1 and "JOB FAILED" in stderr, stderr[-3000:]
+    assert f"accept_moved_journal_from={old_journal_id!r}" in stderr and "journal dump" in stderr, stderr[-3000:]
+    assert not [n for n in refused_calls.counts() if n.startswith("call:")]
 
+    assert process.returncode == 0, _stderr(tmp_path / "accepted")
     assert Counter(tuple(json.loads(row)) for row in rows) == wanted
     calls = {name: n for name, n in counter.counts().items() if name.startswith("call:")}
     assert not set(calls) & set(expected["calls_journaled"]), "a journaled call was made again"

@@ -49,7 +49,7 @@ from flink_agents_replay.testing.jobs import (
     produce_inputs,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "fencing_job.py"
 SIGNING_KEY = "fencing-zombie-signing-key-0123"
@@ -61,20 +61,10 @@ HEARTBEAT_TIMEOUT_MS = 6000
 _IGNORED = re.compile(r"subtask \d+: (\d+) records of an earlier attempt ignored")
 
 
-class FastFailoverCluster(LocalFlinkCluster):
-    """The local cluster with a short heartbeat timeout: a paused TaskManager is declared lost in seconds."""
-
-    def _write_configuration(self, rest_port: int, rpc_port: int) -> None:
-        super()._write_configuration(rest_port, rpc_port)
-        config = self.conf_dir / "config.yaml"
-        text = config.read_text()
-        assert "heartbeat.timeout: 30000" in text, "the template's heartbeat timeout moved: update this test"
-        config.write_text(text.replace("heartbeat.timeout: 30000", f"heartbeat.timeout: {HEARTBEAT_TIMEOUT_MS}"))
-
-
 @pytest.fixture
 def cluster(tmp_path_factory):
-    made = FastFailoverCluster(tmp_path_factory.mktemp("flink-cluster"), taskmanagers=2)
+    made = LocalFlinkCluster(tmp_path_factory.mktemp("flink-cluster"), taskmanagers=2,
+                             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     yield made
     for pid in made.taskmanager_processes().values():
         os.kill(pid, signal.SIGCONT)  # a paused process would not see the SIGTERM of stop()

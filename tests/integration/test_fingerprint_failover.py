@@ -32,7 +32,7 @@ from flink_agents_replay.testing.jobs import (
     produce_inputs,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "fingerprint_failover_job.py"
 SIGNING_KEY = "fingerprint-failover-signing-key"

@@ -96,7 +96,11 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str, kind: str) ->
                                             "notify": Tool(notify, side_effects="external")})
 
 
-@pytest.mark.parametrize("kind", ["kwonly", "positional", "unpicklable"])
+#: Every kind runs on the engine (tests/unit/test_habits_on_the_engine.py); this one also as a Flink job.
+KINDS = ["kwonly", "positional", "unpicklable"]
+
+
+@pytest.mark.parametrize("kind", ["unpicklable"])
 def test_handled_exotic_exceptions_survive_restart_before_checkpoint(kafka_bootstrap, tmp_path, kind):
     inputs = make_inputs(KEYS, PER_KEY)
     run = reference_then_faulty_run(kafka_bootstrap, tmp_path, lambda c, fault, name: make_agent(c, fault, name, kind),

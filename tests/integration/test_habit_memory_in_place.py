@@ -111,7 +111,8 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
     return MemoryAgent(name=name, resources={"enrich": Tool(enrich, side_effects="none")})
 
 
-@pytest.mark.parametrize("checkpoint_interval_ms", [600_000, 200], ids=["before-first-checkpoint", "checkpoints"])
+# Both intervals run on the engine (tests/unit/test_habits_on_the_engine.py); with checkpoints also as a Flink job.
+@pytest.mark.parametrize("checkpoint_interval_ms", [200], ids=["checkpoints"])
 def test_in_place_memory_changes_survive_restarts(kafka_bootstrap, tmp_path, checkpoint_interval_ms):
     inputs = make_inputs(KEYS, PER_KEY)
     run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_agent, inputs, name_prefix="adv-mem",

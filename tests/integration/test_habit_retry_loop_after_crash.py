@@ -68,8 +68,9 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str, fails_before_
     })
 
 
-# 0: control (no transient failure, the charge stays the action's 2nd call); 2: the attack.
-@pytest.mark.parametrize("fails_before_success", [0, 2])
+# 0: control (no transient failure, the charge stays the action's 2nd call); 2: the attack. Both run on the
+# engine (tests/unit/test_habits_on_the_engine.py); the attack also as a Flink job.
+@pytest.mark.parametrize("fails_before_success", [2])
 def test_retry_loop_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path, fails_before_success):
     inputs = make_inputs(KEYS, PER_KEY)
     assert TARGET in inputs
@@ -137,7 +138,9 @@ def make_get_or_create_agent(counter: InvocationCounter, fault: bool, name: str)
     })
 
 
-def test_get_or_create_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path):
+def get_or_create_then_crash_does_not_repeat_charge(kafka_bootstrap, tmp_path):
+    """Run on the engine only (tests/unit/test_habits_on_the_engine.py): the Flink-level case of this habit is
+    the retry loop's above."""
     inputs = make_inputs(KEYS, PER_KEY)
     run = reference_then_faulty_run(kafka_bootstrap, tmp_path, make_get_or_create_agent, inputs,
                                     name_prefix="adv-getcreate", checkpoint_interval_ms=300, restart_attempts=3)

@@ -45,7 +45,7 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.model_server import StubModelServer
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNING_KEY = "wheel-test-signing-key-0123456789"

@@ -63,7 +63,7 @@ from flink_agents_replay.testing.jobs import (
     produce_inputs,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "agent_failover_job.py"
 AGENT_NAME = "chain"  # chain_agent's, as the job runs it

@@ -174,6 +174,7 @@ def test_lifecycle_start_status_rest_add_taskmanager_stop_leaves_no_process(flin
     print(f"\nlocal Flink: start {started_s:.1f} s, TaskManager added in {added_s:.1f} s, stop {stopped_s:.1f} s")
 
 
+@pytest.mark.slow
 def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
         kafka_bootstrap, new_topic, flink_cluster, tmp_path, operator_log):
     """Two TaskManagers; the one running the job is SIGKILLed; Flink restores the job on the other.

@@ -32,7 +32,7 @@ from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import prepare_replay
 from flink_agents_replay.testing.committed import poll_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SIGNING_KEY = "replay-isolation-signing-key"
 MAX_PARALLELISM = 128  # the main job's default

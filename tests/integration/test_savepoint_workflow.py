@@ -32,7 +32,7 @@ from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.jobs import failure_free_outputs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 AGENT_JOB, REPLAY_JOB = "flink_agents_replay.jobs.agent_job", "flink_agents_replay.jobs.replay_job"
 

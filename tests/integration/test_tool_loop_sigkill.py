@@ -31,7 +31,7 @@ from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import job_script, make_inputs, produce_inputs, reference_outputs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tool_loop_job.py"
 KEYS, PER_KEY = 4, 12

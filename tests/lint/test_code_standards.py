@@ -1,4 +1,4 @@
-"""The code's standards, checked on every run of the suite (CI runs it): ruff, including the function size
+"""The code's standards, the first tier of `./run tests` (CI runs it): ruff, including the function size
 limits in pyproject.toml, and the layers' import contracts in .importlinter."""
 
 from __future__ import annotations
