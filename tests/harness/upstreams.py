@@ -96,8 +96,10 @@ class UpstreamControl:
     """The pacing of the two upstream instances: a JSON file read by every record, rewritten atomically.
 
     Settings: ``period_ms`` (slot width per lane position), ``delay_ms`` (per upstream instance, by subtask
-    index), ``start_margin_ms`` (from the first record of an attempt to its first slot), ``drop``
-    (``[key, n]`` inputs the upstream skips from now on: a record that never comes back).
+    index), ``gap_ms`` (per upstream instance: the least time between two of its records, which makes an
+    instance lag further behind with every record while checkpoint barriers still pass between its records),
+    ``start_margin_ms`` (from the first record of an attempt to its first slot), ``drop`` (``[key, n]`` inputs
+    the upstream skips from now on: a record that never comes back).
     """
 
     def __init__(self, path: str | Path, *, period_ms: float = 40.0, delay_ms: tuple[float, float] | None = None,
@@ -106,7 +108,7 @@ class UpstreamControl:
         if not os.path.exists(self.path):
             half_round = keys * period_ms / 2
             self.write({"period_ms": period_ms, "delay_ms": list(delay_ms or (0.0, half_round)),
-                        "start_margin_ms": start_margin_ms, "drop": []})
+                        "gap_ms": [0.0] * LANES, "start_margin_ms": start_margin_ms, "drop": []})
 
     def read(self) -> dict:
         with open(self.path, encoding="utf-8") as handle:
@@ -451,6 +453,7 @@ class LanePacer(FlatMapFunction):
         info = subtask_info(runtime_context)
         self.instance, self.instances, self.attempt = info.index, info.parallelism, info.attempt
         self.origin = None
+        self.last_emitted = 0.0
 
     def _start(self, pos: int, settings: Mapping[str, Any]) -> float:
         deadline = time.monotonic() + self.start_wait_s
@@ -474,9 +477,11 @@ class LanePacer(FlatMapFunction):
         if self.origin is None:
             self.origin = self._start(record["pos"], settings)
         due = self.origin + (record["pos"] * settings["period_ms"] + settings["delay_ms"][self.instance]) / 1000
+        due = max(due, self.last_emitted + settings.get("gap_ms", [0.0] * LANES)[self.instance] / 1000)
         pause = due - time.time()
         if pause > 0:
             time.sleep(pause)
+        self.last_emitted = time.time()
         self.recorder.emitted(self.attempt, self.instance, record)
         yield record
 

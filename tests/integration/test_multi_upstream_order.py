@@ -32,7 +32,11 @@ pytestmark = pytest.mark.integration
 KEYS, ROUNDS = 4, 12  # 96 inputs: 24 per key, 12 from each upstream instance
 PERIOD_MS = 40.0  # one lane position per 40 ms: a key gets an input every 80 ms
 HALF_ROUND_MS = KEYS * PERIOD_MS / 2  # the follower's delay: half-way between two inputs of the leader
-LAG_MS = 1200.0  # test c: after the first failure the predecessors' instance is this far behind
+# test c: after the first failure the predecessors' instance sends at most one record per SLOW_GAP_MS. It falls
+# further behind with every record, so keys wait for its inputs for seconds, while its checkpoint barriers still
+# pass between its records (a lag made of one long pause would hold the barrier, and every checkpoint's alignment,
+# until the awaited inputs had arrived: no checkpoint could complete while a key waits).
+SLOW_GAP_MS = 600.0
 SIGNING_KEY = "test-signing-key-0123456789"
 TIMED_OUT = "order restore timed out"
 WAIT_SCENARIO_TRIES = 4
@@ -52,12 +56,14 @@ def _run(bootstrap, new_topic, tmp_path, counter, *, drop_input=False, wait_then
     after_checkpoint = None
     if wait_then_fail:
         # Instance 1 leads after the failure and instance 0 (which led before it, so its input comes first in
-        # each recorded round) lags far behind: replayed inputs of instance 1 wait while checkpoints complete.
-        # Then the second failure, after which instance 0 is half a round behind again.
+        # each recorded round) is slow: replayed inputs of instance 1 wait while checkpoints complete.
+        # Then the second failure, after which instance 0 is half a round behind again, at full speed.
         fault = FailOnceAfterCheckpoint(counter, recorder, control, KEYS, swap_delays=False,
-                                        control_changes={"delay_ms": [LAG_MS, 0.0]})
+                                        control_changes={"delay_ms": [HALF_ROUND_MS, 0.0],
+                                                         "gap_ms": [SLOW_GAP_MS, 0.0]})
         after_checkpoint = FailOnceWhileWaiting(counter, recorder, control,
-                                                control_changes={"delay_ms": [HALF_ROUND_MS, 0.0]})
+                                                control_changes={"delay_ms": [HALF_ROUND_MS, 0.0],
+                                                                 "gap_ms": [0.0, 0.0]})
     else:
         fault = FailOnceAfterCheckpoint(counter, recorder, control, KEYS, drop_input=drop_input)
     agent = history_agent(counter, fault=fault)
@@ -140,10 +146,10 @@ def test_reversed_interleaving_repeats_calls_without_order_restoration(
 
 def test_checkpoint_while_a_key_waits_for_its_predecessor_then_a_second_failure_repeats_no_call(
         kafka_bootstrap, new_topic, tmp_path, operator_log):
-    # Whether a checkpoint completes while a key waits depends on when Flink triggers the first checkpoint after
-    # the restore relative to the lagging instance's barrier (aligned checkpoints hold the leading instance's
-    # inputs back until it arrives). A run in which that moment was missed proves nothing, so it is run again
-    # from scratch (at most WAIT_SCENARIO_TRIES times); every invariant below is checked on the run where it hit.
+    # A checkpoint completes while a key waits as long as the slow instance's barriers pass between its records
+    # (SLOW_GAP_MS). Should a run still miss that moment (a machine too busy to take a checkpoint for seconds), it
+    # proves nothing, so it is run again from scratch (at most WAIT_SCENARIO_TRIES times); every invariant below
+    # is checked on the run where it hit.
     for attempt in range(WAIT_SCENARIO_TRIES):
         work = tmp_path / f"try-{attempt}"
         work.mkdir()
