@@ -45,7 +45,10 @@ from flink_agents_replay.local.processes import (
 
 __all__ = ["BrokerStatus", "LocalKafkaBroker", "default_work_dir"]
 
-_JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+#: A local broker serves tests and demos: light load, many starts. The C1 compiler alone (no C2) starts it with about
+#: a third less CPU, which on a 2-core machine is what a start costs.
+_FAST_START = "-XX:TieredStopAtLevel=1"
+_JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", _FAST_START, "-Djava.awt.headless=true"]
 
 
 def default_work_dir() -> Path:
@@ -139,7 +142,7 @@ class LocalKafkaBroker(RecordedProcess):
         if not (data_dir / "meta.properties").is_file():
             # Storage is formatted once; a restart reuses the data (and the cluster id) it holds.
             self._run_checked(
-                [java, *log_options, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                [java, _FAST_START, *log_options, "-cp", classpath, "kafka.tools.StorageTool", "format",
                  "--cluster-id", _cluster_id(), "--config", str(properties), "--ignore-formatted"],
                 "format the broker's KRaft storage",
             )

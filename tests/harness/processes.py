@@ -13,8 +13,9 @@ def _is_service(arguments: list[bytes]) -> bool:
         a.endswith(b"chroma") for a in arguments[:2]) and b"run" in arguments))
 
 
-def service_processes() -> set[int]:
-    """PIDs of the live (not zombie) service processes."""
+def service_processes(marker: str = "") -> set[int]:
+    """PIDs of the live (not zombie) service processes; with ``marker``, only those whose command line holds it (a
+    work directory's name: what other tests running at the same time start is not counted)."""
     pids = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -25,6 +26,6 @@ def service_processes() -> set[int]:
                     zombie = stat.read().split(") ", 1)[1][0] == "Z"
             except (OSError, IndexError):
                 continue
-            if not zombie and _is_service(arguments):
+            if not zombie and _is_service(arguments) and marker.encode() in b" ".join(arguments):
                 pids.add(int(entry))
     return pids

@@ -355,7 +355,7 @@ def test_the_demo_runs_from_the_wheel(clean):
     effect still happens once (its verdict covers calls, replies and memories); it stops all it started."""
     from tests.harness.processes import service_processes
 
-    before = service_processes()
+    before = service_processes("far-demo-")  # the demo's work directory: other tests' services may run meanwhile
     home = os.environ.get("FLINK_AGENTS_REPLAY_HOME") or str(Path.home() / ".cache" / "flink-agents-replay")
     result = clean.cli("demo", "--tickets", "150", "--customers", "20", timeout=900,
                        env={"FLINK_AGENTS_REPLAY_HOME": home})  # writable: its broker's jars, Chroma
@@ -367,4 +367,4 @@ def test_the_demo_runs_from_the_wheel(clean):
     assert int(table["journal read at restore"].split()[0]) > 0 and int(table["actions reused"].split()[0]) > 0
     assert int(re.search(r"(\d+) pruned", table["journal records"]).group(1)) > 0
     assert int(re.search(r"(\d+) replies mention", table["long-term memory"]).group(1)) > 0
-    assert service_processes() - before == set(), "the demo left Kafka, Flink or Chroma processes running"
+    assert service_processes("far-demo-") - before == set(), "the demo left Kafka, Flink or Chroma processes running"
