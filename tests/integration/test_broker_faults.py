@@ -50,8 +50,8 @@ from flink_agents_replay.testing.jobs import (
 pytestmark = pytest.mark.integration
 
 SIGNING_KEY = "broker-faults-signing-key-0123"
-ACK_TIMEOUT_S = 6.0
-KAFKA_TIMEOUT_S = 6.0
+ACK_TIMEOUT_S = 3.0
+KAFKA_TIMEOUT_S = 3.0
 #: Longer than every client timeout the job has: the outage cannot be waited out by a retry.
 OUTAGE_S = 3 * max(ACK_TIMEOUT_S, KAFKA_TIMEOUT_S)
 _IN_DOUBT = re.compile(r"closing: .*in doubt (\d+)")

@@ -27,7 +27,7 @@ from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.records.codec import SigningKeys
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import produce_inputs
+from flink_agents_replay.testing.jobs import job_script, produce_inputs
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +57,20 @@ def _load_fixture_topics(bootstrap: str, fixture: Path, description: dict) -> tu
     return names, old_ids["journal"]
 
 
-def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path, accept: str | None,
-             input_topic: str, output_topic: str) -> tuple[subprocess.Popen, InvocationCounter, Path]:
-    counter = InvocationCounter(work / "calls.db")
-    log = work / "operator.log"
+def _job_arguments(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path, accept: str | None,
+                   input_topic: str, output_topic: str, counter: InvocationCounter) -> list[str]:
     arguments = ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
                  "--journal-topic", names["journal"], "--capture-topic", names["capture"],
                  "--counter-path", str(counter.path), "--savepoint", str(savepoint),
                  "--source-uid", f"compat-inputs-{work.name}", "--checkpoint-interval-ms", "500"]
-    if accept:
-        arguments += ["--accept-moved-journal-from", accept]
+    return arguments + (["--accept-moved-journal-from", accept] if accept else [])
+
+
+def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path, accept: str,
+             input_topic: str, output_topic: str) -> tuple[subprocess.Popen, InvocationCounter, Path]:
+    counter = InvocationCounter(work / "calls.db")
+    log = work / "operator.log"
+    arguments = _job_arguments(bootstrap, work, names, savepoint, accept, input_topic, output_topic, counter)
     # A fresh process, as a resubmitted job is: a Flink job run earlier in this test session left variables here
     # that a new PyFlink driver must not inherit.
     environment = {**fresh_process_environment(), "PYTHONHASHSEED": "7", "FLINK_AGENTS_REPLAY_LOG_FILE": str(log)}
@@ -75,6 +79,19 @@ def _restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path,
         process = subprocess.Popen([sys.executable, str(JOB), *arguments], stdin=subprocess.PIPE, stdout=stdout,
                                    stderr=stderr, env=environment, cwd=ROOT)
     return process, counter, log
+
+
+def _refused_restore(bootstrap: str, work: Path, names: dict[str, str], savepoint: Path, input_topic: str,
+                     output_topic: str) -> tuple[str, InvocationCounter]:
+    """The restore without ``accept_moved_journal_from``, in this process (it fails before its first run, so no new
+    process is needed to tell it apart): the job's failure as text, and its counter."""
+    counter = InvocationCounter(work / "calls.db")
+    with job_script(JOB) as job:
+        env = job.build(job.parse_args(_job_arguments(bootstrap, work, names, savepoint, None, input_topic,
+                                                      output_topic, counter)))
+        with pytest.raises(Exception) as failure:  # noqa: B017 - the job's failure arrives as a Py4J error
+            env.execute("compat fixture job, refused")
+    return str(failure.value), counter
 
 
 def _stderr(work: Path) -> str:
@@ -91,24 +108,21 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
     shutil.copytree(fixture / "savepoint", savepoint)
     input_topic = produce_inputs(kafka_bootstrap, inputs["after_savepoint"])
 
-    # Two restores at once, in their own processes (a refused restore writes nothing: it fails before its
-    # first run). Without the setting: the new topic id is refused, and the error says how to accept a moved
-    # journal. With it: the journal is reused.
+    # Without the setting: the new topic id is refused, and the error says how to accept a moved journal (in this
+    # process, while the restore with it starts in a fresh one: there, the journal is reused).
     (tmp_path / "refused").mkdir()
     (tmp_path / "accepted").mkdir()
     output_topic = f"compat-out-{uuid.uuid4().hex[:6]}"
     ensure_topics(kafka_bootstrap, [output_topic], partitions=1)
-    refused, refused_calls, _ = _restore(kafka_bootstrap, tmp_path / "refused", names, savepoint, None, input_topic,
-                                         f"compat-out-refused-{uuid.uuid4().hex[:6]}")
     process, counter, log = _restore(kafka_bootstrap, tmp_path / "accepted", names, savepoint, old_journal_id,
                                      input_topic, output_topic)
     try:
-        refused.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        pass  # it did not fail: the test fails below
-    finally:
-        refused.stdin.close()  # if it did not fail, this ends it
-        refused.wait(timeout=120)
+        refusal, refused_calls = _refused_restore(kafka_bootstrap, tmp_path / "refused", names, savepoint, input_topic,
+                                                  f"compat-out-refused-{uuid.uuid4().hex[:6]}")
+    except BaseException:
+        process.stdin.close()
+        process.wait(timeout=120)
+        raise
     wanted = Counter(tuple(row) for row in expected["outputs"])
     try:
         with CommittedReader(kafka_bootstrap, output_topic, decode=lambda value: value.decode()) as reader:
@@ -119,9 +133,7 @@ def test_fixture_restores_and_reuses_its_journal(fixture, kafka_bootstrap, tmp_p
     finally:
         process.stdin.close()  # the job script cancels its job and exits
         process.wait(timeout=120)
-    stderr = (tmp_path / "refused" / "stderr").read_text(errors="replace")
-    assert refused.returncode == 1 and "JOB FAILED" in stderr, stderr[-3000:]
-    assert f"accept_moved_journal_from={old_journal_id!r}" in stderr and "journal dump" in stderr, stderr[-3000:]
+    assert f"accept_moved_journal_from={old_journal_id!r}" in refusal and "journal dump" in refusal, refusal[-3000:]
     assert not [n for n in refused_calls.counts() if n.startswith("call:")]
 
     assert process.returncode == 0, _stderr(tmp_path / "accepted")

@@ -357,7 +357,7 @@ def test_the_demo_runs_from_the_wheel(clean):
 
     before = service_processes("far-demo-")  # the demo's work directory: other tests' services may run meanwhile
     home = os.environ.get("FLINK_AGENTS_REPLAY_HOME") or str(Path.home() / ".cache" / "flink-agents-replay")
-    result = clean.cli("demo", "--tickets", "150", "--customers", "20", timeout=900,
+    result = clean.cli("demo", "--tickets", "80", "--customers", "16", timeout=900,
                        env={"FLINK_AGENTS_REPLAY_HOME": home})  # writable: its broker's jars, Chroma
     print(result.stdout[-3000:])
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]

@@ -12,7 +12,9 @@ from tests.harness.sample_keys import sample_int_keys, sample_long_keys, sample_
 pytestmark = pytest.mark.integration
 
 PARALLELISM = 4
-KEY_COUNTS = {"STRING": 3000, "LONG": 1500, "INT": 1500}
+# A wrong group for a kind of key lands outside the receiving subtask's range 3 times in 4: hundreds of keys of each
+# type find it (tests/unit/test_keygroups.py compares 1,200 sample keys with the groups Java's own classes computed).
+KEY_COUNTS = {"STRING": 600, "LONG": 300, "INT": 300}
 
 
 class CheckKeyGroup(KeyedProcessFunction):
