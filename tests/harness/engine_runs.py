@@ -16,6 +16,7 @@ committed sink.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +51,7 @@ def reference_then_crashing_run(tmp_path: Path, make_agent: Callable[[Invocation
     """
     name = f"{name_prefix}-{uuid.uuid4().hex[:6]}"
     reference_counter = InvocationCounter(tmp_path / "ref.sqlite")
-    expected = reference_outputs(make_agent(reference_counter, False, name), inputs)
+    expected = reference_outputs(make_agent(reference_counter, False, name), copy.deepcopy(inputs))
     counter = InvocationCounter(tmp_path / "job.sqlite")
     agent_bytes = cloudpickle.dumps(make_agent(counter, True, name))
     store = MemoryJournalStore(MAX_PARALLELISM, topic=f"{name}.journal")
@@ -58,7 +59,10 @@ def reference_then_crashing_run(tmp_path: Path, make_agent: Callable[[Invocation
     for attempt in range(restart_attempts + 1):
         index = _recover(store, codec) if attempt else None
         try:
-            outputs = _attempt(cloudpickle.loads(agent_bytes), inputs, JournalWriter(store, codec, durability), index)
+            # Fresh inputs per attempt, as a job re-reads them from Kafka: an action that changes its input in place
+            # must not change what a later attempt (or the reference) sees.
+            outputs = _attempt(cloudpickle.loads(agent_bytes), copy.deepcopy(inputs),
+                               JournalWriter(store, codec, durability), index)
         except Exception as exc:  # noqa: BLE001 - an attempt that failed: the next one restarts, as Flink's would
             if attempt == restart_attempts:
                 if keep_job_error:

@@ -48,7 +48,9 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
         @action(InputEvent)
         def charge_input(event, ctx):
             receipt = ctx.call("charge", ctx.key, ctx.seq, event.input)
-            if fault and event.input == FAULT_AFTER_CHARGE and counter.increment("fault:after-charge") == 1:
+            # By key and n alone: a handler that saw another's changes to the event must still meet its fault.
+            if (fault and {k: event.input[k] for k in FAULT_AFTER_CHARGE} == FAULT_AFTER_CHARGE
+                    and counter.increment("fault:after-charge") == 1):
                 raise RuntimeError("injected fault after the charge")
             ctx.send_event(OutputEvent(output={"what": "charge", "receipt": receipt,
                                                "input_seen": json.dumps(event.input, sort_keys=True)}))

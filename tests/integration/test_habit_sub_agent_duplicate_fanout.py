@@ -31,7 +31,9 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
     def charge(item):
         counter.increment(f"charge:{item['key']}:{item['n']}")
         counter.increment(f"callid:{current_call_id()}")
-        return f"charged {item['sku']} x{item['amount']} for {item['key']}#{item['n']}"
+        # The call id in the receipt: identical requests get different receipts, so a journaled result handed to
+        # two of them (one record taken twice) changes the outputs.
+        return f"charged {item['sku']} x{item['amount']} for {item['key']}#{item['n']} id {current_call_id()}"
 
     class Charger(Agent):
         @action(InputEvent)
