@@ -588,7 +588,7 @@ class _Soak:
         if self.reader is not None:
             self.reader.close()
         self.say("stopping Flink, the services and Kafka")
-        for stop in (self.cluster.stop, self.model.stop, self.ledger.stop, self.broker.stop):
+        for stop in (self.cluster.stop, self.model.stop, self.ledger.stop, self.broker.discard):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop

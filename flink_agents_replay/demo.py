@@ -306,7 +306,7 @@ class _Demo:
         if self.reader is not None:
             self.reader.close()
         self.progress("stopping Flink, Chroma, the model service and Kafka")
-        for stop in (self.cluster.stop, self.chroma.stop, self.server.stop, self.broker.stop):
+        for stop in (self.cluster.stop, self.chroma.stop, self.server.stop, self.broker.discard):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop

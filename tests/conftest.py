@@ -16,6 +16,7 @@ from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.operator import LOG_FILE_ENV
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
+from tests.harness.file_durations import file_seconds, longest_first
 
 # Before any Flink job starts: PyFlink's gateway JVM (the MiniCluster of in-process jobs), and every Flink or PyFlink
 # process a test starts, compile with C1 alone. Test jobs are short and the suite starts JVMs by the hundred: a
@@ -38,9 +39,8 @@ _unmarked_slow: list[tuple[str, float]] = []
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its tier, from its folder, so ``-m`` can pick tiers in any run. Under pytest-xdist, files
-    holding a ``slow`` test go first: workers take files in this order, and the longest ones first end the run
-    sooner (a slow file taken last would run alone while the other worker idles)."""
+    """Mark each test with its tier, from its folder, so ``-m`` can pick tiers in any run. Under pytest-xdist the
+    longest files go first (:mod:`tests.harness.file_durations`)."""
     tests_dir = Path(__file__).parent
     for item in items:
         path = Path(str(item.path))
@@ -48,8 +48,7 @@ def pytest_collection_modifyitems(items):
         if tier in _TIERS:
             item.add_marker(tier)
     if "PYTEST_XDIST_WORKER" in os.environ:
-        slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: item.path not in slow_files)  # stable: the collection order otherwise
+        longest_first(items, file_seconds())
 
 
 def pytest_runtest_logreport(report):

@@ -79,7 +79,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def stop_process(pid: int, timeout_s: float = 30.0) -> bool:
-    """SIGTERM ``pid`` (and its process group), SIGKILL after ``timeout_s``; True if it was running."""
+    """SIGTERM ``pid`` (and its process group), SIGKILL after ``timeout_s`` (0: at once); True if it was running."""
     if not pid_alive(pid):
         return False
     _signal(pid, signal.SIGTERM)

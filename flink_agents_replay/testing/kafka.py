@@ -74,4 +74,4 @@ def kafka_bootstrap_servers(source: KafkaSource | None = None) -> Iterator[str]:
             try:
                 yield status.bootstrap_servers
             finally:
-                broker.stop()
+                broker.discard()  # its data goes with the temporary directory

@@ -69,7 +69,7 @@ def own_broker(tmp_path):
 
     yield start
     for broker in brokers:
-        broker.stop()
+        broker.discard()
 
 
 def _config(bootstrap: str, name: str, **overrides) -> dict:

@@ -24,7 +24,7 @@ def sasl_settings(tmp_path_factory) -> dict:
         yield {"bootstrap.servers": status.sasl_bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
                "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"}
     finally:
-        broker.stop()
+        broker.discard()
 
 
 def test_the_listener_refuses_clients_without_credentials(sasl_settings):

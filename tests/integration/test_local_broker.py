@@ -3,6 +3,7 @@
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -53,6 +54,14 @@ def test_start_status_stop_and_restart_keeps_data(tmp_path):
         assert broker.stop() is True
     assert not pid_alive(restarted.pid)
     assert _cli("stop", "--work-dir", str(work)).stdout.strip() == "was not running"
+
+    # A broker whose data goes away is discarded: killed at once, no controlled shutdown, nothing left running.
+    discarded = broker.start()
+    started_at = time.monotonic()
+    assert broker.discard() is True
+    assert not pid_alive(discarded.pid) and not broker.status().running
+    assert time.monotonic() - started_at < 5, "discard waited for a controlled shutdown"
+    assert broker.discard() is False
 
 
 def test_taken_port_is_a_clear_error(tmp_path):
