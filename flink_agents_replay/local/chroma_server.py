@@ -25,6 +25,7 @@ from flink_agents_replay.local.processes import (
     claim_port,
     log_tail,
     pid_alive,
+    spawn_service,
     wait_until_ready,
 )
 
@@ -164,11 +165,11 @@ class LocalChromaServer(RecordedProcess):
         port = claim_port(self.port)
         (self.work_dir / "data").mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
-            process = subprocess.Popen(
+            process = spawn_service(
                 [str(command), "run", "--path", str(self.work_dir / "data"), "--host", "127.0.0.1",
                  "--port", str(port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.work_dir,
-                env=own_environment(), start_new_session=True,  # outlives the CLI; stopped by PID
+                env=own_environment(),  # outlives the CLI; stopped by PID
             )
         url = f"http://127.0.0.1:{port}"
         self._state_file.write_text(json.dumps({"pid": process.pid, "url": url}))

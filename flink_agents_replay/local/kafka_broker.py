@@ -40,6 +40,7 @@ from flink_agents_replay.local.processes import (
     claim_port,
     free_port,
     pid_alive,
+    spawn_service,
     wait_until_ready,
 )
 
@@ -147,10 +148,10 @@ class LocalKafkaBroker(RecordedProcess):
                 "format the broker's KRaft storage",
             )
         with open(logs_dir / "stdout.log", "ab") as out:
-            process = subprocess.Popen(
+            process = spawn_service(
                 [java, *_JVM_OPTIONS, *log_options, "-cp", classpath, "kafka.Kafka", str(properties)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
+                cwd=self.work_dir,  # outlives the CLI; stopped by PID
             )
         bootstrap = f"127.0.0.1:{self.advertised_port or port}"
         sasl_bootstrap = f"127.0.0.1:{sasl_port}" if sasl_port else None

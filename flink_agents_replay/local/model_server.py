@@ -102,6 +102,7 @@ from flink_agents_replay.local.processes import (
     claim_port,
     log_tail,
     pid_alive,
+    spawn_service,
     wait_until_ready,
 )
 from flink_agents_replay.local.structured import (
@@ -809,11 +810,11 @@ class LocalModelServer(RecordedProcess):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         with open(self.log_file, "ab") as out:
-            process = subprocess.Popen(
+            process = spawn_service(
                 [sys.executable, "-m", "flink_agents_replay.local.model_server",
                  "--port", str(port), "--delay-ms", str(self.delay_ms)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                cwd=self.work_dir, start_new_session=True,  # outlives the CLI; stopped by PID
+                cwd=self.work_dir,  # outlives the CLI; stopped by PID
             )
         self._state_file.write_text(json.dumps({"pid": process.pid, "port": port}))
         try:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from flink_agents_replay.local.errors import LocalServiceError
 
-__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "read_state_file", "stop_process",
-           "wait_until_ready"]
+__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "read_state_file", "spawn_service",
+           "stop_process", "wait_until_ready"]
 
 
 def free_port(exclude: set[int] = frozenset()) -> int:
@@ -104,10 +104,30 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _reap(pid: int) -> None:
+    process = _services.pop(pid, None)
+    if process is not None:
+        process.wait()  # gone already: collects its exit status, and its Popen knows (no ResourceWarning)
+        return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def spawn_service(command: list[str], **popen_options) -> subprocess.Popen:
+    """Start a service process that outlives its caller (a new session; stopped by PID with :func:`stop_process`).
+
+    Why the registry: a ``Popen`` dropped while its process runs warns (``ResourceWarning``) and leaves a zombie
+    when the process ends; kept here, :func:`stop_process` in this process waits for it.
+    """
+    process = subprocess.Popen(command, start_new_session=True, **popen_options)
+    for pid in [pid for pid, known in _services.items() if known.poll() is not None]:
+        del _services[pid]
+    _services[process.pid] = process
+    return process
+
+
+_services: dict[int, subprocess.Popen] = {}
 
 
 def read_state_file(path: Path) -> dict | None:

@@ -29,6 +29,8 @@ class KafkaSource(enum.Enum):
 
 def docker_engine_answers(timeout_s: float = 3.0) -> bool:
     """Whether a Docker engine answers a ping (the client alone is not enough)."""
+    if not _docker_socket_may_answer(os.environ.get("DOCKER_HOST", "")):
+        return False  # also spares docker's client a socket it leaves open when the connect fails
     try:
         import docker
 
@@ -39,6 +41,14 @@ def docker_engine_answers(timeout_s: float = 3.0) -> bool:
             client.close()
     except Exception:  # noqa: BLE001 - no socket, no permission, no engine: all mean "no"
         return False
+
+
+def _docker_socket_may_answer(docker_host: str) -> bool:
+    """False when the engine's address is a Unix socket that does not exist (the client's default, unset)."""
+    path = docker_host.removeprefix("unix://") if docker_host.startswith("unix://") else None
+    if not docker_host:
+        path = "/var/run/docker.sock"
+    return path is None or os.path.exists(path)
 
 
 def select_kafka_source(

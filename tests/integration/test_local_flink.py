@@ -14,6 +14,7 @@ import json
 import re
 import socket
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -87,9 +88,11 @@ def _row(value: bytes) -> tuple:
     return tuple(json.loads(value))
 
 
-def job_args(bootstrap: str, input_topic: str, output_topic: str, counter_path: Path, *extra: str) -> list[str]:
+def job_args(bootstrap: str, input_topic: str, output_topic: str, counter_path: Path, *extra: str,
+             journal_topic: str | None = None) -> list[str]:
+    journal_topic = journal_topic or f"journal-{uuid.uuid4().hex[:8]}"
     return ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
-            "--journal-topic", f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter_path),
+            "--journal-topic", journal_topic, "--counter-path", str(counter_path),
             "--signing-key", SIGNING_KEY, "--parallelism", "2", "--checkpoint-interval-ms", "500", *extra]
 
 
@@ -111,6 +114,35 @@ def run_bounded_job(cluster: LocalFlinkCluster, bootstrap: str, input_topic: str
     finally:
         reader.close()
     return rows, logical_call_counts(counter), (round(submitted_s, 1), round(time.monotonic() - begun, 1))
+
+
+#: The operator's counters of work taken from the journal instead of done (docs/design.md §1).
+REUSE_COUNTERS = ("actions_reused", "calls_reused", "calls_reused_out_of_order", "child_calls_reused")
+
+
+def run_until_committed(cluster: LocalFlinkCluster, args: list[str], expected: Counter, calls: int,
+                        read: CommittedReader) -> tuple[str, list[tuple], dict[str, float]]:
+    """Submit the unbounded job, wait until ``expected`` is committed and its ``calls`` counted in the operator's
+    metrics; return its id, the committed rows and its reuse counters, and cancel it."""
+    job_id = cluster.submit_python_job(JOB, *args)
+    wait_until(lambda: Counter(read.poll()) == expected, 120, lambda: cluster.job_diagnostics(job_id))
+
+    def final_metrics() -> dict[str, dict[str, float]] | None:  # the REST API answers from a 1 s old fetch
+        metrics = cluster.operator_metrics(job_id, "flink_agents_replay", ("calls_executed", *REUSE_COUNTERS))
+        counts = {name: metrics.get(name, {}).get("sum", 0) for name in metrics}
+        reused = any(counts.get(name) for name in REUSE_COUNTERS)  # a failure already: report it now
+        return metrics if counts.get("calls_executed", 0) >= calls or reused else None
+
+    metrics = wait_until(final_metrics, 60, lambda: f"{calls} calls counted; {cluster.job_diagnostics(job_id)}")
+    cluster.flink_command("cancel", job_id, check=True)
+    wait_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(job_id))
+    return job_id, read.read_to_committed_end(), {name: metrics.get(name, {}).get("sum") for name in REUSE_COUNTERS}
+
+
+def cancel_job(cluster: LocalFlinkCluster, job_id: str) -> None:
+    """Cancel over the REST API: at once (``flink cancel`` starts a JVM first)."""
+    request = urllib.request.Request(f"{cluster.rest_url}/jobs/{job_id}?mode=cancel", method="PATCH")
+    urllib.request.urlopen(request, timeout=10).close()  # noqa: S310 - loopback
 
 
 # -- tests ---------------------------------------------------------------------------------------------
@@ -172,6 +204,48 @@ def test_lifecycle_start_status_rest_add_taskmanager_stop_leaves_no_process(flin
         socket.create_connection(("127.0.0.1", rest_port), timeout=5).close()
     assert cluster.stop() is False
     print(f"\nlocal Flink: start {started_s:.1f} s, TaskManager added in {added_s:.1f} s, stop {stopped_s:.1f} s")
+
+
+def test_a_shared_cluster_leaks_nothing_between_jobs_of_one_agent_keys_and_journal(
+        kafka_bootstrap, new_topic, flink_cluster, tmp_path, operator_log):
+    """Two jobs back to back on one TaskManager (one JVM, one embedded Python: thread mode), with the same agent
+    name, keys, inputs and journal topic, different job ids. The first is cancelled with runs in flight, so
+    the journal holds its records of the very keys and seqs the second runs: the second reuses none of them
+    (its reuse counters are 0) and outputs what a fresh run does. What a session-scoped test cluster needs."""
+    inputs = make_inputs(keys=4, per_key=5)
+    expected, expected_calls = reference(inputs, tmp_path / "reference.db")
+    input_topic, journal_topic = produce_inputs(kafka_bootstrap, inputs), f"journal-{uuid.uuid4().hex[:8]}"
+    cluster = flink_cluster(taskmanagers=1)
+    cluster.start()
+    [(taskmanager, pid)] = cluster.taskmanager_processes().items()
+
+    first = InvocationCounter(tmp_path / "calls-1.db")
+    first_id = cluster.submit_python_job(JOB, *job_args(
+        kafka_bootstrap, input_topic, new_topic(1, "flink-out"), first.path, "--call-delay-s", "0.3",
+        journal_topic=journal_topic))
+    wait_until(lambda: cluster.rest_get(f"/jobs/{first_id}/checkpoints")["counts"]["completed"] >= 1
+               and first.count("calls") >= len(inputs) * CALLS_PER_INPUT // 4, 120,
+               lambda: cluster.job_diagnostics(first_id), interval_s=0.05)
+    cancel_job(cluster, first_id)
+    wait_until(lambda: cluster.job_status(first_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(first_id))
+    assert first.count("calls") < len(inputs) * CALLS_PER_INPUT, "the first job finished: cancel it sooner"
+
+    second = InvocationCounter(tmp_path / "calls-2.db")
+    args = job_args(kafka_bootstrap, input_topic, new_topic(1, "flink-out"), second.path,
+                    journal_topic=journal_topic)
+    log = operator_log()
+    with CommittedReader(kafka_bootstrap, args[args.index("--output-topic") + 1], decode=_row) as read:
+        second_id, rows, reused = run_until_committed(cluster, args, expected, sum(expected_calls.values()), read)
+    assert second_id != first_id
+    assert reused == dict.fromkeys(REUSE_COUNTERS, 0.0), f"the second job reused work: {reused}"
+    # The fault hit: the second job found the first one's records in the journal, and left them.
+    starts = [line for line in operator_log()[len(log):] if f"job {second_id}" in line]
+    left = [int(found.group(1)) for line in starts
+            if (found := re.search(r"fresh start of job .*; (\d+) records of earlier jobs are not reused", line))]
+    assert len(left) == 2 and sum(left) > 0, starts
+    assert Counter(rows) == expected
+    assert logical_call_counts(second) == expected_calls
+    assert cluster.taskmanager_processes() == {taskmanager: pid}, "both jobs ran in the one TaskManager"
 
 
 @pytest.mark.slow

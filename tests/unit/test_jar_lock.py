@@ -46,6 +46,7 @@ def repository(tmp_path, monkeypatch):
     monkeypatch.setattr(jars, "LOCK_FILE", lock)
     yield jar
     server.shutdown()
+    server.server_close()
 
 
 def test_a_bundle_is_downloaded_without_maven_and_reused(repository):
