@@ -12,7 +12,7 @@ import pytest
 
 from flink_agents_replay.local.chroma_server import LocalChromaServer
 from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
-from flink_agents_replay.local.processes import pid_alive
+from flink_agents_replay.local.processes import LOCAL_JVM_OPTIONS_ENV, pid_alive
 from flink_agents_replay.operator import LOG_FILE_ENV
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
@@ -23,6 +23,7 @@ from tests.harness.file_durations import file_seconds, longest_first
 # MiniCluster process then takes about a third less CPU (bench: 20 -> 14 CPU-s for two small jobs), which on a
 # 2-core machine is the suite's time.
 os.environ.setdefault("JVM_ARGS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault(LOCAL_JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")  # the local brokers' and clusters' JVMs
 # The operator logs (restore reports) go to a file tests can read: one per pytest-xdist worker (a worker inherits the
 # controller's environment, and another worker's restore lines would be read as this one's).
 _OPERATOR_LOG = os.path.join(tempfile.mkdtemp(prefix="far-log-"), "operator.log")
@@ -160,7 +161,7 @@ def flink_cluster(tmp_path_factory):
 
     yield make
     for cluster in clusters:
-        pids = cluster._recorded_pids()
+        pids = cluster._live_recorded_pids()
         cluster.stop()
         assert not [pid for pid in pids if pid_alive(pid)], "processes of the cluster survived stop()"
 

@@ -46,6 +46,7 @@ from flink_agents_replay.local.jars import require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir
 from flink_agents_replay.local.processes import (
     claim_port,
+    local_jvm_options,
     pid_alive,
     read_state_file,
     stop_process,
@@ -265,8 +266,7 @@ class LocalFlinkCluster:
         ``stop-cluster.sh`` runs first. Nothing is left running either way, also after a failed start or
         a killed TaskManager.
         """
-        pids = self._recorded_pids()
-        live = [pid for pid in pids if pid_alive(pid)]
+        live = self._live_recorded_pids()
         if live and use_scripts and (self.conf_dir / "config.yaml").is_file():
             # stop-cluster.sh runs `taskmanager.sh stop` once per line of conf/workers, each ending the last
             # PID in the PID file: one line per TaskManager ever started here, killed ones included.
@@ -320,7 +320,8 @@ class LocalFlinkCluster:
     def taskmanager_processes(self) -> dict[str, int]:
         """Live TaskManagers started here: resource id -> PID, in start order."""
         state = self._read_state() or {"taskmanagers": {}}
-        return {rid: pid for rid, pid in state["taskmanagers"].items() if pid_alive(pid)}
+        return {rid: pid for rid, pid in state["taskmanagers"].items()
+                if pid_alive(pid) and _runs_for(pid, self.work_dir)}
 
     # -- using the cluster -------------------------------------------------------------------------
     def flink_command(self, *args: str, timeout_s: float | None = 300.0, check: bool = False
@@ -458,6 +459,7 @@ class LocalFlinkCluster:
             "log_dir": self.log_dir, "pid_dir": self.pid_dir, "tmp_dir": self.work_dir / "tmp",
             "web_tmp_dir": self.work_dir / "tmp" / "web", "checkpoints_uri": self.checkpoints_dir.as_uri(),
             "savepoints_uri": self.savepoints_dir.as_uri(), "python": sys.executable,
+            "jvm_options": " ".join(local_jvm_options()),
         }.items()}
         text = string.Template(template.read_text()).substitute(
             rest_port=rest_port, rpc_port=rpc_port, slots=SLOTS_PER_TASKMANAGER, **quoted)
@@ -611,9 +613,14 @@ class LocalFlinkCluster:
         pids += self._pid_lines(_JOBMANAGER_PID_FILE)
         return list(dict.fromkeys(pids))
 
+    def _live_recorded_pids(self) -> list[int]:
+        """The recorded PIDs that run, and run for this work directory: a PID recorded long ago (a killed
+        TaskManager's) may since belong to another process, another cluster's or broker's even."""
+        return [pid for pid in self._recorded_pids() if pid_alive(pid) and _runs_for(pid, self.work_dir)]
+
     def _clean_up_leftovers(self) -> None:
         """Before a start: end processes a dead JobManager left behind and forget its PID files."""
-        _terminate_all([pid for pid in self._recorded_pids() if pid_alive(pid)], 10)
+        _terminate_all(self._live_recorded_pids(), 10)
         for name in (_JOBMANAGER_PID_FILE, _TASKMANAGER_PID_FILE):
             (self.pid_dir / name).unlink(missing_ok=True)
         self._state_file.unlink(missing_ok=True)
@@ -659,6 +666,18 @@ def _send(pid: int, signal: int) -> None:
         os.kill(pid, signal)
     except ProcessLookupError:
         pass
+
+
+def _runs_for(pid: int, work_dir: Path) -> bool:
+    """Whether process ``pid`` names ``work_dir`` in its command line or environment (Flink's daemons do: their
+    conf and log dirs; a script not yet exec'ed into Java, its environment). True where /proc cannot tell."""
+    marker = str(work_dir).encode()
+    try:
+        return any(marker in Path(f"/proc/{pid}/{part}").read_bytes() for part in ("cmdline", "environ"))
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # gone since, or no /proc on this system
+    except OSError:
+        return True
 
 
 def _resource_id_of(pid: int) -> str | None:

@@ -39,6 +39,7 @@ from flink_agents_replay.local.processes import (
     RecordedProcess,
     claim_port,
     free_port,
+    local_jvm_options,
     pid_alive,
     spawn_service,
     wait_until_ready,
@@ -46,10 +47,9 @@ from flink_agents_replay.local.processes import (
 
 __all__ = ["BrokerStatus", "LocalKafkaBroker", "default_work_dir"]
 
-#: A local broker serves tests and demos: light load, many starts. The C1 compiler alone (no C2) starts it with about
-#: a third less CPU, which on a 2-core machine is what a start costs.
+#: The storage format tool runs for a second: the C1 compiler alone (no C2) runs it with about a third less CPU.
 _FAST_START = "-XX:TieredStopAtLevel=1"
-_JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", _FAST_START, "-Djava.awt.headless=true"]
+_JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
 def default_work_dir() -> Path:
@@ -149,7 +149,8 @@ class LocalKafkaBroker(RecordedProcess):
             )
         with open(logs_dir / "stdout.log", "ab") as out:
             process = spawn_service(
-                [java, *_JVM_OPTIONS, *log_options, "-cp", classpath, "kafka.Kafka", str(properties)],
+                [java, *_JVM_OPTIONS, *local_jvm_options(), *log_options, "-cp", classpath, "kafka.Kafka",
+                 str(properties)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.work_dir,  # outlives the CLI; stopped by PID
             )

@@ -5,17 +5,29 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from flink_agents_replay.local.errors import LocalServiceError
 
-__all__ = ["RecordedProcess", "free_port", "pid_alive", "port_in_use", "read_state_file", "spawn_service",
-           "stop_process", "wait_until_ready"]
+__all__ = ["LOCAL_JVM_OPTIONS_ENV", "RecordedProcess", "free_port", "local_jvm_options", "pid_alive", "port_in_use",
+           "read_state_file", "spawn_service", "stop_process", "wait_until_ready"]
+
+
+#: Extra options for the JVMs of the local broker and Flink cluster (shell words). The test suite sets
+#: ``-XX:TieredStopAtLevel=1``: its JVMs live seconds, and C1 alone starts them with a third less CPU.
+LOCAL_JVM_OPTIONS_ENV = "FLINK_AGENTS_REPLAY_LOCAL_JVM_OPTIONS"
+
+
+def local_jvm_options() -> list[str]:
+    """The options :data:`LOCAL_JVM_OPTIONS_ENV` gives (none by default)."""
+    return shlex.split(os.environ.get(LOCAL_JVM_OPTIONS_ENV, ""))
 
 
 def free_port(exclude: set[int] = frozenset()) -> int:
@@ -33,13 +45,41 @@ def free_port(exclude: set[int] = frozenset()) -> int:
                 port = sock.getsockname()[1]
         else:
             port = random.choice(candidates)
-        if port not in exclude and port not in _handed_out and not port_in_use(port):
+        if port not in exclude and port not in _handed_out and not port_in_use(port) and _claim_on_this_host(port):
             _handed_out.add(port)  # two callers in this process never get the same port before either binds
             return port
 
 
 _LOWEST_CHOSEN_PORT = 20000
 _handed_out: set[int] = set()
+#: How long a port handed out stays claimed for other processes of this host (time enough to bind it).
+_CLAIM_S = 300.0
+
+
+def _claim_on_this_host(port: int) -> bool:
+    """Record ``port`` as handed out in a file every process of this user shares; False if another process
+    handed it out in the last :data:`_CLAIM_S` seconds (parallel test workers, two CLIs: neither binds yet)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: this process's own record is all there is
+        return True
+    path = Path(tempfile.gettempdir()) / f"flink-agents-replay-ports-{os.getuid()}.json"
+    with open(path, "a+", encoding="utf-8") as claims_file:
+        fcntl.flock(claims_file, fcntl.LOCK_EX)
+        claims_file.seek(0)
+        try:
+            claims = {int(p): t for p, t in json.loads(claims_file.read() or "{}").items()}
+        except (ValueError, AttributeError):
+            claims = {}  # unreadable: start afresh
+        now = time.time()
+        claims = {p: t for p, t in claims.items() if now - t < _CLAIM_S}
+        if port in claims:
+            return False
+        claims[port] = now
+        claims_file.seek(0)
+        claims_file.truncate()
+        claims_file.write(json.dumps(claims))
+    return True
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -81,6 +121,7 @@ def pid_alive(pid: int) -> bool:
 def stop_process(pid: int, timeout_s: float = 30.0) -> bool:
     """SIGTERM ``pid`` (and its process group), SIGKILL after ``timeout_s`` (0: at once); True if it was running."""
     if not pid_alive(pid):
+        _reap(pid)  # ended on its own or killed by another process: a child of ours still needs waiting for
         return False
     _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s

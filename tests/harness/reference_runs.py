@@ -7,6 +7,7 @@ whose real invocations its own counter file records. The test then compares and 
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +43,8 @@ def reference_then_faulty_run(kafka_bootstrap: str, tmp_path: Path,
     """
     name = f"{name_prefix}-{uuid.uuid4().hex[:6]}"
     reference_counter = InvocationCounter(tmp_path / "ref.sqlite")
-    expected = reference_outputs(make_agent(reference_counter, False, name), inputs)
+    # A copy: a handler that changes its event in place must not change what the job reads.
+    expected = reference_outputs(make_agent(reference_counter, False, name), copy.deepcopy(inputs))
     counter = InvocationCounter(tmp_path / "job.sqlite")
     topic = produce_inputs(kafka_bootstrap, inputs)
     config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY,

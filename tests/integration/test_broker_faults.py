@@ -185,6 +185,8 @@ def test_broker_paused_or_restarted_mid_run_loses_and_duplicates_nothing(own_bro
 
     _await_end(client, 240, lambda: f"calls {counter.count('calls')} of {total_calls}")
     numbers = _check_effects_once(expected, _committed_outputs(bootstrap, output_topic), counter, operator_log())
+    # The fault hit: an outage longer than the clients' timeouts failed the job over (not waited out by a retry).
+    assert numbers["restores"] >= 1, numbers
     print(f"\nbroker {fault} for {outage_s:.0f} s with {under_way_at_fault} calls under way "
           f"({calls_at_fault} of {total_calls} made): {numbers}")
 

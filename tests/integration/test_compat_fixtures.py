@@ -27,7 +27,7 @@ from flink_agents_replay.kafka_topics import ensure_topics
 from flink_agents_replay.records.codec import SigningKeys
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
-from flink_agents_replay.testing.jobs import job_script, produce_inputs
+from flink_agents_replay.testing.jobs import job_script, produce_inputs, running_job, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +89,10 @@ def _refused_restore(bootstrap: str, work: Path, names: dict[str, str], savepoin
     with job_script(JOB) as job:
         env = job.build(job.parse_args(_job_arguments(bootstrap, work, names, savepoint, None, input_topic,
                                                       output_topic, counter)))
-        with pytest.raises(Exception) as failure:  # noqa: B017 - the job's failure arrives as a Py4J error
-            env.execute("compat fixture job, refused")
+        # Bounded: a restore that is not refused runs on (an unbounded input); then the failure says it timed out.
+        with running_job(env, "compat fixture job, refused") as client:
+            with pytest.raises(Exception) as failure:  # noqa: B017 - the job's failure arrives as a Py4J error
+                wait_until(client, lambda: False, "the restore's refusal", timeout_s=120)
     return str(failure.value), counter
 
 

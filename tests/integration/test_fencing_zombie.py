@@ -69,7 +69,7 @@ def cluster(tmp_path_factory):
     yield made
     for pid in made.taskmanager_processes().values():
         os.kill(pid, signal.SIGCONT)  # a paused process would not see the SIGTERM of stop()
-    pids = made._recorded_pids()
+    pids = made._live_recorded_pids()
     made.stop()
     assert not [pid for pid in pids if pid_alive(pid)], "processes of the cluster survived stop()"
 
