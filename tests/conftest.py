@@ -24,6 +24,28 @@ from tests.harness.file_durations import file_seconds, longest_first
 # 2-core machine is the suite's time.
 os.environ.setdefault("JVM_ARGS", "-XX:TieredStopAtLevel=1")
 os.environ.setdefault(LOCAL_JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")  # the local brokers' and clusters' JVMs
+
+
+#: PyFlink's gateway JVM processes started in this session (see :func:`_keep_pyflink_gateway_process`).
+_GATEWAYS: list = []
+
+
+def _keep_pyflink_gateway_process() -> None:
+    """PyFlink drops the ``Popen`` of its gateway JVM, which runs for the whole session: collected mid-run, it is
+    reported as a ResourceWarning ("subprocess ... is still running") in whichever test. Keep it, and end it with
+    the session (:func:`pytest_unconfigure`)."""
+    import pyflink.java_gateway as java_gateway
+
+    launch = java_gateway.launch_gateway_server_process
+
+    def launch_and_keep(env, args):
+        _GATEWAYS.append(launch(env, args))
+        return _GATEWAYS[-1]
+
+    java_gateway.launch_gateway_server_process = launch_and_keep
+
+
+_keep_pyflink_gateway_process()
 # The operator logs (restore reports) go to a file tests can read: one per pytest-xdist worker (a worker inherits the
 # controller's environment, and another worker's restore lines would be read as this one's).
 _OPERATOR_LOG = os.path.join(tempfile.mkdtemp(prefix="far-log-"), "operator.log")
@@ -191,3 +213,11 @@ def chroma_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+def pytest_unconfigure(config):
+    """End PyFlink's gateway JVM with the session, its pipes closed (it would otherwise outlive the run's last
+    output by a moment and be reported as a running subprocess at exit)."""
+    for gateway in _GATEWAYS:
+        with gateway:  # closes its pipes and waits for it
+            gateway.kill()

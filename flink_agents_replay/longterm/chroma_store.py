@@ -83,12 +83,15 @@ class ChromaVectorStore:
         """Release the client and its HTTP connections (a client passed in stays open)."""
         self._collections.clear()
         if self._owns_client and self._client is not None:
-            # chromadb 1.5.9's close() stops its System but leaves the HTTP session of its server API open:
-            # its pooled sockets would stay until the process ends (Python reports them as unclosed at exit).
-            session = getattr(getattr(self._client, "_server", None), "_session", None)
+            # chromadb 1.5.9's close() stops its Systems but leaves the HTTP sessions of their server APIs open:
+            # the client's and its internal admin client's (a System of its own). Their pooled sockets would stay
+            # until the process ends (Python reports them as unclosed).
+            owners = (self._client, getattr(self._client, "_admin_client", None))
+            sessions = [getattr(getattr(owner, "_server", None), "_session", None) for owner in owners]
             self._client.close()
-            if session is not None:
-                session.close()
+            for session in sessions:
+                if session is not None:
+                    session.close()
             self._client = None
 
     def __enter__(self) -> ChromaVectorStore:

@@ -6,6 +6,10 @@ The server is the project's own (``flink-agents-replay local chroma``; the ``chr
 
 from __future__ import annotations
 
+import gc
+import uuid
+import warnings
+
 import pytest
 
 from flink_agents_replay.cli import main as cli_main
@@ -56,3 +60,21 @@ def test_the_cli_reports_the_server_and_a_taken_port_is_refused_by_name(chroma_s
     taken = int(chroma_server.status().url.rsplit(":", 1)[1])
     with pytest.raises(LocalServiceError, match=rf"port {taken} on 127.0.0.1 is already in use.*--port 0"):
         LocalChromaServer(tmp_path, port=taken).start()
+
+
+def test_a_closed_store_leaves_no_socket_open(chroma_server):
+    # chromadb's own close() leaves the HTTP sessions of its client and its internal admin client open.
+    url = chroma_server.status().url
+    namespace = f"closing-{uuid.uuid4().hex[:6]}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        store = ChromaVectorStore(url)
+        store.upsert(namespace, [StoredDoc("d1", "text", (1.0, 0.0), {"a": 1})])
+        assert [doc.id for doc in store.get(namespace, Where())] == ["d1"]
+        store.drop(namespace)
+        store.close()
+        del store
+        gc.collect()
+    port = url.rsplit(":", 1)[1]
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning) and port in str(w.message)]
+    assert unclosed == []
