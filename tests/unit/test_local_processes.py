@@ -41,3 +41,17 @@ def test_a_service_killed_by_another_process_is_reaped_when_stopped_here():
     os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead (a zombie), not yet reaped
     assert not stop_process(process.pid)
     assert process.returncode == -signal.SIGKILL  # waited for: no zombie left, no warning when dropped
+
+
+def test_the_local_jvm_options_reach_the_flink_configuration(tmp_path, monkeypatch):
+    import yaml
+
+    from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
+    from flink_agents_replay.local.processes import LOCAL_JVM_OPTIONS_ENV
+
+    for options in ("", "-XX:TieredStopAtLevel=1 -Xss2m"):
+        monkeypatch.setenv(LOCAL_JVM_OPTIONS_ENV, options)
+        cluster = LocalFlinkCluster(tmp_path / f"cluster{len(options)}")
+        cluster._write_configuration(rest_port=18081, rpc_port=16123)
+        config = yaml.safe_load((cluster.conf_dir / "config.yaml").read_text())
+        assert config["env.java.opts.all"] == options and config["rest.port"] == 18081
