@@ -459,12 +459,13 @@ class LocalFlinkCluster:
             "log_dir": self.log_dir, "pid_dir": self.pid_dir, "tmp_dir": self.work_dir / "tmp",
             "web_tmp_dir": self.work_dir / "tmp" / "web", "checkpoints_uri": self.checkpoints_dir.as_uri(),
             "savepoints_uri": self.savepoints_dir.as_uri(), "python": sys.executable,
-            "jvm_options": " ".join(local_jvm_options()),
         }.items()}
         text = string.Template(template.read_text()).substitute(
             rest_port=rest_port, rpc_port=rpc_port, slots=SLOTS_PER_TASKMANAGER, **quoted)
         if self.heartbeat_timeout_ms is not None:
             text = _replace_setting(text, "heartbeat.timeout", str(self.heartbeat_timeout_ms))
+        if local_jvm_options():
+            text += f"env.java.opts.all: {json.dumps(' '.join(local_jvm_options()))}\n"
         (self.conf_dir / "config.yaml").write_text(text)
         for name in _LOG4J_FILES:
             shutil.copyfile(source / name, self.conf_dir / name)

@@ -111,7 +111,8 @@ def make_agent(counter: InvocationCounter, fault: bool, name: str) -> Agent:
     return MemoryAgent(name=name, resources={"enrich": Tool(enrich, side_effects="none")})
 
 
-# Both intervals run on the engine (tests/unit/test_habits_on_the_engine.py); with checkpoints also as a Flink job.
+# A restart before the first checkpoint runs on the engine (tests/unit/test_habits_on_the_engine.py: it restarts
+# before a checkpoint whatever the interval); restarts after checkpoints run here, as a Flink job.
 @pytest.mark.parametrize("checkpoint_interval_ms", [200], ids=["checkpoints"])
 def test_in_place_memory_changes_survive_restarts(kafka_bootstrap, tmp_path, checkpoint_interval_ms):
     inputs = make_inputs(KEYS, PER_KEY)
