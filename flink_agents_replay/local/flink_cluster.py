@@ -320,8 +320,7 @@ class LocalFlinkCluster:
     def taskmanager_processes(self) -> dict[str, int]:
         """Live TaskManagers started here: resource id -> PID, in start order."""
         state = self._read_state() or {"taskmanagers": {}}
-        return {rid: pid for rid, pid in state["taskmanagers"].items()
-                if pid_alive(pid) and _runs_for(pid, self.work_dir)}
+        return {rid: pid for rid, pid in state["taskmanagers"].items() if self._runs_here(pid)}
 
     # -- using the cluster -------------------------------------------------------------------------
     def flink_command(self, *args: str, timeout_s: float | None = 300.0, check: bool = False
@@ -464,8 +463,9 @@ class LocalFlinkCluster:
             rest_port=rest_port, rpc_port=rpc_port, slots=SLOTS_PER_TASKMANAGER, **quoted)
         if self.heartbeat_timeout_ms is not None:
             text = _replace_setting(text, "heartbeat.timeout", str(self.heartbeat_timeout_ms))
-        if local_jvm_options():
-            text += f"env.java.opts.all: {json.dumps(' '.join(local_jvm_options()))}\n"
+        jvm_options = local_jvm_options()
+        if jvm_options:
+            text += f"env.java.opts.all: {json.dumps(' '.join(jvm_options))}\n"
         (self.conf_dir / "config.yaml").write_text(text)
         for name in _LOG4J_FILES:
             shutil.copyfile(source / name, self.conf_dir / name)
@@ -615,9 +615,13 @@ class LocalFlinkCluster:
         return list(dict.fromkeys(pids))
 
     def _live_recorded_pids(self) -> list[int]:
-        """The recorded PIDs that run, and run for this work directory: a PID recorded long ago (a killed
-        TaskManager's) may since belong to another process, another cluster's or broker's even."""
-        return [pid for pid in self._recorded_pids() if pid_alive(pid) and _runs_for(pid, self.work_dir)]
+        """The recorded PIDs that run, and run for this work directory (:meth:`_runs_here`)."""
+        return [pid for pid in self._recorded_pids() if self._runs_here(pid)]
+
+    def _runs_here(self, pid: int) -> bool:
+        """Whether ``pid`` runs, for this work directory: a PID recorded long ago (a killed TaskManager's) may
+        since belong to another process, another cluster's or broker's even."""
+        return pid_alive(pid) and _runs_for(pid, self.work_dir)
 
     def _clean_up_leftovers(self) -> None:
         """Before a start: end processes a dead JobManager left behind and forget its PID files."""

@@ -45,10 +45,8 @@ def docker_engine_answers(timeout_s: float = 3.0) -> bool:
 
 def _docker_socket_may_answer(docker_host: str) -> bool:
     """False when the engine's address is a Unix socket that does not exist (the client's default, unset)."""
-    path = docker_host.removeprefix("unix://") if docker_host.startswith("unix://") else None
-    if not docker_host:
-        path = "/var/run/docker.sock"
-    return path is None or os.path.exists(path)
+    docker_host = docker_host or "unix:///var/run/docker.sock"
+    return not docker_host.startswith("unix://") or os.path.exists(docker_host.removeprefix("unix://"))
 
 
 def select_kafka_source(
