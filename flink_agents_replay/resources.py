@@ -66,6 +66,13 @@ class Resource(ABC):
         """Whether calls journal an acknowledged *started* record first (to detect calls in doubt)."""
         return self.side_effects is SideEffects.EXTERNAL
 
+    def writes(self, args: tuple, kwargs: dict) -> bool:
+        """Whether this call may change what a later call reads (a write). A write is made only once the run's
+        earlier records are acknowledged: a crash after it must never make those earlier reads again, since they
+        could now find the write and the run go another way (a search finding the memory its own lost attempt
+        added). Every call of a resource with side effects, by default."""
+        return self.side_effects is not SideEffects.NONE
+
     def close(self) -> None:
         """Release what the resource holds (clients, connections): the operator calls it when its task ends
         (cancel, failure, stop). Nothing by default."""

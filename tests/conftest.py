@@ -218,6 +218,10 @@ def chroma_server(tmp_path_factory):
 def pytest_unconfigure(config):
     """End PyFlink's gateway JVM with the session, its pipes closed (it would otherwise outlive the run's last
     output by a moment and be reported as a running subprocess at exit)."""
+    import pyflink.java_gateway as java_gateway
+
+    if java_gateway._gateway is not None:  # its Java objects' finalizers would call the killed JVM at exit
+        java_gateway._gateway.close()
     for gateway in _GATEWAYS:
         with gateway:  # closes its pipes and waits for it
             gateway.kill()

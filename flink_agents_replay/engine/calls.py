@@ -206,6 +206,8 @@ class ActionCalls:
         if self.context.journal is not None:
             if external:
                 self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True)
+            elif resource.writes(args, kwargs):
+                self.context.journal.acknowledge()  # what the run read before may not be read again after it
             else:
                 self.context.journal.before_call()  # an earlier external call's outcome, if unacknowledged
             # Either wait may outlast the operator's close: no call is made after it (the next attempt finds an

@@ -34,6 +34,8 @@ from flink_agents_replay.resources import Resource, SideEffects
 
 __all__ = ["LongTermMemory", "overlay_namespace"]
 
+_WRITES = frozenset({"add", "update", "delete"})  # the operations that change what a search or get finds
+
 Scalar = str | int | float | bool
 
 
@@ -70,6 +72,10 @@ class LongTermMemory(Resource):
         self._operations: dict[str, Callable[..., Any]] = {
             "add": self._add, "search": self._search, "get_all": self._get_all, "get": self._get,
             "update": self._update, "delete": self._delete}
+
+    def writes(self, args: tuple, kwargs: dict) -> bool:
+        """``add``, ``update`` and ``delete`` write; searches and gets only read (and wait for nothing)."""
+        return bool(args) and args[0] in _WRITES
 
     def close(self) -> None:
         """Close the store's client when it has one to close (:meth:`ChromaVectorStore.close`)."""

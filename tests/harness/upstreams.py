@@ -637,7 +637,9 @@ class FailOnceAfterCheckpoint:
     ``counter`` (``fault_claims``/``fault_fired``): once per counter file, whatever runs race. Just before
     raising it applies ``control_changes`` and, with ``swap_delays``, swaps the upstream instances' delays
     (the restored attempt sees the other interleaving); with ``drop_input`` the upstream skips this run's
-    input from now on, so a recorded input never comes back.
+    input from now on, so a recorded input never comes back; given ``last_n`` (the largest ``n`` of a key), it
+    fires only at an input its lane sends another of after (``n + 2 <= last_n``), so that a later input of the
+    key arrives after the restore and waits for the dropped one (at a key's last input nothing would wait).
     """
 
     counter: InvocationCounter
@@ -647,8 +649,11 @@ class FailOnceAfterCheckpoint:
     swap_delays: bool = True
     drop_input: bool = False
     control_changes: dict = field(default_factory=dict)
+    last_n: int | None = None
 
     def __call__(self, key: str, n: int) -> None:
+        if self.last_n is not None and n + 2 > self.last_n:
+            return
         if self.counter.count("fault_fired") or not self.recorder.read().ready_for_failure(key, n, self.keys):
             return
         if self.counter.increment("fault_claims") != 1:

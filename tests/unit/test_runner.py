@@ -536,3 +536,72 @@ def test_a_thread_acknowledging_while_another_waits_still_waits_for_every_record
     mine.join(5)
     other.join(5)
     assert finished.is_set() and journal.acknowledged()
+
+
+class _LocalEmbedder:
+    """The local model service's hashed bag of words, without the service."""
+
+    def embed(self, texts):
+        from flink_agents_replay.local.embeddings import embed
+        return [embed(text) for text in texts]
+
+
+def test_a_memory_write_waits_until_what_the_run_read_before_it_is_acknowledged():
+    """search -> model -> add, then a crash that loses the unacknowledged search record: the restored run would
+    search again and find the memory its own earlier attempt added, so its prompt, its model call and its output
+    would differ (CI's demo: 217 model calls, one of them new). The write waits for the run's earlier records;
+    the read and the model call wait for none."""
+    from flink_agents_replay.longterm import InMemoryVectorStore, LongTermMemory
+
+    store = _WatchedStore(8)
+    unacknowledged_at: dict[str, int] = {}
+
+    class Watched(InMemoryVectorStore):
+        def upsert(self, namespace, docs):
+            unacknowledged_at.setdefault("add", len(store.deliveries) - len({id(d) for d in store.waited}))
+            super().upsert(namespace, docs)
+
+        def query(self, *args, **kwargs):
+            unacknowledged_at.setdefault("search", len(store.deliveries) - len({id(d) for d in store.waited}))
+            return super().query(*args, **kwargs)
+
+    def model(past):
+        unacknowledged_at.setdefault("model", len(store.deliveries) - len({id(d) for d in store.waited}))
+        return f"reply mentioning {len(past)} past issues"
+
+    class Remembers(Agent):
+        @action(InputEvent)
+        def reply(event, ctx):
+            found = ctx.call("memory", "search", event.input)["results"]
+            answer = ctx.call("llm", [hit["memory"] for hit in found])
+            ctx.call("memory", "add", event.input)
+            ctx.send_event(OutputEvent(output=answer))
+
+    agent = Remembers(resources={"memory": LongTermMemory(Watched(), _LocalEmbedder()),
+                                 "llm": Tool(model, side_effects="none")})
+    execute_run(agent, RunInput("k1", KEY_GROUP, 1, "parcel late"), {},
+                journal=writer(store, Durability.PER_RUN).run_journal(KEY_GROUP))
+    assert unacknowledged_at["add"] == 0
+    assert unacknowledged_at["model"] >= 1  # the search's record was still travelling: reads do not wait
+
+
+def test_a_call_with_side_effects_is_by_default_a_write_and_waits_for_what_was_read_before():
+    """An idempotent tool (an upsert) may change what an earlier read finds: it waits like a memory write."""
+    store = _WatchedStore(8)
+    unacknowledged_at_upsert: list[int] = []
+
+    def upsert(status):
+        unacknowledged_at_upsert.append(len(store.deliveries) - len({id(d) for d in store.waited}))
+        return "ok"
+
+    class Updates(Agent):
+        @action(InputEvent)
+        def update(event, ctx):
+            status = ctx.call("read_status", event.input)
+            ctx.send_event(OutputEvent(output=ctx.call("set_status", f"{status}+1")))
+
+    agent = Updates(resources={"read_status": Tool(lambda order: "open", side_effects="none"),
+                               "set_status": Tool(upsert, side_effects="idempotent")})
+    execute_run(agent, RunInput("k1", KEY_GROUP, 1, "O-1"), {},
+                journal=writer(store, Durability.PER_RUN).run_journal(KEY_GROUP))
+    assert unacknowledged_at_upsert == [0] and len(store.deliveries) >= 2
