@@ -278,7 +278,7 @@ class _Demo:
         rows = self.reader.read_to_committed_end()
         self.progress(f"all replies committed; {self._report()}")
         metrics = _agent_metrics(self.cluster, self.job_id)
-        self.cluster.flink_command("cancel", self.job_id)
+        self.cluster.cancel_job(self.job_id)
         stats, seen = self.server.stats(), Counter(row["ticket_id"] for row in rows)
         remembered = _remembered_tickets(self.chroma_url)
         journal = summarize_topic({"bootstrap.servers": self.bootstrap}, self.journal_topic)

@@ -171,7 +171,7 @@ def test_a_zombie_taskmanager_resumed_after_its_restore_elsewhere_is_fenced(
         rows = reader.read_to_committed_end()
     finally:
         reader.close()
-    cluster.flink_command("cancel", job_id, check=True)
+    cluster.cancel_job(job_id)
 
     log = operator_log()
     ignored = [int(match.group(1)) for line in log if (match := _IGNORED.search(line))]

@@ -139,7 +139,7 @@ def test_a_job_resubmitted_from_its_checkpoint_by_another_process_passes_the_fai
     assert second_status == "RUNNING", (
         f"fingerprints {client[0]['fingerprints']} then {client[1]['fingerprints']}; "
         f"{cluster.job_diagnostics(second)}")
-    cluster.flink_command("cancel", second, check=True)
+    cluster.cancel_job(second)
     assert client[0]["fingerprints"] == client[1]["fingerprints"]
     assert Counter(rows) == expected
     # So did the two TaskManager processes (the new one made the calls left after the restore).

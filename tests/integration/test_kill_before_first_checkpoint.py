@@ -343,7 +343,7 @@ class Scenario:
             rows = reader.read_to_committed_end()
         finally:
             reader.close()
-        self.cluster.flink_command("cancel", self.job_id, check=True)
+        self.cluster.cancel_job(self.job_id)
 
         got = Counter(rows)
         duplicates = {row: n - 1 for row, n in got.items() if n > 1 and row in self.expected}

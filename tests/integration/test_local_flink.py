@@ -14,7 +14,6 @@ import json
 import re
 import socket
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -134,15 +133,8 @@ def run_until_committed(cluster: LocalFlinkCluster, args: list[str], expected: C
         return metrics if counts.get("calls_executed", 0) >= calls or reused else None
 
     metrics = wait_until(final_metrics, 60, lambda: f"{calls} calls counted; {cluster.job_diagnostics(job_id)}")
-    cluster.flink_command("cancel", job_id, check=True)
-    wait_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(job_id))
+    cluster.cancel_job(job_id)
     return job_id, read.read_to_committed_end(), {name: metrics.get(name, {}).get("sum") for name in REUSE_COUNTERS}
-
-
-def cancel_job(cluster: LocalFlinkCluster, job_id: str) -> None:
-    """Cancel over the REST API: at once (``flink cancel`` starts a JVM first)."""
-    request = urllib.request.Request(f"{cluster.rest_url}/jobs/{job_id}?mode=cancel", method="PATCH")
-    urllib.request.urlopen(request, timeout=10).close()  # noqa: S310 - loopback
 
 
 # -- tests ---------------------------------------------------------------------------------------------
@@ -226,8 +218,7 @@ def test_a_shared_cluster_leaks_nothing_between_jobs_of_one_agent_keys_and_journ
     wait_until(lambda: cluster.rest_get(f"/jobs/{first_id}/checkpoints")["counts"]["completed"] >= 1
                and first.count("calls") >= len(inputs) * CALLS_PER_INPUT // 4, 120,
                lambda: cluster.job_diagnostics(first_id), interval_s=0.05)
-    cancel_job(cluster, first_id)
-    wait_until(lambda: cluster.job_status(first_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(first_id))
+    cluster.cancel_job(first_id)
     assert first.count("calls") < len(inputs) * CALLS_PER_INPUT, "the first job finished: cancel it sooner"
 
     second = InvocationCounter(tmp_path / "calls-2.db")
@@ -315,7 +306,7 @@ def test_taskmanager_killed_mid_stream_repeats_no_call_and_changes_no_output(
         rows = reader.read_to_committed_end()
     finally:
         reader.close()
-    cluster.flink_command("cancel", job_id, check=True)
+    cluster.cancel_job(job_id)
 
     assert Counter(rows) == expected
     calls = logical_call_counts(counter)

@@ -89,7 +89,7 @@ def test_a_sigkill_while_memory_writing_actions_are_under_way_duplicates_no_memo
         done = checkpoints()  # one more checkpoint commits anything still pending, duplicates included
         poll_until(lambda: checkpoints() > done, 60, lambda: cluster.job_diagnostics(job_id))
         rows = reader.read_to_committed_end()
-    cluster.flink_command("cancel", job_id, check=True)
+    cluster.cancel_job(job_id)
 
     assert Counter((key, output) for key, _, output in rows) == expected
     with ChromaVectorStore(chroma_url) as store:

@@ -37,7 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SIGNING_KEY = "replay-isolation-signing-key"
 MAX_PARALLELISM = 128  # the main job's default
 CUSTOMERS = 6
-_SAVEPOINT = re.compile(r"Savepoint completed\. Path: (\S+)")
 _JOB_ID = re.compile(r"JobID\s+([0-9a-f]{32})")
 
 
@@ -88,8 +87,7 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
         "--restart-attempts", "0", "--capture", check=True)
     job_id = _JOB_ID.search(submitted.stdout + submitted.stderr).group(1)
     poll_until(lambda: server.stats().chat >= CUSTOMERS, 120, lambda: cluster.job_diagnostics(job_id))
-    taken = cluster.flink_command("savepoint", job_id, str(tmp_path / "savepoints"), check=True)
-    savepoint = _SAVEPOINT.search(taken.stdout).group(1)
+    savepoint = cluster.trigger_savepoint(job_id, tmp_path / "savepoints")
 
     # The job keeps running: the second batch is answered after the savepoint.
     _produce(kafka_bootstrap, input_topic, second)
@@ -103,8 +101,7 @@ def test_replay_with_a_changed_model_setting_calls_the_model_for_every_run_after
     poll_until(lambda: answered() >= tickets, 180, lambda: f"{len(answered())} of {len(tickets)} tickets answered; "
                f"{cluster.job_diagnostics(job_id)}", interval_s=1.0)
     checkpoints = cluster.rest_get(f"/jobs/{job_id}/checkpoints")["history"]
-    cluster.flink_command("cancel", job_id, check=True)
-    poll_until(lambda: cluster.job_status(job_id) == "CANCELED", 60, lambda: cluster.job_diagnostics(job_id))
+    cluster.cancel_job(job_id)
 
     # What happened after the savepoint, from the capture (the manifest's offsets for its checkpoint): runs
     # whose input was accepted after the barrier, and runs accepted before it and applied after (in flight).

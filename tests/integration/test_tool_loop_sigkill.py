@@ -104,7 +104,7 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
         done = checkpoints()  # one more checkpoint commits anything still pending, duplicates included
         poll_until(lambda: checkpoints() > done, 60, lambda: cluster.job_diagnostics(job_id))
         rows = reader.read_to_committed_end()
-    cluster.flink_command("cancel", job_id, check=True)
+    cluster.cancel_job(job_id)
 
     assert Counter(rows) == expected
     # Each key's later tickets read the loop result its previous ticket kept in memory (restored by name in the
