@@ -258,6 +258,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def on_timer(self, timestamp, ctx):
         key = ctx.get_current_key()
+        self.hold.runs_waiting_for_slot(self.runs.waiting_for_slot())  # a slot may have freed since the hold
         raw = self.in_flight_state.value()
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
         if raw is None:
@@ -332,6 +333,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
             token = self._tokens[key] = self.wakeups.remember_current_key()
             on_ready = functools.partial(self.wakeups.wake, token)
         self.runs.submit(key, RunInFlight(group, digest, seq, journal), execute, on_ready=on_ready)
+        if self.wakeups is None:
+            self.runs.await_slot()  # nothing could wake a held input: block until the run has a slot
+        else:
+            self.hold.runs_waiting_for_slot(self.runs.waiting_for_slot())
         self._schedule_check(key, ctx)
 
     def _schedule_check(self, key, ctx) -> None:

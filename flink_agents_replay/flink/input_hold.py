@@ -1,4 +1,5 @@
-"""Backpressure for inputs that would only wait: the task thread takes no input while too many are queued.
+"""Backpressure for inputs that would only wait: the task thread takes no input while too many are queued, or
+while a run waits for a slot.
 
 An input of a key whose run is under way waits in the key's ``pending`` keyed state. Without a bound, a
 fast source under slow calls moves its backlog into that state: checkpoints grow with it, and each key's
@@ -8,6 +9,10 @@ the input (``CompletionWakeups.holdInput``): Java then runs the task's mails in 
 handing over the next input, the wake-ups of finished runs among them, which start the waiting inputs, and
 the source is backpressured as Flink does it. A checkpoint never runs during the hold (checkpoint mails
 rank below an operator's), so it waits as it would for a blocked input.
+
+A run submitted while every run slot is taken waits in the run pool's queue (:mod:`.runs`); the input is held
+until it started, for the same reason: the task thread then runs the wake-ups of finished runs, so their outputs
+leave as soon as they may, instead of blocking on a slot while they wait in the mailbox.
 
 The count is this attempt's: after a restore, inputs restored in ``pending`` are not counted (the bound is
 flow control, not state), and inputs that order restoration holds back are never counted, so a missing
@@ -38,6 +43,7 @@ class InputHold:
         self.timeout_ms = int(timeout_s * 1000)
         self._by_key: dict[Any, int] = {}
         self.total = 0
+        self.runs_waiting = 0  # runs waiting for a slot, as last told (runs_waiting_for_slot)
         self.held = False
         #: How many times the input was held, and the most inputs counted at once (for the closing line).
         self.holds = 0
@@ -48,10 +54,7 @@ class InputHold:
         self._by_key[key] = self._by_key.get(key, 0) + 1
         self.total += 1
         self.most = max(self.most, self.total)
-        if self.total >= self.bound and not self.held and self.wakeups is not None:
-            self.held = True
-            self.holds += 1
-            self.wakeups.hold_input(self.timeout_ms)
+        self._sync()
 
     def left(self, key: Any, waiting: int) -> None:
         """``key``'s ``pending`` holds ``waiting`` inputs now (one started, or some were dropped)."""
@@ -63,6 +66,21 @@ class InputHold:
             self._by_key[key] = waiting
         else:
             del self._by_key[key]
-        if self.held and self.total < self.bound:
-            self.held = False
+        self._sync()
+
+    def runs_waiting_for_slot(self, runs: int) -> None:
+        """``runs`` submitted runs wait for a run slot now (task thread: after a submission, after a run ended)."""
+        self.runs_waiting = runs
+        self._sync()
+
+    def _sync(self) -> None:
+        """Hold or release the input by the counts, telling the bridge only of changes."""
+        hold = self.total >= self.bound or self.runs_waiting > 0
+        if hold == self.held or self.wakeups is None:
+            return
+        self.held = hold
+        if hold:
+            self.holds += 1
+            self.wakeups.hold_input(self.timeout_ms)
+        else:
             self.wakeups.release_input()

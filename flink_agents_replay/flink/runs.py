@@ -1,9 +1,15 @@
 """The operator's runs under way: a thread pool, run slots, and what closing does with runs that hang.
 
 Runs of different keys execute concurrently, at most ``max_runs`` at once per subtask: a run holds a slot
-from its submission until it ends, and a submission that finds every slot taken for ``slot_wait_timeout_s``
-fails the task (:class:`~flink_agents_replay.errors.RunSlotTimeoutError`: a call probably hangs). Sub-agent
-calls never wait for a run slot: they have a pool of their own (:mod:`flink_agents_replay.child_pool`).
+(a worker thread) from its start until it ends. A submission never blocks the task thread: with every slot
+taken, the run waits in the pool's queue (:meth:`RunPool.waiting_for_slot` counts them) and starts the moment a
+slot frees. The operator then holds its input (:class:`~flink_agents_replay.flink.input_hold.InputHold`), so the
+task thread keeps running its mails, the wake-ups of finished runs among them, and their outputs leave as soon
+as they may. Blocking the task thread in the submission instead kept a run's output waiting in the mailbox until
+the next slot freed: a whole run's latency added to every run (issue 33). Without wake-ups there is no hold,
+and :meth:`RunPool.await_slot` blocks as before. Either way a run that waits ``slot_wait_timeout_s`` for a
+slot fails the task (a call probably hangs). Sub-agent calls never wait for a run slot: they have a pool of
+their own (:mod:`flink_agents_replay.child_pool`).
 
 Closing (cancellation, failover, stop-with-savepoint) stops every run at its next action or call boundary
 and waits up to ``close_timeout_s`` for the calls under way; runs still calling then are abandoned, counted
@@ -52,9 +58,11 @@ class RunPool:
 
     def __init__(self, *, max_runs: int, max_child_calls: int, slot_wait_timeout_s: float, close_timeout_s: float,
                  subtask: int, counters: Mapping[str, Any]):
+        # max_runs worker threads are the slots: a run submitted while all are busy waits in the pool's queue.
         self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
         self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
-        self.slots = threading.BoundedSemaphore(max_runs)
+        self._slot_freed = threading.Condition()
+        self._waiting = 0  # runs submitted that no slot took yet
         self.closing = threading.Event()
         self.max_runs = max_runs
         self.slot_wait_timeout_s = slot_wait_timeout_s
@@ -65,26 +73,38 @@ class RunPool:
 
     def submit(self, key: Any, run: RunInFlight, execute: Callable[[], RunResult], *,
                on_ready: Callable[[], None] | None = None) -> None:
-        """Run ``execute`` for ``key`` once a slot is free (it is released when the run ends).
+        """Run ``execute`` for ``key`` in the next free slot; never blocks (see :meth:`waiting_for_slot`).
 
         ``on_ready()`` is called once :meth:`done` would say yes (the run failed, or ended and its outputs may
         leave), from the worker or from the thread receiving the journal's last acknowledgement; never for a
         run the closing cancelled. It must not block.
         """
-        if not self.slots.acquire(timeout=self.slot_wait_timeout_s):
-            raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:.0f} s "
-                                      f"(max_concurrent_runs={self.max_runs}); a call may hang")
 
         def in_slot() -> RunResult:
-            try:
-                return execute()
-            finally:
-                self.slots.release()
+            with self._slot_freed:
+                self._waiting -= 1
+                self._slot_freed.notify_all()
+            return execute()
 
+        with self._slot_freed:
+            self._waiting += 1
         future = self.pool.submit(in_slot)
         self._runs[key] = _Running(run, future)
         if on_ready is not None:
             future.add_done_callback(lambda ended: _when_ready(ended, run, on_ready))
+
+    def waiting_for_slot(self) -> int:
+        """Runs submitted that wait for a slot (every slot was taken); read on any thread."""
+        return self._waiting
+
+    def await_slot(self) -> None:
+        """Block until no submitted run waits for a slot (for a task thread that cannot hold its input);
+        :class:`~flink_agents_replay.errors.RunSlotTimeoutError` after ``slot_wait_timeout_s``."""
+        with self._slot_freed:
+            if not self._slot_freed.wait_for(lambda: self._waiting == 0 or self.closing.is_set(),
+                                             self.slot_wait_timeout_s):
+                raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:g} s "
+                                          f"(max_concurrent_runs={self.max_runs}); a call may hang")
 
     def has(self, key: Any) -> bool:
         """Whether ``key`` has a run under way in this attempt (after a restore it has none until resubmitted)."""

@@ -135,6 +135,10 @@ def test_submit_stop_with_savepoint_restore_same_and_other_parallelism_and_chang
     final_savepoint = stop_with_savepoint(job_id)
 
     assert sum(in_flight for _, _, in_flight in runs) > 0, f"no run was in flight at a savepoint: {runs}"
+    # Three stops with a savepoint are ordinary stops: the TaskManagers logged no warning about the wake-ups.
+    warnings = [line for log in cluster.log_dir.glob("*taskexecutor*.log") for line in log.read_text().splitlines()
+                if " WARN " in line and "wake-ups" in line]
+    assert warnings == [], warnings[:4]
     replies = Counter(row["ticket_id"] for row in rows)
     assert [t for t, n in replies.items() if n > 1] == [], "replies committed twice"
     assert {row["ticket_id"]: row for row in rows} == expected

@@ -44,6 +44,22 @@ def test_inputs_never_counted_do_not_release_or_go_negative():
     assert hold.total == 1
 
 
+def test_a_run_waiting_for_a_slot_holds_the_input_until_it_started():
+    """The task thread must not block on a slot (a finished run's wake-up would wait behind it): it holds."""
+    java = _Java()
+    hold = InputHold(bound=3, wakeups=java, timeout_s=2)
+    hold.runs_waiting_for_slot(1)
+    hold.runs_waiting_for_slot(1)
+    assert java.calls == ["hold 2000"] and hold.held
+    hold.queued("a")
+    hold.queued("a")
+    hold.queued("a")  # at the bound as well
+    hold.runs_waiting_for_slot(0)  # the run started, but three inputs still wait
+    assert java.calls == ["hold 2000"]
+    hold.left("a", 0)
+    assert java.calls == ["hold 2000", "release"] and hold.holds == 1
+
+
 def test_without_wake_ups_nothing_is_held():
     hold = InputHold(bound=1, wakeups=None, timeout_s=1)
     hold.queued("k")

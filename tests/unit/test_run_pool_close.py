@@ -1,9 +1,12 @@
-"""RunPool.close (flink/runs.py): a run handed to the executor but not yet picked up by a worker is cancelled by the
-close, not waited for. A slot is released before its worker is free again, so a submission can land there."""
+"""RunPool (flink/runs.py): a submission never blocks, a run waiting for a slot is counted until a slot takes it,
+and close cancels a run handed to the executor but not yet picked up by a worker, without waiting for it."""
 
 import threading
 import time
 
+import pytest
+
+from flink_agents_replay.errors import RunSlotTimeoutError
 from flink_agents_replay.flink.runs import RunPool, _Running
 from flink_agents_replay.journal.checkpoints import RunInFlight
 
@@ -32,3 +35,37 @@ def test_close_does_not_wait_for_a_run_the_shutdown_cancelled():
     pool.close()
     assert k2.future.cancelled()
     assert time.monotonic() - began < 2.0 and counter.count == 0
+
+
+def _pool(slot_wait_timeout_s: float = 5) -> RunPool:
+    return RunPool(max_runs=1, max_child_calls=1, slot_wait_timeout_s=slot_wait_timeout_s, close_timeout_s=3,
+                   subtask=0, counters={"runs_abandoned": _Counter()})
+
+
+def test_a_submission_with_every_slot_taken_returns_at_once_and_its_run_starts_when_one_frees():
+    pool = _pool()
+    first_may_end, second_ran = threading.Event(), threading.Event()
+    try:
+        pool.submit("k1", RunInFlight(0, "k1", 1, None), lambda: first_may_end.wait(10) and None)
+        began = time.monotonic()
+        pool.submit("k2", RunInFlight(0, "k2", 1, None), lambda: second_ran.set())
+        assert time.monotonic() - began < 0.5 and pool.waiting_for_slot() == 1
+        first_may_end.set()
+        pool.await_slot()
+        assert pool.waiting_for_slot() == 0 and second_ran.wait(5)
+    finally:
+        first_may_end.set()
+        pool.close()
+
+
+def test_waiting_for_a_slot_longer_than_its_timeout_fails_the_task():
+    pool = _pool(slot_wait_timeout_s=0.3)
+    hung = threading.Event()
+    try:
+        pool.submit("k1", RunInFlight(0, "k1", 1, None), lambda: hung.wait(10) and None)
+        pool.submit("k2", RunInFlight(0, "k2", 1, None), lambda: None)
+        with pytest.raises(RunSlotTimeoutError, match=r"no agent run finished within 0.3 s \(max_concurrent_runs=1\)"):
+            pool.await_slot()
+    finally:
+        hung.set()
+        pool.close()

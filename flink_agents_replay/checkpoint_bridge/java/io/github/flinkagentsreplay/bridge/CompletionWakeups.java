@@ -123,8 +123,12 @@ public final class CompletionWakeups<K> {
             }
         } catch (EOFException e) {
             // Python closed its end: the function closed.
-        } catch (IOException | RejectedExecutionException e) {
-            if (!closed) {  // the task ended under us: its mailbox refuses mails; nothing is lost, a restore resubmits
+        } catch (RejectedExecutionException e) {
+            // The task is ending (stop, cancel, failover) and its mailbox closed before the function: an ordinary
+            // stop, not a warning. Nothing is lost: the runs' outputs leave with a restore, which resubmits them.
+            LOG.info("{} stopped with the task's mailbox: {}", name, e.toString());
+        } catch (IOException e) {
+            if (!closed) {
                 LOG.warn("{} stopped: {}", name, e.toString());
             }
         }
