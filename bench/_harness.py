@@ -143,6 +143,7 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
 
         def step(event, ctx):
             began = time.time() if index == 0 else event.began  # the run's start, for its latency
+            install_ack_timer()
             if sync_flush:
                 install_sync_flush()
             text = event.input["key"] if index == 0 else event.text
@@ -186,6 +187,28 @@ def install_sync_flush() -> None:
 
     append.sync_flush = True
     JournalWriter.append = append
+
+
+def install_ack_timer() -> None:
+    """Time every journal record from its append to Kafka's answer, in the worker (the job's own journal
+    acknowledgement latency, beside its run latencies). Called by the worker; idempotent. The latencies wait on
+    the class (``JournalWriter.bench_ack_latencies``: this module is pickled by value, so each operator has its
+    own copy of its globals) until :func:`_stamp` carries them out with an output."""
+    from flink_agents_replay.journal.writer import JournalWriter
+
+    if hasattr(JournalWriter, "bench_ack_latencies"):
+        return
+    original = JournalWriter.append
+    latencies: list[float] = []
+
+    def append(self, partition, record_key, value, what):
+        began = time.monotonic()
+        delivery = original(self, partition, record_key, value, what)
+        delivery.add_done_callback(lambda: latencies.append(time.monotonic() - began))
+        return delivery
+
+    JournalWriter.append = append
+    JournalWriter.bench_ack_latencies = latencies
 
 
 def producer_statistics(path: str) -> dict[str, Any]:
@@ -282,9 +305,14 @@ def produce_bench_inputs(bootstrap: str, keys: int, runs: int) -> str:
 
 
 def _stamp(output) -> tuple:
-    """(key, seq, emission time, run began): added right after the agent operator, fused into its Python operator."""
+    """(key, seq, emission time, run began, journal acknowledgement latencies measured since the last output):
+    added right after the agent operator, fused into its Python operator."""
+    from flink_agents_replay.journal.writer import JournalWriter
+
     began = output.output.get("began") if isinstance(output.output, dict) else None
-    return (output.key, output.seq, time.time(), began)
+    measured = getattr(JournalWriter, "bench_ack_latencies", [])
+    acks = [measured.pop() for _ in range(len(measured))]  # pop is atomic; appends may race in
+    return (output.key, output.seq, time.time(), began, acks)
 
 
 def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mapping[str, Any], runs: int, *,
@@ -315,13 +343,15 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
         rows = list(itertools.islice(results, runs))
     if len(rows) != runs:
         raise RuntimeError(f"expected {runs} outputs, got {len(rows)}")
-    stamps = sorted(t for _, _, t, _ in rows)
+    stamps = sorted(t for _, _, t, _, _ in rows)
     # The first `concurrency` runs start together and end together: measuring from the first output would
     # count that first wave's outputs without its time. The window starts at the end of the first wave.
     start = min(int(config.get("max_concurrent_runs", 8)) - 1, len(stamps) // 4)
-    latencies = sorted(t - began for _, _, t, began in rows if began is not None and t >= stamps[start])
+    latencies = sorted(t - began for _, _, t, began, _ in rows if began is not None and t >= stamps[start])
+    acks = sorted(a for _, _, t, _, measured in rows if t >= stamps[start] for a in measured)
     return JobResult(stamps, start, *cpu.between(stamps[start], stamps[-1]), latencies=latencies,
-                     flink_cpu_by_group_s=cpu.groups_between(stamps[start], stamps[-1]))
+                     flink_cpu_by_group_s=cpu.groups_between(stamps[start], stamps[-1]), ack_latencies=acks,
+                     flink_rss_mb=cpu.peak_rss_mb(stamps[start], stamps[-1]))
 
 
 @dataclass
@@ -333,7 +363,9 @@ class JobResult:
     flink_cpu_s: float = float("nan")  # the Flink JVM: task thread, embedded Python, agent threads, librdkafka
     broker_cpu_s: float = float("nan")  # the local Kafka broker (NaN for an external one)
     latencies: list[float] = field(default_factory=list)  # sorted: run began -> its output left (window's runs)
+    ack_latencies: list[float] = field(default_factory=list)  # sorted: journal record appended -> acknowledged
     flink_cpu_by_group_s: dict[str, float] = field(default_factory=dict)  # flink_cpu_s by THREAD_GROUPS
+    flink_rss_mb: float = float("nan")  # the Flink JVM's peak resident memory in the window
 
     @property
     def runs(self) -> int:
@@ -370,6 +402,18 @@ def _cpu_seconds(pid: int | None) -> float:
             fields = handle.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:
+        return float("nan")
+
+
+def _rss_mb(pid: int | None) -> float:
+    """Resident memory of a process (MiB), from /proc."""
+    if pid is None:
+        return float("nan")
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            line = next(line for line in handle if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
         return float("nan")
 
 
@@ -435,6 +479,7 @@ class CpuSampler(BackgroundLoop):
         self.group_every = group_every
         self.samples: list[tuple[float, float, float]] = []
         self.group_samples: list[tuple[float, dict[str, float]]] = []
+        self.rss_samples: list[tuple[float, float]] = []  # (time, the Flink JVM's RSS in MiB)
         me = os.getpid()
         kids = {pid: _cmdline(pid) for pid in _children(me)}
         self.flink_pid = next((p for p, c in kids.items() if "PythonGatewayServer" in c), None)
@@ -445,6 +490,7 @@ class CpuSampler(BackgroundLoop):
         self.samples.append((now, _cpu_seconds(self.flink_pid), _cpu_seconds(self.broker_pid)))
         if groups:
             self.group_samples.append((now, _thread_cpu_seconds(self.flink_pid)))
+            self.rss_samples.append((now, _rss_mb(self.flink_pid)))
 
     def _run(self) -> None:
         for count in itertools.count():
@@ -452,6 +498,10 @@ class CpuSampler(BackgroundLoop):
             if self._stop.wait(self.interval_s):
                 self._sample(True)
                 return
+
+    def peak_rss_mb(self, start: float, end: float) -> float:
+        """The Flink JVM's largest RSS sampled between two wall-clock times (MiB)."""
+        return max((rss for when, rss in self.rss_samples if start <= when <= end), default=float("nan"))
 
     def between(self, start: float, end: float) -> tuple[float, float]:
         """CPU seconds (Flink, broker) spent between two wall-clock times, linearly interpolated."""

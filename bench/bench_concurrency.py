@@ -1,4 +1,5 @@
-"""Concurrent runs: throughput with 200 ms calls at max_concurrent_runs = 1, 8, 32 on one subtask.
+"""Concurrent runs: throughput with 200 ms calls at max_concurrent_runs = 1, 8, 32 on one subtask (any other
+concurrency and call time by option: ``--concurrency 128 1000 --call-ms 1000``).
 
 One subtask (parallelism 1), an agent of 1 action with 1 call that sleeps 200 ms (``--call-ms``), twice as
 many keys as run slots (at least 16) so every slot has work. The ideal is ``concurrency / call time``: every
@@ -80,6 +81,7 @@ def main() -> None:
                       f"[{time.monotonic() - began:.0f} s, load {h.load1():.1f}]", flush=True)
 
     rows = []
+    smallest = min(args.concurrency)
     for mode, concurrency in points:
         results = measured[(mode, concurrency)]
         runs, seconds = sum(r.runs for r in results), sum(r.seconds for r in results)
@@ -87,16 +89,22 @@ def main() -> None:
         per_round = [r.runs / r.seconds / ideal * 100 for r in results]
         spread = f"{min(per_round):.0f}..{max(per_round):.0f}" if len(per_round) > 1 else ""
         flink_cpu = sum(r.flink_cpu_s for r in results)
+        rss = max(r.flink_rss_mb for r in results)
+        base_rss = max(r.flink_rss_mb for r in measured[(mode, smallest)])
+        per_run_kib = (f"{(rss - base_rss) * 1024 / (concurrency - smallest):.0f}" if concurrency > smallest
+                       else "-")
         rows.append([mode, concurrency, runs, seconds, runs / seconds, ideal,
                      f"{runs / seconds / ideal * 100:.1f}", spread, flink_cpu / runs * 1000,
-                     f"{flink_cpu / seconds * 100:.0f}"])
+                     f"{flink_cpu / seconds * 100:.0f}", f"{rss:.0f}", per_run_kib])
     h.print_table(
         f"Concurrent runs: 1 subtask, 1 action x 1 call of {args.call_ms:g} ms per run, {rounds} interleaved round(s)",
         ["variant", "concurrency", "runs", "seconds", "runs/s", "ideal runs/s", "% of ideal", "per-round range (%)",
-         "Flink CPU ms/run", "Flink CPU (% of a core)"],
+         "Flink CPU ms/run", "Flink CPU (% of a core)", "Flink RSS MiB", "KiB per run in flight"],
         rows)
     print(f"ideal = concurrency / {call_s:g} s (every slot always inside a call); Flink CPU = CPU time of the "
           "Flink JVM (task thread, embedded Python, agent threads) between the first and the last output")
+    print(f"RSS = the Flink JVM's peak resident memory in the window (heap included); per run in flight = its growth "
+          f"over the concurrency-{smallest} point of the same variant, per added run")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ class Measured:
 
     job: h.JobResult
     produced: h.ProduceStats
+    load: float  # the machine's 1-minute load average as the job ended
 
 
 def _run_variant(bootstrap: str, name: str, overrides: dict, delay_ms: float, runs: int, args, label: str) -> Measured:
@@ -82,11 +83,12 @@ def _run_variant(bootstrap: str, name: str, overrides: dict, delay_ms: float, ru
     stats_path = os.path.join(tempfile.mkdtemp(prefix="far-bench-stats-"), "producer.jsonl")
     config = _config(bootstrap, overrides, args.concurrency, args.poll_interval_ms, stats_path)
     job = h.timed_agent_job(bootstrap, topic, agent, config, runs, checkpoint_interval_ms=args.checkpoint_interval_ms)
-    return Measured(job, h.read_producer_statistics(stats_path))
+    return Measured(job, h.read_producer_statistics(stats_path), h.load1())
 
 
-def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measured]) -> list:
-    """A table row: throughput against journal off, CPU, what was produced, latency."""
+def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measured], concurrency: int) -> list:
+    """A table row: throughput against journal off and ideal, CPU, what was produced, latency added and the
+    journal's acknowledgement latency."""
     jobs, base_jobs = [m.job for m in results], [m.job for m in base]
     runs, seconds = sum(r.runs for r in jobs), sum(r.seconds for r in jobs)
     base_rate = sum(r.runs for r in base_jobs) / sum(r.seconds for r in base_jobs)
@@ -101,12 +103,22 @@ def _row(name: str, delay_ms: float, results: list[Measured], base: list[Measure
     produced = h.ProduceStats(*(sum(getattr(m.produced, f) for m in results)
                                 for f in ("records", "requests", "record_bytes", "wire_bytes")))
     requests, record_bytes, _ = produced.per(RECORDS_PER_RUN)
+    acks = sorted(a for r in jobs for a in r.ack_latencies)
+    # ideal: every slot always calling (2 calls per run); no ideal without call time
+    ideal = f"{runs / seconds / (concurrency * 1000 / (2 * delay_ms)) * 100:.1f}" if delay_ms else "-"
+
+    def added(p: float) -> str:
+        return "-" if off else f"{(h.percentile(latencies, p) - h.percentile(base_latencies, p)) * 1000:.1f}"
+
+    def ack(p: float) -> str:
+        return f"{h.percentile(acks, p) * 1000:.1f}" if acks else "-"
+
     return [name, delay_ms, runs, runs / seconds, "-" if off else f"{(1 - runs / seconds / base_rate) * 100:.1f}",
-            spread, flink_cpu, "-" if unjournaled else f"{(flink_cpu - base_cpu) * 1000 / RECORDS_PER_RUN:.0f}",
+            spread, ideal, flink_cpu, "-" if unjournaled else f"{(flink_cpu - base_cpu) * 1000 / RECORDS_PER_RUN:.0f}",
             sum(r.broker_cpu_s for r in jobs) / runs * 1000, "-" if unjournaled else requests,
             "-" if unjournaled else record_bytes, h.percentile(latencies, 0.5) * 1000,
-            h.percentile(latencies, 0.99) * 1000,
-            "-" if off else f"{(h.percentile(latencies, 0.5) - h.percentile(base_latencies, 0.5)) * 1000:.1f}"]
+            h.percentile(latencies, 0.99) * 1000, added(0.5), added(0.99), ack(0.5), ack(0.99),
+            f"{sum(m.load for m in results) / len(results):.1f}"]
 
 
 def main() -> None:
@@ -156,21 +168,25 @@ def main() -> None:
                           f"{m.produced.requests} Produce requests for {m.produced.records} records "
                           f"[{time.monotonic() - began:.0f} s, load {h.load1():.1f}]", flush=True)
 
-    rows = [_row(name, delay_ms, measured[(name, delay_ms)], measured[("journal off", delay_ms)])
+    rows = [_row(name, delay_ms, measured[(name, delay_ms)], measured[("journal off", delay_ms)], args.concurrency)
             for delay_ms in delays for name in names]
     h.print_table(
         f"Journal overhead: 1 subtask, max_concurrent_runs={args.concurrency}, 2 actions x 1 call per run "
         f"({RECORDS_PER_RUN} records), {rounds} interleaved round(s)",
-        ["variant", "call ms", "runs", "runs/s", "lost vs off (%)", "per-round (%)", "Flink CPU ms/run",
+        ["variant", "call ms", "runs", "runs/s", "lost vs off (%)", "per-round (%)", "% of ideal", "Flink CPU ms/run",
          "Flink CPU us/record", "broker CPU ms/run", "Produce req/run", "bytes/run", "latency p50 ms",
-         "p99 ms", "p50 added ms"],
+         "p99 ms", "p50 added ms", "p99 added ms", "ack p50 ms", "ack p99 ms", "load"],
         rows)
     print("lost vs off = throughput lost against the journal-off job of the same call time: 1 - runs/s / off runs/s")
     print("CPU = CPU time of the process between the first and the last output (2 cores in all); us/record = Flink "
           "CPU per run above journal off, per journaled record")
     print("Produce req/run, bytes/run = the journal producer's Produce requests and record bytes (keys + values) "
           "per run (librdkafka statistics)")
-    print("latency = first action began -> output left the operator, for the runs in the measured window")
+    print("% of ideal = runs/s against every slot calling all the time (slots / (2 x call time))")
+    print("latency = first action began -> output left the operator, for the runs in the measured window; added = "
+          "the variant's percentile minus journal off's (p99 added: its p99 minus journal off's p99)")
+    print("ack = a journal record appended -> Kafka's answer, timed in the same job's worker; load = the machine's "
+          "1-minute load average as the variant's jobs ended")
     _print_cpu_by_thread_group(measured, delays, names)
 
 

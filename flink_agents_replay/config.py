@@ -81,7 +81,8 @@ class AgentConfig:
             dump``/``load`` (which keeps offsets and prints the old id): a restore accepts such a checkpoint
             when every owned partition reaches the checkpoint's end offsets. Default: a different topic id is
             refused (a deleted and recreated journal).
-        slot_wait_timeout_s: how long an input waits for a free run slot before the task fails.
+        slot_wait_timeout_s: how long the operator may hold its input with no run ending (every run slot busy,
+            or ``max_waiting_inputs`` waiting) before the task fails: a call probably hangs.
         close_timeout_s: how long closing the operator (cancel, failover) waits for calls under way; runs still
             calling then are abandoned, counted (``runs_abandoned``) and their calls are in doubt. Keep it well
             below Flink's ``task.cancellation.timeout`` (180 s), past which Flink kills the TaskManager.

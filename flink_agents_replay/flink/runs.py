@@ -62,7 +62,10 @@ class RunPool:
         self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
         self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
         self._slot_freed = threading.Condition()
-        self._waiting = 0  # runs submitted that no slot took yet
+        # Runs submitted and not ended: counted up on the task thread at submission and down by the worker as
+        # soon as the run's code returns, so "waiting for a slot" is exact whenever the task thread reads it (a
+        # count of runs not yet picked up by a worker would lag behind the thread hand-over).
+        self._unfinished = 0
         self.closing = threading.Event()
         self.max_runs = max_runs
         self.slot_wait_timeout_s = slot_wait_timeout_s
@@ -81,13 +84,15 @@ class RunPool:
         """
 
         def in_slot() -> RunResult:
-            with self._slot_freed:
-                self._waiting -= 1
-                self._slot_freed.notify_all()
-            return execute()
+            try:
+                return execute()
+            finally:  # before the future's callbacks: a wake-up finds the slot free
+                with self._slot_freed:
+                    self._unfinished -= 1
+                    self._slot_freed.notify_all()
 
         with self._slot_freed:
-            self._waiting += 1
+            self._unfinished += 1
         future = self.pool.submit(in_slot)
         self._runs[key] = _Running(run, future)
         if on_ready is not None:
@@ -95,14 +100,13 @@ class RunPool:
 
     def waiting_for_slot(self) -> int:
         """Runs submitted that wait for a slot (every slot was taken); read on any thread."""
-        return self._waiting
+        return max(0, self._unfinished - self.max_runs)
 
     def await_slot(self) -> None:
         """Block until no submitted run waits for a slot (for a task thread that cannot hold its input);
         :class:`~flink_agents_replay.errors.RunSlotTimeoutError` after ``slot_wait_timeout_s``."""
         with self._slot_freed:
-            if not self._slot_freed.wait_for(lambda: self._waiting == 0 or self.closing.is_set(),
-                                             self.slot_wait_timeout_s):
+            if not self._slot_freed.wait_for(lambda: self._unfinished <= self.max_runs, self.slot_wait_timeout_s):
                 raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:g} s "
                                           f"(max_concurrent_runs={self.max_runs}); a call may hang")
 

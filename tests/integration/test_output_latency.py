@@ -40,6 +40,7 @@ def _stamp(events: InvocationCounter, what: str) -> None:
 
 def _slow_agent(events: InvocationCounter) -> Agent:
     def call(key: str) -> str:
+        _stamp(events, f"called:{key}")
         time.sleep(CALL_S)
         _stamp(events, f"returned:{key}")
         return f"answer for {key}"
@@ -52,11 +53,11 @@ def _slow_agent(events: InvocationCounter) -> Agent:
     return OneSlowCall(name="one-slow-call", resources={"model": Tool(call, side_effects="none")})
 
 
-@pytest.fixture
-def delayed_broker(tmp_path):
+@pytest.fixture(scope="module")
+def delayed_broker(tmp_path_factory):
     """A broker whose every reply reaches the clients ``ACK_DELAY_S`` late (it advertises the proxy)."""
     proxy_port = free_port()
-    broker = LocalKafkaBroker(tmp_path / "broker", port=free_port(), advertised_port=proxy_port)
+    broker = LocalKafkaBroker(tmp_path_factory.mktemp("broker"), port=free_port(), advertised_port=proxy_port)
     broker.start()
     try:
         with DelayProxy(upstream_port=broker.port, delay_s=ACK_DELAY_S, port=proxy_port) as proxy:
@@ -65,17 +66,16 @@ def delayed_broker(tmp_path):
         broker.discard()
 
 
-def test_an_acknowledged_runs_output_leaves_while_the_next_run_is_still_calling(delayed_broker, tmp_path):
+def _run(bootstrap: str, keys: str, slots: int, tmp_path) -> dict[str, int]:
+    """Run ``keys`` (one input each, all at once) with ``slots`` run slots; the events recorded."""
     from pyflink.common import Types
 
-    bootstrap, proxy = delayed_broker
     events = InvocationCounter(tmp_path / "events.db")
     env = create_environment(parallelism=1)
-    keyed = env.from_collection(["A", "B", "C"], type_info=Types.STRING()).key_by(lambda k: k,
-                                                                                  key_type=Types.STRING())
+    keyed = env.from_collection(list(keys), type_info=Types.STRING()).key_by(lambda k: k, key_type=Types.STRING())
     config = {"kafka": {"bootstrap.servers": bootstrap}, "signing_key": "output-latency-signing-key-0123",
-              "journal_topic": f"output-latency-{tmp_path.name[-8:]}", "max_concurrent_runs": 1,
-              "durability": "per_run"}
+              "journal_topic": f"output-latency-{tmp_path.name[-8:]}", "max_concurrent_runs": slots,
+              "durability": "per_run", "fallback_check_ms": 60_000}  # only wake-ups apply runs (or end holds)
     outputs = connect_to_agent(keyed, _slow_agent(events), config)
 
     def emitted(output):
@@ -84,8 +84,20 @@ def test_an_acknowledged_runs_output_leaves_while_the_next_run_is_still_calling(
 
     outputs.map(emitted, output_type=Types.STRING())
     env.execute("output latency")
+    return events.counts()
 
-    got = events.counts()
+
+def test_runs_of_free_slots_start_together(delayed_broker, tmp_path):
+    """Two slots, two keys: the second run starts while the first calls (a free slot never holds the input)."""
+    bootstrap, _ = delayed_broker
+    got = _run(bootstrap, "AB", 2, tmp_path)
+    first, second = sorted("AB", key=lambda key: got[f"called:{key}@order"])
+    assert got[f"called:{second}@order"] < got[f"returned:{first}@order"], got
+
+
+def test_an_acknowledged_runs_output_leaves_while_the_next_run_is_still_calling(delayed_broker, tmp_path):
+    bootstrap, proxy = delayed_broker
+    got = _run(bootstrap, "ABC", 1, tmp_path)
     assert proxy.bytes_delayed > 0
     assert all(f"emitted:{key}@order" in got for key in "ABC"), got
     assert got["emitted:A@order"] < got["returned:B@order"], (

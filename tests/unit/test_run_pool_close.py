@@ -42,11 +42,35 @@ def _pool(slot_wait_timeout_s: float = 5) -> RunPool:
                    subtask=0, counters={"runs_abandoned": _Counter()})
 
 
+def test_a_run_submitted_to_a_free_slot_never_counts_as_waiting():
+    """Read at once on the task thread, before any worker took the run: a free slot is not a wait (a hold
+    then would stop the input until the next wake-up or check, one run at a time)."""
+    pool = RunPool(max_runs=4, max_child_calls=1, slot_wait_timeout_s=5, close_timeout_s=3, subtask=0,
+                   counters={"runs_abandoned": _Counter()})
+    release = threading.Event()
+    try:
+        for n in range(4):  # idle workers, as in a running job (a new worker takes its first run as it starts)
+            pool.submit(f"warm{n}", RunInFlight(0, f"warm{n}", 1, None), lambda: None)
+        pool.await_slot()
+        for n in range(4):
+            pool.finished(f"warm{n}")
+        seen = []
+        for n in range(4):
+            pool.submit(f"k{n}", RunInFlight(0, f"k{n}", 1, None), lambda: release.wait(10) and None)
+            seen.append(pool.waiting_for_slot())
+        pool.submit("k4", RunInFlight(0, "k4", 1, None), lambda: None)
+        assert seen == [0, 0, 0, 0] and pool.waiting_for_slot() == 1
+    finally:
+        release.set()
+        pool.close()
+
+
 def test_a_submission_with_every_slot_taken_returns_at_once_and_its_run_starts_when_one_frees():
     pool = _pool()
-    first_may_end, second_ran = threading.Event(), threading.Event()
+    first_may_end, first_began, second_ran = threading.Event(), threading.Event(), threading.Event()
     try:
-        pool.submit("k1", RunInFlight(0, "k1", 1, None), lambda: first_may_end.wait(10) and None)
+        pool.submit("k1", RunInFlight(0, "k1", 1, None), lambda: first_began.set() or first_may_end.wait(10) and None)
+        assert first_began.wait(5)
         began = time.monotonic()
         pool.submit("k2", RunInFlight(0, "k2", 1, None), lambda: second_ran.set())
         assert time.monotonic() - began < 0.5 and pool.waiting_for_slot() == 1

@@ -53,6 +53,9 @@ public final class CompletionWakeups<K> {
     /** Set by Python when it wants no input for now (task thread only); see {@link #awaitInputRelease}. */
     private boolean inputHeld;
     private long holdTimeoutMs;
+    /** Counts holds: a mail that releases the input and holds it again (a run ended, the next started) restarts
+     * the hold's deadline, so the timeout bounds the wait for progress, not a whole drain of queued runs. */
+    private long holds;
 
     CompletionWakeups(MailboxExecutor mailbox, Supplier<K> currentKey, KeyAction<K> action, String name) {
         this.mailbox = mailbox;
@@ -88,6 +91,7 @@ public final class CompletionWakeups<K> {
     public void holdInput(long timeoutMs) {
         inputHeld = true;
         holdTimeoutMs = timeoutMs;
+        holds++;
     }
 
     /** Take input again (task thread). */
@@ -106,7 +110,12 @@ public final class CompletionWakeups<K> {
      */
     void awaitInputRelease() throws Exception {
         long deadline = System.currentTimeMillis() + holdTimeoutMs;
+        long hold = holds;
         while (inputHeld && !closed) {
+            if (holds != hold) {
+                hold = holds;
+                deadline = System.currentTimeMillis() + holdTimeoutMs;
+            }
             if (System.currentTimeMillis() > deadline) {
                 throw new IllegalStateException("flink-agents-replay: no queued input could start within "
                         + holdTimeoutMs + " ms (slot_wait_timeout_s): a call may hang");
