@@ -124,7 +124,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
         self._tokens: dict[Any, int] = {}  # key -> the wake-up token of its run under way
         self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=None,  # wakeups: attach_wakeups
-                              timeout_s=self.config.slot_wait_timeout_s)
+                              timeout_s=self.config.slot_wait_timeout_s,
+                              queued_runs_bound=self.config.max_concurrent_runs)
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,

@@ -3,12 +3,13 @@
 Runs of different keys execute concurrently, at most ``max_runs`` at once per subtask: a run holds a slot
 (a worker thread) from its start until it ends. A submission never blocks the task thread: with every slot
 taken, the run waits in the pool's queue (:meth:`RunPool.waiting_for_slot` counts them) and starts the moment a
-slot frees. The operator then holds its input (:class:`~flink_agents_replay.flink.input_hold.InputHold`), so the
-task thread keeps running its mails, the wake-ups of finished runs among them, and their outputs leave as soon
-as they may. Blocking the task thread in the submission instead kept a run's output waiting in the mailbox until
-the next slot freed: a whole run's latency added to every run (issue 33). Without wake-ups there is no hold,
-and :meth:`RunPool.await_slot` blocks as before. Either way a run that waits ``slot_wait_timeout_s`` for a
-slot fails the task (a call probably hangs). Sub-agent calls never wait for a run slot: they have a pool of
+slot frees. With ``max_runs`` runs queued the operator holds its input
+(:class:`~flink_agents_replay.flink.input_hold.InputHold`), so the task thread keeps running its mails, the
+wake-ups of finished runs among them, and their outputs leave as soon as they may. Blocking the task thread in
+the submission instead kept a run's output waiting in the mailbox until the next slot freed: a whole run's
+latency added to every run (issue 33). Without wake-ups there is no hold, and :meth:`RunPool.await_slot` blocks
+until the run has a slot, as before. Either way ``slot_wait_timeout_s`` without a run ending fails the task (a
+call probably hangs). Sub-agent calls never wait for a run slot: they have a pool of
 their own (:mod:`flink_agents_replay.child_pool`).
 
 Closing (cancellation, failover, stop-with-savepoint) stops every run at its next action or call boundary

@@ -60,6 +60,16 @@ def test_a_run_waiting_for_a_slot_holds_the_input_until_it_started():
     assert java.calls == ["hold 2000", "release"] and hold.holds == 1
 
 
+def test_the_input_is_held_once_a_wave_of_runs_waits_for_slots():
+    java = _Java()
+    hold = InputHold(bound=100, wakeups=java, timeout_s=1, queued_runs_bound=8)
+    hold.runs_waiting_for_slot(7)
+    assert java.calls == []
+    hold.runs_waiting_for_slot(8)
+    hold.runs_waiting_for_slot(7)
+    assert java.calls == ["hold 1000", "release"]
+
+
 def test_without_wake_ups_nothing_is_held():
     hold = InputHold(bound=1, wakeups=None, timeout_s=1)
     hold.queued("k")
