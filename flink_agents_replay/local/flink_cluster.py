@@ -36,7 +36,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -394,27 +394,34 @@ class LocalFlinkCluster:
         return self._await_savepoint(job_id, trigger, timeout_s)
 
     def _await_savepoint(self, job_id: str, trigger: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            answer = self.rest_get(f"/jobs/{job_id}/savepoints/{trigger}")
-            if answer["status"]["id"] == "COMPLETED":
-                operation = answer.get("operation") or {}
-                if "location" in operation:
-                    return operation["location"]
-                cause = (operation.get("failure-cause") or {}).get("stack-trace", str(operation))
-                raise LocalServiceError(f"the savepoint of job {job_id} failed: {_first_and_root_cause(cause)}")
-            if time.monotonic() > deadline:
-                raise LocalServiceError(f"the savepoint of job {job_id} did not complete within {timeout_s:.0f} s; "
-                                        f"{self.job_diagnostics(job_id)}")
-            time.sleep(0.2)
+        return self._await_job(job_id, lambda: self._savepoint_location(job_id, trigger), timeout_s, 0.2,
+                               f"the savepoint of job {job_id} did not complete")
+
+    def _savepoint_location(self, job_id: str, trigger: str) -> str | None:
+        """The savepoint's path once it completed; ``None`` while under way; ``LocalServiceError`` if it failed."""
+        answer = self.rest_get(f"/jobs/{job_id}/savepoints/{trigger}")
+        if answer["status"]["id"] != "COMPLETED":
+            return None
+        operation = answer.get("operation") or {}
+        if "location" in operation:
+            return operation["location"]
+        cause = (operation.get("failure-cause") or {}).get("stack-trace", str(operation))
+        raise LocalServiceError(f"the savepoint of job {job_id} failed: {_first_and_root_cause(cause)}")
 
     def _await_job_end(self, job_id: str, timeout_s: float, what: str) -> None:
+        self._await_job(job_id, lambda: self.job_status(job_id) in _ENDED, timeout_s, 0.1,
+                        f"job {job_id} was not {what}")
+
+    def _await_job(self, job_id: str, found: Callable[[], Any], timeout_s: float, interval_s: float,
+                   what: str) -> Any:
+        """``found()`` once it is truthy; ``LocalServiceError`` saying ``what`` with the job's diagnostics after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while self.job_status(job_id) not in _ENDED:
+        while not (result := found()):
             if time.monotonic() > deadline:
-                raise LocalServiceError(f"job {job_id} was not {what} within {timeout_s:.0f} s; "
-                                        f"{self.job_diagnostics(job_id)}")
-            time.sleep(0.1)
+                raise LocalServiceError(f"{what} within {timeout_s:.0f} s; {self.job_diagnostics(job_id)}")
+            time.sleep(interval_s)
+        return result
 
     def _rest_send(self, method: str, path: str, body: dict | None) -> Any:
         data = None if body is None else json.dumps(body).encode()

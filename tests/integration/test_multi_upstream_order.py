@@ -74,6 +74,22 @@ def _run(bootstrap, new_topic, tmp_path, counter, *, drop_input=False, wait_then
     return inputs, outputs, recorder.read(), logical_call_counts(counter)
 
 
+def _run_until_fired(fired: str, missed: str, bootstrap, new_topic, tmp_path, *, first_fires: bool = False,
+                     **options):
+    """:func:`_run` from scratch until the fault counted as ``fired`` hit (a run it missed proves nothing), at most
+    WAIT_SCENARIO_TRIES times; the counter and what the run that hit did. ``first_fires``: every run must inject
+    the first failure."""
+    for attempt in range(WAIT_SCENARIO_TRIES):
+        work = tmp_path / f"try-{attempt}"
+        work.mkdir()
+        counter = InvocationCounter(work / "invocations.sqlite")
+        result = _run(bootstrap, new_topic, work, counter, **options)
+        assert not first_fires or counter.count("fault_fired") == 1, "the first failure was not injected"
+        if counter.count(fired) == 1:
+            return counter, result
+    raise AssertionError(f"in {WAIT_SCENARIO_TRIES} runs {missed}")
+
+
 def _restored_attempt(record, fault_name="first"):
     """The attempt that followed the named fault."""
     fault = next(f for f in record.faults if f.name == fault_name)
@@ -151,16 +167,9 @@ def test_checkpoint_while_a_key_waits_for_its_predecessor_then_a_second_failure_
     # (SLOW_GAP_MS). Should a run still miss that moment (a machine too busy to take a checkpoint for seconds), it
     # proves nothing, so it is run again from scratch (at most WAIT_SCENARIO_TRIES times); every invariant below
     # is checked on the run where it hit.
-    for attempt in range(WAIT_SCENARIO_TRIES):
-        work = tmp_path / f"try-{attempt}"
-        work.mkdir()
-        counter = InvocationCounter(work / "invocations.sqlite")
-        inputs, outputs, record, calls = _run(kafka_bootstrap, new_topic, work, counter, wait_then_fail=True)
-        assert counter.count("fault_fired") == 1, "the first failure was not injected"
-        if counter.count("second_fault_fired") == 1:
-            break
-    assert counter.count("second_fault_fired") == 1, (
-        f"in {WAIT_SCENARIO_TRIES} runs no checkpoint completed while a key waited")
+    _, (inputs, outputs, record, calls) = _run_until_fired(
+        "second_fault_fired", "no checkpoint completed while a key waited", kafka_bootstrap, new_topic, tmp_path,
+        first_fires=True, wait_then_fail=True)
     _check_setup(record)
     second = next(f for f in record.faults if f.name == "second")
     detail = json.loads(second.detail)
@@ -181,15 +190,9 @@ def test_a_recorded_input_that_never_comes_back_times_out_and_other_keys_keep_fu
     # The failure must hit an input its key has a later one after (the later one waits for it). Should a busy
     # machine complete the first checkpoint only when every key is past such inputs, the fault never fires and
     # the run proves nothing: it is run again from scratch (at most WAIT_SCENARIO_TRIES times).
-    for attempt in range(WAIT_SCENARIO_TRIES):
-        work = tmp_path / f"try-{attempt}"
-        work.mkdir()
-        counter = InvocationCounter(work / "invocations.sqlite")
-        inputs, outputs, record, calls = _run(kafka_bootstrap, new_topic, work, counter, drop_input=True,
-                                              order_restore_timeout_s=2.0)
-        if counter.count("fault_fired") == 1:
-            break
-    assert counter.count("fault_fired") == 1, f"in {WAIT_SCENARIO_TRIES} runs the failure was not injected"
+    _, (inputs, outputs, record, calls) = _run_until_fired(
+        "fault_fired", "the failure was not injected", kafka_bootstrap, new_topic, tmp_path, drop_input=True,
+        order_restore_timeout_s=2.0)
     _check_setup(record)
     first = json.loads(next(f for f in record.faults if f.name == "first").detail)
     lost_key, lost_n = first["key"], first["n"]
