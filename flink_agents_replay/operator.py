@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,6 +264,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         raw = self.in_flight_state.value()
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
         if raw is None:
+            if self._checks.get(key) == timestamp:
+                del self._checks[key]  # a check left from the key's last run, which a wake-up applied
             if self.order.wait_over(timestamp, draining):
                 self.order.give_up(key, "the input ended" if draining else "timed out")
                 self._start_next(key, ctx)
@@ -273,13 +276,15 @@ class ActionExecutionOperator(KeyedProcessFunction):
             epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
             self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
         own_check = self._checks.get(key) == timestamp  # the key's check timer, not a wake-up or an order timer
+        if own_check:
+            del self._checks[key]  # fired: the next check is registered anew, whatever the clocks' rounding
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
         if not self.runs.done(key, wait_for_it=draining):
             if own_check:
                 self._schedule_check(key, ctx)
             return
         self._count_applied("runs_drained" if draining else "runs_checked" if own_check else "runs_woken")
-        self._settle(key, timestamp, ctx)
+        self._settle(key)
         yield from self._apply(key, self.runs.finished(key), ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same
         # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
@@ -341,20 +346,26 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._schedule_check(key, ctx)
 
     def _schedule_check(self, key, ctx) -> None:
-        """Register the key's run check: the fallback behind wake-ups, or the polling interval without them."""
+        """Have the key's run check registered: the fallback behind wake-ups, or the polling interval without them.
+
+        A check still pending from the key's last run serves this run too: it finds the run under way and
+        registers the next. A timer registered and deleted per run cost about 6 % of a subtask's CPU at 0 ms
+        calls (py-spy). The clock is Flink's processing time (the wall clock), read without a call into Java.
+        """
+        now = int(time.time() * 1000)
+        if self._checks.get(key, 0) > now:
+            return
         interval = self.config.poll_interval_ms if self.wakeups is None else self.config.fallback_check_ms
-        when = self._checks[key] = ctx.timer_service().current_processing_time() + interval
+        when = self._checks[key] = now + interval
         ctx.timer_service().register_processing_time_timer(when)
 
     def _count_applied(self, how: str) -> None:
         self.applied[how] += 1
         self.counters[how].inc()
 
-    def _settle(self, key, timestamp: int, ctx) -> None:
-        """The key's run is about to be applied: drop its check timer (unless firing now) and its wake-up token."""
-        when = self._checks.pop(key, None)
-        if when is not None and when != timestamp:
-            ctx.timer_service().delete_processing_time_timer(when)
+    def _settle(self, key) -> None:
+        """The key's run is about to be applied: drop its wake-up token. Its check timer stays, for the key's next
+        run, or to find nothing and go (:meth:`_schedule_check`)."""
         token = self._tokens.pop(key, None)
         if token is not None:
             self.wakeups.settle(token)
