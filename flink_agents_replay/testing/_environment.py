@@ -39,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from flink_agents_replay.agent import Agent
+from flink_agents_replay.config import default_journal_topic, default_uid
 from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.testing.counter import InvocationCounter
 
@@ -72,22 +73,34 @@ class CommittedOutput:
 
 #: How the worker's exception appears in the Java trace in thread mode (pemja) and in process mode (Beam).
 _THREAD_MODE_EXCEPTION = re.compile(r"pemja\.core\.PythonException: <class '(?:[\w.]*\.)?([\w]+)'>: (.*)")
+#: An error the package's checkpoint bridge raises in Java (``slot_wait_timeout_s``, a hold that never ends).
+_BRIDGE_EXCEPTION = re.compile(r"(?:[\w.]*\.)?(\w+(?:Exception|Error)): (flink-agents-replay: .*)")
 
 
 def python_exception_line(trace: str) -> str | None:
     """``Type: message`` of the Python exception a job's failure (its text, with the Java trace) carries: the
-    last one PyFlink's thread mode reports, else the last line of the last Python traceback; ``None``."""
+    last one PyFlink's thread mode reports, else the last line of the last Python traceback, else the last
+    error of the package's checkpoint bridge (Java, e.g. ``slot_wait_timeout_s``); ``None``."""
     found = _THREAD_MODE_EXCEPTION.findall(trace)
     if found:
         kind, message = found[-1]
         return f"{kind}: {message.strip()}"
     start = trace.rfind("Traceback (most recent call last):")
-    if start < 0:
-        return None
-    for line in trace[start:].splitlines()[1:]:
-        if line.strip() and not line[:1].isspace():
-            return line.strip()
+    if start >= 0:
+        for line in trace[start:].splitlines()[1:]:
+            if line.strip() and not line[:1].isspace():
+                return line.strip()
+    bridge = _BRIDGE_EXCEPTION.findall(trace)
+    if bridge:
+        kind, message = bridge[-1]
+        return f"{kind}: {message.strip()}"
     return None
+
+
+def _journal_topic(agent: Agent, agent_config: Mapping[str, Any]) -> str:
+    """The journal topic the job wrote: the environment's fresh one, the config's, or the uid's default."""
+    uid = agent_config.get("uid") or default_uid(agent.name)
+    return agent_config.get("journal_topic") or default_journal_topic(uid)
 
 
 @dataclass(frozen=True)
@@ -237,7 +250,7 @@ class AgentTestEnvironment:
         counts = {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
         return AgentRunResult(outputs=tuple(outputs), call_counts=counts, failed_over=bool(claims.count("fired")),
                               failure=failure, input_topic=topics["input"], output_topic=topics["output"],
-                              journal_topic=topics["journal"], failure_message=message)
+                              journal_topic=_journal_topic(agent, agent_config), failure_message=message)
 
     @staticmethod
     def _ship_by_value(modules: Iterable[ModuleType]) -> None:

@@ -53,3 +53,20 @@ def test_modules_the_worker_cannot_import_ship_by_value():
     assert _worker_cannot_import(types.ModuleType("test_my_agent"))  # a user's test module
     assert not _worker_cannot_import(support_triage)  # installed with the package
     assert not _worker_cannot_import(json)
+
+
+def test_a_runs_result_names_the_journal_topic_the_job_wrote():
+    """Found by an adversarial user: with its own journal_topic, the result named the environment's fresh one."""
+    from flink_agents_replay import Agent, InputEvent, action
+    from flink_agents_replay.testing._environment import _journal_topic
+
+    class Triage(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            pass
+
+    agent = Triage(name="triage")
+    assert _journal_topic(agent, {"journal_topic": "testenv-journal-1"}) == "testenv-journal-1"
+    assert _journal_topic(agent, {"journal_topic": "mine"}) == "mine"
+    assert _journal_topic(agent, {"journal_topic": None}) == "flink-agents-replay.triage.journal"
+    assert _journal_topic(agent, {"journal_topic": None, "uid": "shop/triage"}) == "shop.triage.journal"

@@ -1,0 +1,19 @@
+"""The packaged main job's command line: durability modes by their current names, the old one still taken."""
+
+import pytest
+
+from flink_agents_replay.jobs import agent_job
+
+COMMON = ["--bootstrap-servers", "127.0.0.1:9092"]
+
+
+def test_the_help_offers_the_current_modes_and_the_old_name_still_runs_per_run(capsys, monkeypatch):
+    monkeypatch.setenv("FLINK_AGENTS_REPLAY_SIGNING_KEY", "0123456789abcdef0123")
+    assert agent_job.parse_args([*COMMON, "--durability", "per_bundle"]).durability == "per_run"
+    assert agent_job.parse_args(COMMON).durability == "per_run"
+    with pytest.raises(SystemExit):
+        agent_job.parse_args([*COMMON, "--help"])
+    assert "per_bundle" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        agent_job.parse_args([*COMMON, "--durability", "per_nothing"])
+    assert "invalid choice: 'per_nothing'" in capsys.readouterr().err
