@@ -116,14 +116,15 @@ def machine_note() -> str:
 
 # -- the benchmark agent ---------------------------------------------------------------------------
 def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_action: int = 1,
-                result_bytes: int = 200, sync_flush: bool = False) -> Any:
+                result_bytes: int = 200, sync_flush: bool = False, work_us: float = 0) -> Any:
     """An agent of ``actions`` chained actions with ``calls_per_action`` calls each.
 
     The tool is a plain function that sleeps ``call_delay_s`` (the stand-in for a model or an API: I/O
     that releases the GIL) and returns a string of about ``result_bytes`` bytes. The first action writes
     one memory path; the last emits one OutputEvent, so every input produces exactly one output, carrying
     the time its run began (``began``). With ``sync_flush`` the worker's journal imitates flink-agents
-    (:func:`install_sync_flush`). Defined inside a function so that cloudpickle ships the classes by value.
+    (:func:`install_sync_flush`). ``work_us`` of Python CPU in each action stands for an agent's own code
+    (prompts, parsing). Defined inside a function so that cloudpickle ships the classes by value.
     """
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
     from flink_agents_replay.resources import Tool
@@ -147,6 +148,9 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
             if sync_flush:
                 install_sync_flush()
             text = event.input["key"] if index == 0 else event.text
+            spin_until = time.thread_time() + work_us / 1e6
+            while time.thread_time() < spin_until:
+                pass
             for call in range(calls_per_action):
                 text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|{index}|{call}|{text[:40]}")
             if index == 0:

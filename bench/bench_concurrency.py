@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--poll-interval-ms", type=int, default=5,
                         help="operator poll_interval_ms of the polling variant (default 5)")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)")
+    parser.add_argument("--work-us", type=float, default=0.0,
+                        help="Python CPU per run in the action, an agent's own code (default 0)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
     target_s = args.seconds or (4.0 if args.quick else 8.0)
@@ -49,8 +51,9 @@ def main() -> None:
     call_s = args.call_ms / 1000
 
     print(h.machine_note())
-    print(f"# {rounds} round(s), {args.call_ms:g} ms calls, poll {args.poll_interval_ms} ms, checkpoints every "
-          f"{args.checkpoint_interval_ms} ms, ~{target_s:g} s per job at the ideal rate", flush=True)
+    print(f"# {rounds} round(s), {args.call_ms:g} ms calls, {args.work_us:g} us of Python per run, poll "
+          f"{args.poll_interval_ms} ms, checkpoints every {args.checkpoint_interval_ms} ms, ~{target_s:g} s per job "
+          "at the ideal rate", flush=True)
     measured: dict[tuple[str, int], list[h.JobResult]] = defaultdict(list)
     began = time.monotonic()
     with h.broker() as bootstrap:
@@ -68,7 +71,8 @@ def main() -> None:
                 # at least two waves of every key, so the measured span is not one wave's start-to-end
                 runs = max(int(target_s * ideal), 2 * keys, 20)
                 topic = h.produce_bench_inputs(bootstrap, keys, runs)
-                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1)
+                agent = h.bench_agent(f"concurrency{round_index}", call_delay_s=call_s, actions=1,
+                                      work_us=args.work_us)
                 config = h.agent_config(bootstrap, journal_enabled=mode != "off", max_concurrent_runs=concurrency,
                                         poll_interval_ms=args.poll_interval_ms, wake_on_completion=mode != POLLING)
                 result = h.timed_agent_job(bootstrap, topic, agent, config, runs,
