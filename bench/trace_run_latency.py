@@ -8,7 +8,8 @@ The workload of ``bench_journal_overhead.py`` (one subtask, 32 keys, 8 run slots
 * ``call returned``: each of the run's calls returned to its action;
 * ``acknowledged, wake-up posted``: the journal's last acknowledgement arrived and its callback wrote the
   run's wake-up (``on_ready``: the same instant);
-* ``task thread on the key``: the operator's ``on_timer`` for the key, from the wake-up's mail;
+* ``task thread at the key``: the operator's ``on_timer`` asked whether the key's run may be applied (from the
+  wake-up's mail, or a check that found it unfinished);
 * ``applied, output emitted``: the run was taken out of the pool and its output yielded (same call).
 
 Between the run's last call returning and its output, the task thread's other steps (runs submitted, keys
@@ -61,7 +62,7 @@ def install_run_tracer(path: str) -> None:
         return submit(self, key, run, traced_execute, on_ready=traced_ready if on_ready else None)
 
     def traced_done(self, key, *, wait_for_it=False):
-        stamp("task thread on the key", key, self._runs[key].run.seq)
+        stamp("task thread at the key", key, self._runs[key].run.seq)
         return done(self, key, wait_for_it=wait_for_it)
 
     def traced_finished(self, key):
@@ -124,7 +125,7 @@ def read_trace(path: str) -> tuple[dict[tuple[str, int], list[tuple[float, str]]
             at, kind, key, seq = line.rstrip("\n").split("\t")
             if int(seq) >= 0:
                 by_run[(key, int(seq))].append((float(at), kind))
-            if kind in ("submitted", "task thread on the key", "applied, output emitted", "input held",
+            if kind in ("submitted", "task thread at the key", "applied, output emitted", "input held",
                         "input released"):
                 task_thread.append((float(at), kind, key))
     return by_run, task_thread

@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from flink_agents_replay.agent import Agent
-from flink_agents_replay.config import default_journal_topic, default_uid
+from flink_agents_replay.config import AgentConfig
 from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.testing.counter import InvocationCounter
 
@@ -98,9 +98,9 @@ def python_exception_line(trace: str) -> str | None:
 
 
 def _journal_topic(agent: Agent, agent_config: Mapping[str, Any]) -> str:
-    """The journal topic the job wrote: the environment's fresh one, the config's, or the uid's default."""
-    uid = agent_config.get("uid") or default_uid(agent.name)
-    return agent_config.get("journal_topic") or default_journal_topic(uid)
+    """The journal topic the job wrote (or would have, with the journal off): the environment's fresh one, the
+    config's, or the uid's default, resolved as the operator resolves it."""
+    return AgentConfig.from_mapping(agent_config).resolved(agent.name).journal_topic
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,8 @@ def test_a_runs_result_names_the_journal_topic_the_job_wrote():
             pass
 
     agent = Triage(name="triage")
-    assert _journal_topic(agent, {"journal_topic": "testenv-journal-1"}) == "testenv-journal-1"
-    assert _journal_topic(agent, {"journal_topic": "mine"}) == "mine"
-    assert _journal_topic(agent, {"journal_topic": None}) == "flink-agents-replay.triage.journal"
-    assert _journal_topic(agent, {"journal_topic": None, "uid": "shop/triage"}) == "shop.triage.journal"
+    base = {"kafka": {"bootstrap.servers": "127.0.0.1:9092"}, "signing_key": "0123456789abcdef0123"}
+    assert _journal_topic(agent, {**base, "journal_topic": "testenv-journal-1"}) == "testenv-journal-1"
+    assert _journal_topic(agent, {**base, "journal_topic": "mine"}) == "mine"
+    assert _journal_topic(agent, {**base, "journal_topic": None}) == "flink-agents-replay.triage.journal"
+    assert _journal_topic(agent, {**base, "journal_topic": None, "uid": "shop/triage"}) == "shop.triage.journal"
