@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +116,8 @@ def machine_note() -> str:
 
 # -- the benchmark agent ---------------------------------------------------------------------------
 def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_action: int = 1,
-                result_bytes: int = 200, sync_flush: bool = False, work_us: float = 0) -> Any:
+                result_bytes: int = 200, sync_flush: bool = False, work_us: float = 0,
+                after_call: Callable[[Any], None] | None = None) -> Any:
     """An agent of ``actions`` chained actions with ``calls_per_action`` calls each.
 
     The tool is a plain function that sleeps ``call_delay_s`` (the stand-in for a model or an API: I/O
@@ -124,7 +125,8 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
     one memory path; the last emits one OutputEvent, so every input produces exactly one output, carrying
     the time its run began (``began``). With ``sync_flush`` the worker's journal imitates flink-agents
     (:func:`install_sync_flush`). ``work_us`` of Python CPU in each action stands for an agent's own code
-    (prompts, parsing). Defined inside a function so that cloudpickle ships the classes by value.
+    (prompts, parsing). ``after_call(ctx)`` runs after each call returns (a trace's stamp). Defined inside a
+    function so that cloudpickle ships the classes by value.
     """
     from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
     from flink_agents_replay.resources import Tool
@@ -148,11 +150,14 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
             if sync_flush:
                 install_sync_flush()
             text = event.input["key"] if index == 0 else event.text
-            spin_until = time.thread_time() + work_us / 1e6
-            while time.thread_time() < spin_until:
-                pass
+            if work_us:
+                spin_until = time.thread_time() + work_us / 1e6
+                while time.thread_time() < spin_until:
+                    pass
             for call in range(calls_per_action):
                 text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|{index}|{call}|{text[:40]}")
+                if after_call is not None:
+                    after_call(ctx)
             if index == 0:
                 ctx.memory.set("last", text[:64])
             ctx.send_event(OutputEvent(output={"seq": ctx.seq, "began": began}) if last

@@ -33,10 +33,14 @@ import _harness as h
 
 def install_run_tracer(path: str) -> None:
     """Stamp each run's steps into ``path`` (one line per step), from the worker; idempotent."""
+    from flink_agents_replay.flink import runs
     from flink_agents_replay.flink.input_hold import InputHold
     from flink_agents_replay.flink.runs import RunPool
 
-    if getattr(RunPool, "bench_trace", None) == path:
+    # Claimed by one thread (dict.setdefault is atomic): two runs' first calls may return at once. A later job
+    # (another path) wraps these wrappers, each stamping into its own job's file.
+    claim = object()
+    if vars(runs).setdefault("bench_trace_claims", {}).setdefault(path, claim) is not claim:
         return
     out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the worker's interpreter
 
@@ -78,42 +82,17 @@ def install_run_tracer(path: str) -> None:
 
     RunPool.submit, RunPool.done, RunPool.finished, InputHold._sync = (traced_submit, traced_done, traced_finished,
                                                                       traced_sync)
-    RunPool.bench_trace = path
 
 
 def traced_agent(name: str, call_delay_s: float, path: str):
-    """The journal-overhead bench's agent whose tool also stamps each call's return."""
-    from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-    from flink_agents_replay.resources import Tool
-
-    def tool(argument: str) -> str:
-        time.sleep(call_delay_s)
-        return argument[:40]
-
-    class Step(Event):
-        """Sent from the first action to the second."""
+    """The journal-overhead bench's agent (:func:`_harness.bench_agent`), stamping each call's return."""
 
     def note(ctx) -> None:
         install_run_tracer(path)
         with open(path, "a") as out:
             out.write(f"{time.monotonic():.6f}\tcall returned\t{ctx.key}\t{ctx.seq}\n")
 
-    class Traced(Agent):
-        @action(InputEvent)
-        def first(event, ctx):
-            began = time.time()
-            text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|0")
-            note(ctx)
-            ctx.memory.set("last", text)
-            ctx.send_event(Step(text=text, began=began))
-
-        @action(Step)
-        def second(event, ctx):
-            text = ctx.call("tool", f"{ctx.key}|{ctx.seq}|1|{event.text}")
-            note(ctx)
-            ctx.send_event(OutputEvent(output={"seq": ctx.seq, "text": text, "began": event.began}))
-
-    return Traced(name=name, resources={"tool": Tool(tool, side_effects="none")})
+    return h.bench_agent(name, call_delay_s=call_delay_s, after_call=note)
 
 
 def read_trace(path: str) -> tuple[dict[tuple[str, int], list[tuple[float, str]]], list[tuple[float, str, str]]]:

@@ -373,8 +373,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.counters[how].inc()
 
     def _settle(self, key) -> None:
-        """The key's run is about to be applied: drop its wake-up token. Its check timer stays, for the key's next
-        run, or to find nothing and go (:meth:`_schedule_check`)."""
+        """The key's run is about to be applied: drop its wake-up token. Its check timer is :meth:`on_timer`'s to
+        keep for the key's next run or to delete if the key goes idle."""
         token = self._tokens.pop(key, None)
         if token is not None:
             self.wakeups.settle(token)
