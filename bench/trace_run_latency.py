@@ -36,6 +36,9 @@ def install_run_tracer(path: str) -> None:
     from flink_agents_replay.flink import runs
     from flink_agents_replay.flink.input_hold import InputHold
     from flink_agents_replay.flink.runs import RunPool
+    from flink_agents_replay.journal.checkpoints import JournalCheckpoints
+    from flink_agents_replay.journal.writer import JournalWriter
+    from flink_agents_replay.kafka.store import KafkaTopicStore
 
     # Claimed by one thread (dict.setdefault is atomic): two runs' first calls may return at once. A later job
     # (another path) wraps these wrappers, each stamping into its own job's file.
@@ -80,8 +83,26 @@ def install_run_tracer(path: str) -> None:
         if self.held != held:
             stamp("input held" if self.held else "input released", "-")
 
+    def traced_on_task_thread(method, began: str, ended: str):
+        def traced(self, *args, **kwargs):
+            stamp(began, "-")
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                stamp(ended, "-")
+        return traced
+
     RunPool.submit, RunPool.done, RunPool.finished, InputHold._sync = (traced_submit, traced_done, traced_finished,
                                                                       traced_sync)
+    # The journal's halves of snapshot_state and notify_checkpoint_complete (the bridge bound the operator's own
+    # methods when it opened, before this ran).
+    journal = JournalCheckpoints
+    journal.snapshot = traced_on_task_thread(journal.snapshot, "snapshot began", "snapshot ended")
+    journal.completed = traced_on_task_thread(journal.completed, "prune began", "prune ended")
+    JournalWriter.acknowledge_appended = traced_on_task_thread(
+        JournalWriter.acknowledge_appended, "waiting for appended records began", "waiting for appended records ended")
+    KafkaTopicStore.end_offsets = traced_on_task_thread(KafkaTopicStore.end_offsets, "end offsets began",
+                                                        "end offsets ended")
 
 
 def traced_agent(name: str, call_delay_s: float, path: str):
@@ -95,6 +116,10 @@ def traced_agent(name: str, call_delay_s: float, path: str):
     return h.bench_agent(name, call_delay_s=call_delay_s, after_call=note)
 
 
+_CHECKPOINT_STEPS = tuple(f"{step} {edge}" for step in ("snapshot", "waiting for appended records", "end offsets",
+                                                       "prune") for edge in ("began", "ended"))
+
+
 def read_trace(path: str) -> tuple[dict[tuple[str, int], list[tuple[float, str]]], list[tuple[float, str, str]]]:
     """Steps by run (key, seq), and the task thread's steps in time order (kind, key)."""
     by_run: dict[tuple[str, int], list[tuple[float, str]]] = defaultdict(list)
@@ -105,7 +130,7 @@ def read_trace(path: str) -> tuple[dict[tuple[str, int], list[tuple[float, str]]
             if int(seq) >= 0:
                 by_run[(key, int(seq))].append((float(at), kind))
             if kind in ("submitted", "task thread at the key", "applied, output emitted", "input held",
-                        "input released"):
+                        "input released", *_CHECKPOINT_STEPS):
                 task_thread.append((float(at), kind, key))
     return by_run, task_thread
 
@@ -124,6 +149,58 @@ def show(run: tuple[str, int], steps: list[tuple[float, str]], task_thread: list
         counts[kind] += 1
     print(f"  the task thread between its last call's return and its output ({(emitted - last_call) * 1000:.1f} ms): "
           + (", ".join(f"{kind} x{n}" for kind, n in counts.items()) or "nothing"))
+
+
+def _pct(values: list[float], q: float) -> float:
+    return sorted(values)[min(int(len(values) * q), len(values) - 1)] * 1000 if values else float("nan")
+
+
+def _spans(task_thread: list) -> list[tuple[str, float, float]]:
+    """(step, began, ended) of each checkpoint step on the task thread."""
+    spans, opened = [], {}
+    for at, kind, _ in task_thread:
+        step = kind.rsplit(" ", 1)[0]
+        if kind.endswith(" began"):
+            opened[step] = at
+        elif kind.endswith(" ended") and step in opened:
+            spans.append((step, opened.pop(step), at))
+    return spans
+
+
+def show_tail(runs: list, steps_of: dict, task_thread: list, call_s: float) -> None:
+    """Where the slowest 1 % of runs lost their time, against all runs: calls returning late (the worker's
+    interpreter stalled), the acknowledgement (slot freed -> acknowledged), and the task thread reaching the key
+    after the wake-up (late when a checkpoint's snapshot held it); and what the checkpoint steps took."""
+    spans = _spans(task_thread)
+    parts: dict[str, list[float]] = defaultdict(list)
+    tail = set(runs[int(len(runs) * 0.99):])
+    tail_parts: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        steps = sorted(steps_of[run])
+        at = {kind: when for when, kind in steps}
+        if not {"slot taken", "slot freed", "acknowledged, wake-up posted", "task thread at the key"} <= set(at):
+            continue
+        calls = at["slot freed"] - at["slot taken"] - 2 * call_s
+        acked, reached = at["acknowledged, wake-up posted"], at["task thread at the key"]
+        held = any(began < reached and ended > acked for step, began, ended in spans if step == "snapshot")
+        values = {"calls late": calls, "acknowledgement": acked - at["slot freed"],
+                  "wake-up -> task thread": reached - acked, "a snapshot held the task thread": float(held)}
+        for name, value in values.items():
+            parts[name].append(value)
+            if run in tail:
+                tail_parts[name].append(value)
+    print(f"\n  where the time went, ms: all runs p50 / p99 | the slowest 1 % ({len(tail)} runs) mean / max")
+    for name in ("calls late", "acknowledgement", "wake-up -> task thread"):
+        values, slow = parts[name], tail_parts[name]
+        print(f"    {name:24} {_pct(values, 0.5):6.1f} / {_pct(values, 0.99):6.1f} | "
+              f"{sum(slow) / max(len(slow), 1) * 1000:6.1f} / {max(slow, default=0) * 1000:6.1f}")
+    held = tail_parts["a snapshot held the task thread"]
+    print(f"    a snapshot held the task thread between the wake-up and the key: {sum(held):.0f} of the slowest "
+          f"{len(held)}, {sum(parts['a snapshot held the task thread']):.0f} of all {len(parts['calls late'])}")
+    for step in ("snapshot", "waiting for appended records", "end offsets", "prune"):
+        took = [ended - began for name, began, ended in spans if name == step]
+        print(f"  {step} (task thread), ms: {len(took)} times, p50 {_pct(took, 0.5):.1f}, p90 {_pct(took, 0.9):.1f}, "
+              f"max {max(took, default=float('nan')) * 1000:.1f}")
 
 
 def main() -> None:
@@ -157,6 +234,7 @@ def main() -> None:
             for label, index in (("p50 run", len(ordered) // 2), ("p99 run", int(len(ordered) * 0.99))):
                 run = ordered[index]
                 show(run, complete[run], task_thread, label)
+            show_tail(ordered, complete, task_thread, call_s)
 
 
 if __name__ == "__main__":

@@ -103,8 +103,9 @@ class JournalWriter:
             delivery = self._last[partition] = self.store.append(partition, record_key, value)
             return delivery
 
-    def acknowledge_appended(self, timeout_s: float) -> None:
-        """Wait until every record appended so far is acknowledged (what a checkpoint barrier covers).
+    def acknowledge_appended(self, timeout_s: float) -> dict[int, int]:
+        """Wait until every record appended so far is acknowledged (what a checkpoint barrier covers); return,
+        per partition this writer has written, the offset after the last of them.
 
         Not a flush of the producer: under saturation the runs keep appending, and a flush would wait for those
         records too, possibly never finding the queue empty. Kafka acknowledges a partition's records in order
@@ -112,11 +113,12 @@ class JournalWriter:
         failed is reported by :meth:`JournalStore.check_deliveries`.
         """
         with self._lock:
-            last = list(self._last.values())
+            last = dict(self._last)
         deadline = time.monotonic() + timeout_s
-        for delivery in last:
-            delivery.wait(max(0.0, deadline - time.monotonic()))
+        ends = {partition: delivery.wait(max(0.0, deadline - time.monotonic())) + 1
+                for partition, delivery in last.items()}
         self.store.check_deliveries()
+        return ends
 
     def encode(self, record_key: bytes, kind: RecordKind, payload: Any, *, partition: int, fingerprint: str,
                what: str, attempt: int = 0) -> bytes:

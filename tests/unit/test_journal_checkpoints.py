@@ -71,6 +71,32 @@ def test_snapshot_marks_the_end_of_each_owned_partition_lowered_to_runs_in_fligh
     assert marker["in_flight"] == {"1": [[key_digest("b"), 1]]}
 
 
+class CountingStore(TopicStore):
+    """Counts the end-offset queries (each a broker round trip on the task thread, with Kafka)."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[list[int]] = []
+
+    def end_offsets(self, partitions):
+        self.asked.append(sorted(partitions))
+        return super().end_offsets(partitions)
+
+
+def test_a_snapshot_asks_the_store_only_for_ends_of_partitions_not_written_and_only_once():
+    checkpoints = make_checkpoints(CountingStore())
+    run_once(checkpoints, "a", 1, group=0)
+    first = json.loads(marker_of(checkpoints, 1))
+    assert checkpoints.store.asked == [[1]], "partition 0's end is past the record written there"
+    run_once(checkpoints, "b", 1, group=1)
+    run_once(checkpoints, "c", 2, group=0)
+    second = json.loads(marker_of(checkpoints, 2))
+    assert checkpoints.store.asked == [[1]], "no query once every owned partition's end is known"
+    ends = CountingStore.end_offsets(checkpoints.store, OWNED)
+    assert second["ends"] == {str(p): o for p, o in ends.items()} and second["offsets"] == second["ends"]
+    assert int(first["ends"]["0"]) < int(second["ends"]["0"])
+
+
 def test_completion_prunes_below_the_marker_and_an_aborted_checkpoint_prunes_nothing():
     checkpoints = make_checkpoints()
     run_once(checkpoints, "a", 1, group=0)
