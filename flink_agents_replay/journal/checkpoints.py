@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flink_agents_replay.errors import JournalGapError
@@ -98,6 +98,7 @@ class JournalCheckpoints:
         self.last_restore_ms: float | None = None
         self.earlier_attempt_records_ignored = 0  # fenced at this start (journal/fencing.py)
         self._known_ends: dict[int, int] = {}  # partition -> its end at the last snapshot (_barrier_ends)
+        self._ends_seen: dict[int, int | None] = {}  # partition -> the acknowledged end _barrier_ends last took
         self.history_expiry_s = history_expiry_s
         self.waiting_since: dict[str, float] = {}  # key digest -> since when its history waits (epoch s)
         self.runs_restored_in_flight: set[str] = set()  # keys whose run was in flight at the restored checkpoint
@@ -297,20 +298,31 @@ class JournalCheckpoints:
         return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, unreplayed,
                              fences=self.writer.fences, replaying_since=since, checkpoint_time_ms=checkpoint_time_ms)
 
-    def _barrier_ends(self, written: dict[int, int]) -> dict[int, int]:
+    def _barrier_ends(self, written: Mapping[int, int | None]) -> dict[int, int]:
         """Each owned partition's end at the barrier: past the last record this attempt wrote there before it
-        (``written``, acknowledged). The store is asked only for partitions this attempt has not written, once:
-        with Kafka that is a broker round trip on the task thread, which held every wake-up back for 6-7 ms at the
-        p50 and up to 200 ms at each checkpoint (issue 33). Only a zombie attempt writes to an owned partition
-        besides this one, and the fences ignore its records; an end below them would only make a restore read
-        more, never less."""
-        written = {p: end for p, end in written.items() if end > 0}  # an acknowledgement without an offset: ask
-        unknown = [p for p in self.owned if p not in written and p not in self._known_ends]
-        asked = self.store.end_offsets(unknown) if unknown else {}
+        (``written``, acknowledged).
+
+        The store is asked at the attempt's first snapshot, then only for a partition whose new acknowledged end
+        cannot be trusted: none (acknowledged without an offset) or below the end already known (offsets only
+        grow). Asking at every snapshot put a broker round trip on the task thread, holding every wake-up back for
+        7-10 ms at the p50 and up to 200 ms per checkpoint (issue 33). Besides this attempt only a zombie writes to
+        an owned partition, and fencing ignores its records; an end below them would make a restore read more,
+        never less.
+        """
+        ask = []
+        for partition in self.owned:
+            end = written.get(partition)
+            if partition in written and self._ends_seen.get(partition, -1) != end:
+                self._ends_seen[partition] = end
+                if end is not None and end >= self._known_ends.get(partition, end + 1):
+                    self._known_ends[partition] = end
+                    continue
+                ask.append(partition)
+            elif partition not in self._known_ends:
+                ask.append(partition)
+        asked = self.store.end_offsets(ask) if ask else {}
         # An answer that is not an offset is not kept: build_marker refuses it, and the next snapshot asks again.
         self._known_ends.update((p, end) for p, end in asked.items() if end >= 0)
-        for partition, end in written.items():
-            self._known_ends[partition] = max(end, self._known_ends.get(partition, end))
         return {p: self._known_ends.get(p, asked.get(p, -1)) for p in self.owned}
 
     def completed(self, checkpoint_id: int) -> int:

@@ -103,9 +103,10 @@ class JournalWriter:
             delivery = self._last[partition] = self.store.append(partition, record_key, value)
             return delivery
 
-    def acknowledge_appended(self, timeout_s: float) -> dict[int, int]:
+    def acknowledge_appended(self, timeout_s: float) -> dict[int, int | None]:
         """Wait until every record appended so far is acknowledged (what a checkpoint barrier covers); return,
-        per partition this writer has written, the offset after the last of them.
+        per partition this writer has written, the offset after the last of them (``None``: Kafka acknowledged it
+        without an offset, as librdkafka does for a retried batch the broker already had).
 
         Not a flush of the producer: under saturation the runs keep appending, and a flush would wait for those
         records too, possibly never finding the queue empty. Kafka acknowledges a partition's records in order
@@ -115,8 +116,10 @@ class JournalWriter:
         with self._lock:
             last = dict(self._last)
         deadline = time.monotonic() + timeout_s
-        ends = {partition: delivery.wait(max(0.0, deadline - time.monotonic())) + 1
-                for partition, delivery in last.items()}
+        ends: dict[int, int | None] = {}
+        for partition, delivery in last.items():
+            offset = delivery.wait(max(0.0, deadline - time.monotonic()))
+            ends[partition] = offset + 1 if isinstance(offset, int) and offset >= 0 else None
         self.store.check_deliveries()
         return ends
 

@@ -83,18 +83,32 @@ class CountingStore(TopicStore):
         return super().end_offsets(partitions)
 
 
-def test_a_snapshot_asks_the_store_only_for_ends_of_partitions_not_written_and_only_once():
+def test_after_its_first_snapshot_an_attempt_takes_ends_from_its_own_acknowledged_records():
     checkpoints = make_checkpoints(CountingStore())
     run_once(checkpoints, "a", 1, group=0)
     first = json.loads(marker_of(checkpoints, 1))
-    assert checkpoints.store.asked == [[1]], "partition 0's end is past the record written there"
+    assert checkpoints.store.asked == [[0, 1]], "the attempt's first snapshot asks the store"
     run_once(checkpoints, "b", 1, group=1)
     run_once(checkpoints, "c", 2, group=0)
     second = json.loads(marker_of(checkpoints, 2))
-    assert checkpoints.store.asked == [[1]], "no query once every owned partition's end is known"
+    marker_of(checkpoints, 3)
+    assert checkpoints.store.asked == [[0, 1]], "then no query: each end is past the attempt's last record"
     ends = CountingStore.end_offsets(checkpoints.store, OWNED)
     assert second["ends"] == {str(p): o for p, o in ends.items()} and second["offsets"] == second["ends"]
     assert int(first["ends"]["0"]) < int(second["ends"]["0"])
+
+
+@pytest.mark.parametrize("reported", [None, 0], ids=["no offset", "an offset below the known end"])
+def test_an_acknowledgement_whose_offset_cannot_be_trusted_makes_the_snapshot_ask_the_store(monkeypatch, reported):
+    checkpoints = make_checkpoints(CountingStore())
+    run_once(checkpoints, "a", 1, group=0)
+    marker_of(checkpoints, 1)
+    run_once(checkpoints, "b", 2, group=0)
+    real = checkpoints.writer.acknowledge_appended
+    monkeypatch.setattr(checkpoints.writer, "acknowledge_appended", lambda timeout_s: {**real(timeout_s), 0: reported})
+    marker = json.loads(marker_of(checkpoints, 2))
+    assert checkpoints.store.asked == [[0, 1], [0]]
+    assert marker["ends"]["0"] == CountingStore.end_offsets(checkpoints.store, [0])[0]
 
 
 def test_completion_prunes_below_the_marker_and_an_aborted_checkpoint_prunes_nothing():
