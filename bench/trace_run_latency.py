@@ -226,7 +226,7 @@ def main() -> None:
             latency = {run: max(at for at, _ in steps) - min(at for at, k in steps if k == "slot taken")
                        for run, steps in complete.items()}
             started = sorted(complete, key=lambda run: min(at for at, k in complete[run] if k == "slot taken"))
-            ordered = sorted(started[8:], key=latency.get)  # the first wave left out, as the benchmarks do
+            ordered = sorted(started[8:], key=latency.get)  # a wave's worth left out, as the benchmarks do
             print(f"\n## {call_ms:g} ms calls: {len(ordered)} runs traced, p50 "
                   f"{latency[ordered[len(ordered) // 2]] * 1000:.1f} ms, p99 "
                   f"{latency[ordered[int(len(ordered) * 0.99)]] * 1000:.1f} ms (the job's own: p50 "

@@ -93,7 +93,7 @@ def test_after_its_first_snapshot_an_attempt_takes_ends_from_its_own_acknowledge
     second = json.loads(marker_of(checkpoints, 2))
     marker_of(checkpoints, 3)
     assert checkpoints.store.asked == [[0, 1]], "then no query: each end is past the attempt's last record"
-    ends = CountingStore.end_offsets(checkpoints.store, OWNED)
+    ends = TopicStore.end_offsets(checkpoints.store, OWNED)
     assert second["ends"] == {str(p): o for p, o in ends.items()} and second["offsets"] == second["ends"]
     assert int(first["ends"]["0"]) < int(second["ends"]["0"])
 
@@ -108,7 +108,43 @@ def test_an_acknowledgement_whose_offset_cannot_be_trusted_makes_the_snapshot_as
     monkeypatch.setattr(checkpoints.writer, "acknowledge_appended", lambda timeout_s: {**real(timeout_s), 0: reported})
     marker = json.loads(marker_of(checkpoints, 2))
     assert checkpoints.store.asked == [[0, 1], [0]]
-    assert marker["ends"]["0"] == CountingStore.end_offsets(checkpoints.store, [0])[0]
+    assert marker["ends"]["0"] == TopicStore.end_offsets(checkpoints.store, [0])[0]
+
+
+def test_each_acknowledgement_without_an_offset_is_asked_about_also_twice_in_a_row(monkeypatch):
+    checkpoints = make_checkpoints(CountingStore())
+    run_once(checkpoints, "a", 1, group=0)
+    marker_of(checkpoints, 1)
+    real = checkpoints.writer.acknowledge_appended
+    monkeypatch.setattr(checkpoints.writer, "acknowledge_appended", lambda timeout_s: {**real(timeout_s), 0: None})
+    for seq, checkpoint_id in ((2, 2), (3, 3)):
+        run_once(checkpoints, "a", seq, group=0)
+        marker = json.loads(marker_of(checkpoints, checkpoint_id))
+        assert marker["ends"]["0"] == TopicStore.end_offsets(checkpoints.store, [0])[0]
+    assert checkpoints.store.asked == [[0, 1], [0], [0]]
+
+
+def test_a_store_answer_that_is_no_offset_fails_the_snapshot_even_with_an_end_known_and_is_asked_again():
+    store = CountingStore()
+    checkpoints = make_checkpoints(store)
+    run_once(checkpoints, "a", 1, group=0)
+    marker_of(checkpoints, 1)
+    checkpoints.writer._last[0].offset = None  # its next acknowledgement carries no offset
+    answers = iter([{0: -1001}, {0: TopicStore.end_offsets(store, [0])[0]}])
+    store.end_offsets = lambda partitions: (store.asked.append(sorted(partitions)), next(answers))[1]
+    with pytest.raises(JournalError, match="no end offset"):
+        checkpoints.snapshot(2, [])
+    assert json.loads(marker_of(checkpoints, 3))["ends"]["0"] == TopicStore.end_offsets(store, [0])[0]
+    assert store.asked == [[0, 1], [0], [0]]
+
+
+def test_the_writer_reports_an_acknowledgement_without_an_offset_as_no_end():
+    checkpoints = make_checkpoints()
+    run_once(checkpoints, "a", 1, group=0)
+    run_once(checkpoints, "b", 1, group=1)
+    checkpoints.writer._last[1].offset = None
+    ends = checkpoints.writer.acknowledge_appended(1.0)
+    assert ends == {0: TopicStore.end_offsets(checkpoints.store, [0])[0], 1: None}
 
 
 def test_completion_prunes_below_the_marker_and_an_aborted_checkpoint_prunes_nothing():
