@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from flink_agents_replay.errors import JournalGapError
+from flink_agents_replay.errors import JournalError, JournalGapError
 from flink_agents_replay.journal.attempts import begin_attempt, read_job_history
 from flink_agents_replay.journal.fencing import PartitionFences
 from flink_agents_replay.journal.index import KeyHistory, RecoveryIndex
@@ -287,9 +287,8 @@ class JournalCheckpoints:
         firsts = []
         for run in runs_in_flight:
             in_flight.setdefault(run.group, []).append((run.key_digest, run.seq))
-            first = run.journal.first_offset(self.ack_timeout_s) if run.journal is not None else None
-            if first is not None:
-                firsts.append((run.group, first))
+            if run.journal is not None and run.journal.first_delivery is not None:
+                firsts.append((run.group, self._first_offset(run)))
         marker = build_marker(ends, firsts, self.index.floor_offsets())
         self.prunes.remember(checkpoint_id, marker)
         unreplayed = self.index.unreplayed()
@@ -297,6 +296,19 @@ class JournalCheckpoints:
                  if digest in self.waiting_since}
         return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, unreplayed,
                              fences=self.writer.fences, replaying_since=since, checkpoint_time_ms=checkpoint_time_ms)
+
+    def _first_offset(self, run: RunInFlight) -> int:
+        """Where a restore must start reading to find every record of ``run`` (which wrote one at least). A first
+        record acknowledged without an offset (a retried batch the broker already had) gives no place: then the
+        partition's first offset still stored, so no record of the run is pruned (``JournalError`` if unknown)."""
+        first = run.journal.first_offset(self.ack_timeout_s)
+        if isinstance(first, int) and first >= 0:
+            return first
+        low = self.store.start_offsets([run.group]).get(run.group, -1)
+        if low < 0:
+            raise JournalError(f"no offset for the first journal record of a run in flight in partition {run.group}, "
+                               f"nor a first offset of the partition (Kafka answered {low}); this checkpoint fails")
+        return low
 
     def _barrier_ends(self, written: Mapping[int, int | None]) -> dict[int, int]:
         """Each owned partition's end at the barrier: past the last record this attempt wrote there before it

@@ -147,6 +147,19 @@ def test_the_writer_reports_an_acknowledgement_without_an_offset_as_no_end():
     assert ends == {0: TopicStore.end_offsets(checkpoints.store, [0])[0], 1: None}
 
 
+def test_a_run_whose_first_record_came_back_without_an_offset_keeps_its_partition_from_the_first_offset_stored():
+    checkpoints = make_checkpoints()
+    run_once(checkpoints, "a", 1, group=0)
+    completed_marker = marker_of(checkpoints, 1)
+    assert checkpoints.completed(1) > 0, "partition 0 was pruned to its end"
+    low = checkpoints.store.start_offsets([0])[0]
+    in_flight = run_once(checkpoints, "b", 1, group=0)
+    run_once(checkpoints, "c", 1, group=0)
+    in_flight.journal.first_delivery.offset = None
+    marker = json.loads(marker_of(checkpoints, 2, [in_flight]))
+    assert marker["offsets"]["0"] == low < int(marker["ends"]["0"]), (completed_marker, marker)
+
+
 def test_completion_prunes_below_the_marker_and_an_aborted_checkpoint_prunes_nothing():
     checkpoints = make_checkpoints()
     run_once(checkpoints, "a", 1, group=0)
