@@ -302,7 +302,7 @@ class JournalCheckpoints:
         record acknowledged without an offset (a retried batch the broker already had) gives no place: then the
         partition's first offset still stored, so no record of the run is pruned (``JournalError`` if unknown)."""
         first = run.journal.first_offset(self.ack_timeout_s)
-        if isinstance(first, int) and first >= 0:
+        if first is not None:
             return first
         low = self.store.start_offsets([run.group]).get(run.group, -1)
         if low < 0:

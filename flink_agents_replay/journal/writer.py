@@ -43,7 +43,7 @@ from flink_agents_replay.records.codec import RecordCodec
 from flink_agents_replay.records.journal import RecordKind
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "Durability", "JournalClosedError", "JournalWriter", "RunJournal",
-           "max_record_bytes"]
+           "acknowledged_offset", "max_record_bytes"]
 
 #: librdkafka's default ``message.max.bytes``; the broker's default ``max.message.bytes`` is a little more.
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
@@ -118,8 +118,8 @@ class JournalWriter:
         deadline = time.monotonic() + timeout_s
         ends: dict[int, int | None] = {}
         for partition, delivery in last.items():
-            offset = delivery.wait(max(0.0, deadline - time.monotonic()))
-            ends[partition] = offset + 1 if isinstance(offset, int) and offset >= 0 else None
+            offset = acknowledged_offset(delivery, max(0.0, deadline - time.monotonic()))
+            ends[partition] = None if offset is None else offset + 1
         self.store.check_deliveries()
         return ends
 
@@ -224,5 +224,13 @@ class RunJournal:
             last.add_done_callback(callback)
 
     def first_offset(self, timeout_s: float) -> int | None:
-        """Offset of the run's first record (waits for its acknowledgement), or None if none was written."""
-        return None if self.first_delivery is None else self.first_delivery.wait(timeout_s)
+        """Offset of the run's first record (waits for its acknowledgement), or None if none was written or Kafka
+        acknowledged it without an offset (see :func:`acknowledged_offset`)."""
+        return None if self.first_delivery is None else acknowledged_offset(self.first_delivery, timeout_s)
+
+
+def acknowledged_offset(delivery: Delivery, timeout_s: float) -> int | None:
+    """The record's offset once acknowledged, or None when Kafka acknowledged it without one (librdkafka's answer
+    for a retried batch the broker already had)."""
+    offset = delivery.wait(timeout_s)
+    return offset if isinstance(offset, int) and offset >= 0 else None
