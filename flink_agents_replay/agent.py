@@ -392,8 +392,14 @@ def _sized(data: bytes) -> bytes:
     return b"%d:%s" % (len(data), data)
 
 
+#: Modules of the package that moved, by the name they had in 0.5.1: a fingerprint names a package object by its
+#: 0.5.1 module, so that moving the code changes no action's fingerprint.
+_MODULES_IN_0_5_1 = {"flink_agents_replay.tool_schema": "flink_agents_replay.tools"}
+
+
 def _qualified_name(value: Any) -> bytes:
-    return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}".encode()
+    module = getattr(value, "__module__", None)
+    return f"{_MODULES_IN_0_5_1.get(module, module)}.{getattr(value, '__qualname__', None)}".encode()
 
 
 #: Encodings of plain scalar values, by exact type (subclasses count as "any other object").

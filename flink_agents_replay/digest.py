@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 
 from flink_agents_replay.resources import Tool
-from flink_agents_replay.tools import model_json_schema
+from flink_agents_replay.tool_schema import model_json_schema
 
 __all__ = ["digest_value"]
 

@@ -23,6 +23,15 @@ from typing import Any
 
 from flink_agents_replay.call_site import current_call_id
 from flink_agents_replay.errors import CallTimeoutError, ChatModelError
+from flink_agents_replay.tool_schema import (
+    arguments_model,
+    bound_arguments,
+    function_arguments,
+    schema_of,
+    summary,
+    takes_any_keyword,
+    tool_name,
+)
 
 __all__ = ["ChatModel", "ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool",  # noqa: F822
            "current_call_id"]
@@ -104,8 +113,6 @@ class Tool(Resource):
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.function = function
         self.timeout_s = timeout_s
-        from flink_agents_replay.tools import bound_arguments, tool_name
-
         self.name = name or tool_name(function)
         self.bound = bound_arguments(function)  # a partial's: the model may not set them
         self.description = description
@@ -120,8 +127,6 @@ class Tool(Resource):
         """The schema of the function's signature, derived now: in the job's client process, where the module
         the hints name is whole (a job script's function reaches the workers pickled by value, and names used
         only in string annotations do not travel with it). A tool no model is shown may have any signature."""
-        from flink_agents_replay.tools import function_arguments, schema_of, summary
-
         try:
             self.arguments = function_arguments(self.function)
             self.schema = schema_of(self._arguments_model())
@@ -130,8 +135,6 @@ class Tool(Resource):
             self.arguments, self._schema_error = None, f"{type(exc).__name__}: {exc}"
 
     def _arguments_model(self) -> Any:
-        from flink_agents_replay.tools import arguments_model
-
         if self._validator is None:  # made once per process (a pydantic class does not travel pickled)
             self._validator = arguments_model(self.name, self.arguments)
         return self._validator
@@ -156,8 +159,6 @@ class Tool(Resource):
         if self.arguments is None:
             return dict(arguments)
         import pydantic
-
-        from flink_agents_replay.tools import takes_any_keyword
 
         # A name the function does not take (a misspelt one would otherwise leave its parameter at the default).
         names = [argument.name for argument in self.arguments]

@@ -17,25 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import flink_agents_replay.errors as errors
+from flink_agents_replay.formats.package_values import PACKAGE_EXCEPTION_NAMES, PACKAGE_EXCEPTIONS
 from flink_agents_replay.formats.plain import dump_user, load_user
 
 __all__ = ["PACKAGE_EXCEPTIONS", "PACKAGE_EXCEPTION_NAMES", "exception_from_plain", "exception_to_plain"]
-
-#: The persisted name of each of this package's exception types. Names are forever: rename a class, keep its name.
-PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
-    name: getattr(errors, name) for name in (
-        "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ChatModelError",
-        "ConfigError", "FingerprintMismatchError", "JournalClosedError", "JournalError", "JournalGapError",
-        "JournalRecordTooLargeError", "MemoryNotFoundError", "NoSubAgentOutputError", "NotPicklableError",
-        "ReplayConfigError",
-        "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
-        "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
-        "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
-    )
-}
-#: The persisted name of each of this package's exception types, by type.
-PACKAGE_EXCEPTION_NAMES = {kind: name for name, kind in PACKAGE_EXCEPTIONS.items()}
 
 
 def exception_to_plain(encoded: BaseException | dict[str, Any]) -> dict[str, Any]:

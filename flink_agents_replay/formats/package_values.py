@@ -9,7 +9,7 @@ the user's savepoints and journals. So the user-value pickler
 persistent id, plain data::
 
     ["flink-agents-replay", "class", <name in PERSISTED_CLASSES>]
-    ["flink-agents-replay", "exception", <name in formats.exceptions.PACKAGE_EXCEPTIONS>]
+    ["flink-agents-replay", "exception", <name in PACKAGE_EXCEPTIONS>]
 
 and everything else as pickle does: an instance is its class (by that id) and its state, so ``__getstate__``,
 enum members, exceptions' arguments, shared references and cycles work as for any class. Reading resolves the
@@ -30,10 +30,11 @@ import importlib
 import types
 from typing import Any
 
+import flink_agents_replay.errors as errors
 from flink_agents_replay.errors import NotPicklableError, SignatureError
 
-__all__ = ["ASK", "ORDINARY", "PACKAGE", "PERSISTED_CLASSES", "TAG", "holds_package_code", "object_kind",
-           "package_class_from_id", "package_class_id"]
+__all__ = ["ASK", "ORDINARY", "PACKAGE", "PACKAGE_EXCEPTIONS", "PACKAGE_EXCEPTION_NAMES", "PERSISTED_CLASSES", "TAG",
+           "holds_package_code", "object_kind", "package_class_from_id", "package_class_id"]
 
 #: What marks a persistent id of this package (and tells ``load_user`` that the bytes may hold one).
 TAG = "flink-agents-replay"
@@ -44,7 +45,7 @@ PERSISTED_CLASSES: dict[str, str] = {
     "Agent": "flink_agents_replay.agent:Agent",
     "AgentConfig": "flink_agents_replay.config:AgentConfig",
     "AgentOutput": "flink_agents_replay.operator:AgentOutput",
-    "Argument": "flink_agents_replay.tools:Argument",
+    "Argument": "flink_agents_replay.tool_schema:Argument",
     "ChatModel": "flink_agents_replay.chat_model:ChatModel",
     "ChatResult": "flink_agents_replay.records.chat:ChatResult",
     "Event": "flink_agents_replay.events:Event",
@@ -60,6 +61,21 @@ PERSISTED_CLASSES: dict[str, str] = {
     "Usage": "flink_agents_replay.records.chat:Usage",
 }
 _NAME_OF = {target: name for name, target in PERSISTED_CLASSES.items()}
+
+#: The persisted name of each of this package's exception types. Names are forever: rename a class, keep its name.
+PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
+    name: getattr(errors, name) for name in (
+        "AgentDefinitionError", "CallBlocked", "CallInDoubtError", "CallTimeoutError", "ChatModelError",
+        "ConfigError", "FingerprintMismatchError", "JournalClosedError", "JournalError", "JournalGapError",
+        "JournalRecordTooLargeError", "MemoryNotFoundError", "NoSubAgentOutputError", "NotPicklableError",
+        "ReplayConfigError",
+        "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
+        "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
+        "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
+    )
+}
+#: The persisted name of each of this package's exception types, by type.
+PACKAGE_EXCEPTION_NAMES = {kind: name for name, kind in PACKAGE_EXCEPTIONS.items()}
 
 #: Modules of the package that hold *user* code as a user would write it.
 _USER_CODE = tuple(f"{_PACKAGE}.{name}." for name in ("examples", "testing", "local"))
@@ -120,8 +136,6 @@ def package_class_from_id(pid: Any) -> type:
         raise SignatureError(f"a value names an object this version cannot read: {pid!r:.200}")
     _, form, name = pid
     if form == "exception":
-        from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTIONS
-
         kind = PACKAGE_EXCEPTIONS.get(name)
     else:
         target = PERSISTED_CLASSES.get(name) if form == "class" else None
@@ -141,8 +155,6 @@ def _import(target: str) -> Any:
 
 
 def _exception_name(kind: type) -> str:
-    from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTION_NAMES
-
     name = PACKAGE_EXCEPTION_NAMES.get(kind)
     if name is None:
         raise NotPicklableError(f"holds a {kind.__qualname__}, an exception of flink-agents-replay without a "

@@ -223,3 +223,46 @@ def test_the_encoding_of_plain_values_is_pinned_across_versions():
     encoded = b"".join(_CodeEncoder().encode(value) for value in values)
     # Written by 0.1.0's encoder (the same bytes since).
     assert hashlib.sha256(encoded).hexdigest() == PINNED_PLAIN_ENCODING
+
+
+#: Where each public class and function of the package lived in 0.5.1, the name a fingerprint gives it when an
+#: action's default, closure or constant holds it. Moving a module must not change these names: completions
+#: journaled under 0.5.1 would no longer match the same code (fingerprint_policy would warn, or fail the job).
+NAMES_IN_0_5_1 = {
+    "Agent": "flink_agents_replay.agent.Agent",
+    "AgentConfig": "flink_agents_replay.config.AgentConfig",
+    "AgentOutput": "flink_agents_replay.operator.AgentOutput",
+    "Argument": "flink_agents_replay.tools.Argument",
+    "CallBlocked": "flink_agents_replay.errors.CallBlocked",
+    "ChatModel": "flink_agents_replay.chat_model.ChatModel",
+    "ChatModelError": "flink_agents_replay.errors.ChatModelError",
+    "ChatResult": "flink_agents_replay.records.chat.ChatResult",
+    "Event": "flink_agents_replay.events.Event",
+    "InDoubtPolicy": "flink_agents_replay.resources.InDoubtPolicy",
+    "InputEvent": "flink_agents_replay.events.InputEvent",
+    "OutputEvent": "flink_agents_replay.events.OutputEvent",
+    "Resource": "flink_agents_replay.resources.Resource",
+    "RunnerContext": "flink_agents_replay.agent.RunnerContext",
+    "SideEffects": "flink_agents_replay.resources.SideEffects",
+    "Tool": "flink_agents_replay.resources.Tool",
+    "ToolCall": "flink_agents_replay.records.chat.ToolCall",
+    "ToolLoopLimitError": "flink_agents_replay.errors.ToolLoopLimitError",
+    "ToolLoopResult": "flink_agents_replay.tool_loop.ToolLoopResult",
+    "Usage": "flink_agents_replay.records.chat.Usage",
+    "action": "flink_agents_replay.agent.action",
+    "connect_to_agent": "flink_agents_replay.pipeline.connect_to_agent",
+    "current_call_id": "flink_agents_replay.call_site.current_call_id",
+    "run_tool_loop": "flink_agents_replay.tool_loop.run_tool_loop",
+    "tool": "flink_agents_replay.tools.tool",
+}
+
+
+def test_a_fingerprint_names_package_objects_by_their_0_5_1_module_wherever_they_live_now():
+    import flink_agents_replay
+    from flink_agents_replay.agent import _qualified_name
+    from flink_agents_replay.formats.package_values import PERSISTED_CLASSES, package_class_from_id
+
+    found = {name: package_class_from_id(["flink-agents-replay", "class", name]) for name in PERSISTED_CLASSES}
+    found.update({name: getattr(flink_agents_replay, name) for name in NAMES_IN_0_5_1 if name not in found})
+    assert {name: _qualified_name(value).decode() for name, value in found.items()} == NAMES_IN_0_5_1
+
