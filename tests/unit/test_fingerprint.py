@@ -260,9 +260,12 @@ NAMES_IN_0_5_1 = {
 def test_a_fingerprint_names_package_objects_by_their_0_5_1_module_wherever_they_live_now():
     import flink_agents_replay
     from flink_agents_replay.agent import _qualified_name
-    from flink_agents_replay.formats.package_values import PERSISTED_CLASSES, package_class_from_id
+    from flink_agents_replay.formats.package_values import PACKAGE_EXCEPTIONS, PERSISTED_CLASSES, package_class_from_id
 
     found = {name: package_class_from_id(["flink-agents-replay", "class", name]) for name in PERSISTED_CLASSES}
+    found.update(PACKAGE_EXCEPTIONS)
     found.update({name: getattr(flink_agents_replay, name) for name in NAMES_IN_0_5_1 if name not in found})
+    found = {name: value for name, value in found.items() if name in NAMES_IN_0_5_1}
+    assert set(found) == set(NAMES_IN_0_5_1)
     assert {name: _qualified_name(value).decode() for name, value in found.items()} == NAMES_IN_0_5_1
 
