@@ -2,7 +2,7 @@
 
 ``build_py`` runs as usual, then compiles the bridge's Java sources against the pinned PyFlink's jars (the
 backend in ``build_support/`` adds them to the build requirements) into the package beside its sources, named
-after their digest (``flink_agents_replay/checkpoint_bridge/compile_jar.py``, loaded by path: the package
+after their digest (``flink_agents_replay/flink/checkpoint_bridge/compile_jar.py``, loaded by path: the package
 itself is not importable while it is being built). Building a wheel therefore needs a JDK 11 or later
 (``javac`` on PATH or in ``$JAVA_HOME``); running it does not. Editable installs compile on first use instead.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-COMPILE_JAR = Path(__file__).resolve().parent / "flink_agents_replay" / "checkpoint_bridge" / "compile_jar.py"
+COMPILE_JAR = Path(__file__).resolve().parent / "flink_agents_replay" / "flink" / "checkpoint_bridge" / "compile_jar.py"
 
 
 def _compile_jar_module():
@@ -31,7 +31,7 @@ class BuildPyWithBridgeJar(build_py):
         if getattr(self, "editable_mode", False):
             return
         compile_jar = _compile_jar_module()
-        package = Path(self.build_lib) / "flink_agents_replay" / "checkpoint_bridge"
+        package = Path(self.build_lib) / "flink_agents_replay" / "flink" / "checkpoint_bridge"
         for stale in package.glob(f"{compile_jar.JAR_PREFIX}*.jar"):  # an earlier build's, of other sources
             stale.unlink()
         jar = compile_jar.compile_jar(package / compile_jar.packaged_jar_name())

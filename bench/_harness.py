@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 
-from flink_agents_replay.operator import LOG_FILE_ENV
+from flink_agents_replay.flink.operator import LOG_FILE_ENV
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 # The repository root, for the suite's harnesses (``tests.harness``) that some benchmarks share with the tests.
@@ -60,7 +60,7 @@ def warm_up_broker(bootstrap: str, seconds: float) -> None:
     per acknowledged record falls from ~500 us to ~100 us after ~20 s at 2,000 records/s. On 2 shared cores
     that compilation would be charged to whichever variant runs first.
     """
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     topic = f"bench-warm-up-{uuid.uuid4().hex[:8]}"
     CREATED_TOPICS.append(topic)
@@ -128,8 +128,8 @@ def bench_agent(name: str, *, call_delay_s: float, actions: int = 2, calls_per_a
     (prompts, parsing). ``after_call(ctx)`` runs after each call returns (a trace's stamp). Defined inside a
     function so that cloudpickle ships the classes by value.
     """
-    from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-    from flink_agents_replay.resources import Tool
+    from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+    from flink_agents_replay.api.resources import Tool
 
     filler = "x" * max(0, result_bytes - 40)
 
@@ -182,7 +182,7 @@ def install_sync_flush() -> None:
     Called by the worker; idempotent. The worker's interpreter outlives the job (one MiniCluster runs every job
     of a benchmark), so the patch leaves the writers of other jobs alone.
     """
-    from flink_agents_replay.journal.writer import JournalWriter
+    from flink_agents_replay.storage.journal.writer import JournalWriter
 
     if getattr(JournalWriter.append, "sync_flush", False):
         return
@@ -203,7 +203,7 @@ def install_ack_timer() -> None:
     acknowledgement latency, beside its run latencies). Called by the worker; idempotent. The latencies wait on
     the class (``JournalWriter.bench_ack_latencies``: this module is pickled by value, so each operator has its
     own copy of its globals) until :func:`_stamp` carries them out with an output."""
-    from flink_agents_replay.journal.writer import JournalWriter
+    from flink_agents_replay.storage.journal.writer import JournalWriter
 
     if hasattr(JournalWriter, "bench_ack_latencies"):
         return
@@ -285,8 +285,8 @@ def prepare_journal_topic(config: Mapping[str, Any], partitions: int = 128, time
     """
     if not config.get("journal_enabled", True):
         return
-    from flink_agents_replay.errors import JournalError
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.core.errors import JournalError
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     store = KafkaJournalStore(config["kafka"], config["journal_topic"], partitions)
     try:
@@ -316,7 +316,7 @@ def produce_bench_inputs(bootstrap: str, keys: int, runs: int) -> str:
 def _stamp(output) -> tuple:
     """(key, seq, emission time, run began, journal acknowledgement latencies measured since the last output):
     added right after the agent operator, fused into its Python operator."""
-    from flink_agents_replay.journal.writer import JournalWriter
+    from flink_agents_replay.storage.journal.writer import JournalWriter
 
     began = output.output.get("began") if isinstance(output.output, dict) else None
     measured = getattr(JournalWriter, "bench_ack_latencies", [])
@@ -338,9 +338,9 @@ def timed_agent_job(bootstrap: str, input_topic: str, agent: Any, config: Mappin
     """
     from pyflink.common import Types
 
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
     from flink_agents_replay.local.jars import kafka_connector_jar
-    from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.testing.jobs import keyed_json_inputs
 
     prepare_journal_topic(config)

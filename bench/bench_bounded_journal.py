@@ -36,14 +36,14 @@ from pyflink.common import Types, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.keygroups import key_group
+from flink_agents_replay.core.keygroups import key_group
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.testing.jobs import running_job, trigger_savepoint, wait_until
 
 MAX_PARALLELISM = 8

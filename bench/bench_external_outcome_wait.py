@@ -26,12 +26,12 @@ from typing import Any
 
 import _harness as h
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.writer import Durability, JournalWriter, RunJournal
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter, RunJournal
+from flink_agents_replay.storage.records.codec import RecordCodec
 
 THREADS = 8
 PARTITIONS = 128

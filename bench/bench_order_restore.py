@@ -38,7 +38,7 @@ from pathlib import Path
 
 import _harness as h
 
-from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.testing.agents import logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from tests.harness.upstreams import (

@@ -31,9 +31,9 @@ import timeit
 import _harness as h
 
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.writer import JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.writer import JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
 
 RECORDS_PER_RUN = 5  # accepted, and per action one call and one completion
 KEYS = 32

@@ -37,13 +37,13 @@ from collections import defaultdict
 import _harness as h
 from confluent_kafka import Consumer, TopicPartition
 
-from flink_agents_replay.agent import OutputEvent, with_event_id
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.keygroups import key_group, key_group_range
-from flink_agents_replay.memory import MemoryUpdate
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import (
+from flink_agents_replay.api.agent import OutputEvent, with_event_id
+from flink_agents_replay.api.memory import MemoryUpdate
+from flink_agents_replay.core.keygroups import key_group, key_group_range
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import (
     CallOutcome,
     CallRecord,
     CompletionRecord,

@@ -75,8 +75,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _soak_ledger import LedgerService  # noqa: E402 - bench/ is not a package
 
-from flink_agents_replay.config import default_journal_topic, default_uid  # noqa: E402
 from flink_agents_replay.examples.support_triage import make_tickets  # noqa: E402
+from flink_agents_replay.flink.config import default_journal_topic, default_uid  # noqa: E402
 from flink_agents_replay.local.errors import LocalServiceError  # noqa: E402
 from flink_agents_replay.testing.committed import poll_until  # noqa: E402
 
@@ -173,11 +173,11 @@ class _Soak:
     def __init__(self, *, seed: int, customers: int, feed_per_second: float, model_delay_ms: int,
                  ledger_delay_ms: int, broker_pause_s: tuple[float, float], heartbeat_timeout_ms: int | None,
                  say: Callable[[str], None]):
+        from flink_agents_replay.flink.operator import LOG_FILE_ENV
         from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
         from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
         from flink_agents_replay.local.model_server import StubModelServer
         from flink_agents_replay.local.processes import free_port
-        from flink_agents_replay.operator import LOG_FILE_ENV
 
         self.begun = _now()
         self.say = lambda message: say(f"[{_now() - self.begun:7.1f} s] {message}")
@@ -216,7 +216,7 @@ class _Soak:
 
     # -- start ---------------------------------------------------------------------------------------------
     def start(self) -> None:
-        from flink_agents_replay.kafka_topics import ensure_topics
+        from flink_agents_replay.integrations.kafka.admin import ensure_topics
 
         self.say("starting Kafka, the model and ledger services, a Flink cluster with 2 TaskManagers")
         self.bootstrap = self.broker.start().bootstrap_servers
@@ -611,7 +611,7 @@ class _Soak:
         return len(self.reader.poll(0.2))
 
     def _journal_records(self) -> int | None:
-        from flink_agents_replay.inspect_journal import summarize_topic
+        from flink_agents_replay.storage.journal.inspect import summarize_topic
 
         if not self.broker_up.is_set():
             return None
@@ -648,8 +648,8 @@ class _Soak:
 def _reference(fed: list[dict], agent_id: str) -> tuple[dict[str, dict], dict[str, dict]]:
     """Replies and final memory summaries of a failure-free run of the same agent in this process, on
     separate instances of the services (so their counts stay the soak's)."""
+    from flink_agents_replay.core.keygroups import key_group
     from flink_agents_replay.engine import RunInput, execute_run
-    from flink_agents_replay.keygroups import key_group
     from flink_agents_replay.local.model_server import StubModelServer
 
     job = _soak_job_module()
@@ -802,8 +802,8 @@ class _LateJournalRecords(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, signing_key: bytes, producer: str):
         from confluent_kafka import Consumer, TopicPartition
 
-        from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
-        from flink_agents_replay.records.codec import RecordCodec
+        from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
+        from flink_agents_replay.storage.records.codec import RecordCodec
 
         super().__init__(name="soak-late-records", daemon=True)
         self.topic = topic
@@ -818,8 +818,8 @@ class _LateJournalRecords(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
-        from flink_agents_replay.records.codec import RecordCodec
-        from flink_agents_replay.records.journal import parse_journal_key
+        from flink_agents_replay.storage.records.codec import RecordCodec
+        from flink_agents_replay.storage.records.journal import parse_journal_key
 
         try:
             while not self.halt.is_set():

@@ -38,8 +38,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.resources import ChatModel, Tool, current_call_id
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.chat_model import ChatModel
+from flink_agents_replay.api.resources import Tool, current_call_id
 
 CATEGORIES = ("refund", "shipping", "account", "other")
 #: The file whose presence makes the next fault-gate call raise (renamed to ``fired-<ticket>-<ns>`` when it does).
@@ -163,9 +164,9 @@ def build(args: argparse.Namespace):
         KafkaSource,
     )
 
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
     from flink_agents_replay.local.jars import kafka_connector_jar
-    from flink_agents_replay.pipeline import connect_to_agent
 
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
                              restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms,

@@ -36,9 +36,9 @@ def install_run_tracer(path: str) -> None:
     from flink_agents_replay.flink import runs
     from flink_agents_replay.flink.input_hold import InputHold
     from flink_agents_replay.flink.runs import RunPool
-    from flink_agents_replay.journal.checkpoints import JournalCheckpoints
-    from flink_agents_replay.journal.writer import JournalWriter
-    from flink_agents_replay.kafka.store import KafkaTopicStore
+    from flink_agents_replay.integrations.kafka.store import KafkaTopicStore
+    from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints
+    from flink_agents_replay.storage.journal.writer import JournalWriter
 
     # Claimed by one thread (dict.setdefault is atomic): two runs' first calls may return at once. A later job
     # (another path) wraps these wrappers, each stamping into its own job's file.

@@ -47,8 +47,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flink_agents_replay.formats import dataclass_sentinels
+from flink_agents_replay.core.moved import install_old_paths
+from flink_agents_replay.storage.formats import dataclass_sentinels
 
+install_old_paths()  # the module paths of 0.5.1 keep working until 0.7.0
 dataclass_sentinels.install()  # before anything is pickled: a job script's dataclasses keep their fields
 
 __version__ = "0.6.0"
@@ -79,41 +81,41 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "Agent": "flink_agents_replay.agent",
-    "Event": "flink_agents_replay.agent",
-    "InputEvent": "flink_agents_replay.agent",
-    "OutputEvent": "flink_agents_replay.agent",
-    "RunnerContext": "flink_agents_replay.agent",
-    "action": "flink_agents_replay.agent",
-    "AgentConfig": "flink_agents_replay.config",
-    "CallBlocked": "flink_agents_replay.errors",
-    "ChatModel": "flink_agents_replay.chat_model",
-    "ChatResult": "flink_agents_replay.records.chat",
-    "ToolCall": "flink_agents_replay.records.chat",
-    "Usage": "flink_agents_replay.records.chat",
-    "ToolLoopLimitError": "flink_agents_replay.errors",
-    "ToolLoopResult": "flink_agents_replay.tool_loop",
-    "run_tool_loop": "flink_agents_replay.tool_loop",
-    "tool": "flink_agents_replay.tools",
-    "InDoubtPolicy": "flink_agents_replay.resources",
-    "SideEffects": "flink_agents_replay.resources",
-    "Tool": "flink_agents_replay.resources",
-    "AgentOutput": "flink_agents_replay.operator",
-    "connect_to_agent": "flink_agents_replay.pipeline",
-    "current_call_id": "flink_agents_replay.resources",
+    "Agent": "flink_agents_replay.api.agent",
+    "Event": "flink_agents_replay.api.agent",
+    "InputEvent": "flink_agents_replay.api.agent",
+    "OutputEvent": "flink_agents_replay.api.agent",
+    "RunnerContext": "flink_agents_replay.api.agent",
+    "action": "flink_agents_replay.api.agent",
+    "AgentConfig": "flink_agents_replay.flink.config",
+    "CallBlocked": "flink_agents_replay.core.errors",
+    "ChatModel": "flink_agents_replay.api.chat_model",
+    "ChatResult": "flink_agents_replay.storage.records.chat",
+    "ToolCall": "flink_agents_replay.storage.records.chat",
+    "Usage": "flink_agents_replay.storage.records.chat",
+    "ToolLoopLimitError": "flink_agents_replay.core.errors",
+    "ToolLoopResult": "flink_agents_replay.api.tool_loop",
+    "run_tool_loop": "flink_agents_replay.api.tool_loop",
+    "tool": "flink_agents_replay.api.tools",
+    "InDoubtPolicy": "flink_agents_replay.api.resources",
+    "SideEffects": "flink_agents_replay.api.resources",
+    "Tool": "flink_agents_replay.api.resources",
+    "AgentOutput": "flink_agents_replay.flink.operator",
+    "connect_to_agent": "flink_agents_replay.flink.pipeline",
+    "current_call_id": "flink_agents_replay.api.resources",
 }
 
 if TYPE_CHECKING:
-    from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
-    from flink_agents_replay.chat_model import ChatModel
-    from flink_agents_replay.config import AgentConfig
-    from flink_agents_replay.errors import CallBlocked, ToolLoopLimitError
-    from flink_agents_replay.operator import AgentOutput
-    from flink_agents_replay.pipeline import connect_to_agent
-    from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
-    from flink_agents_replay.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
-    from flink_agents_replay.tool_loop import ToolLoopResult, run_tool_loop
-    from flink_agents_replay.tools import tool
+    from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+    from flink_agents_replay.api.chat_model import ChatModel
+    from flink_agents_replay.api.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
+    from flink_agents_replay.api.tool_loop import ToolLoopResult, run_tool_loop
+    from flink_agents_replay.api.tools import tool
+    from flink_agents_replay.core.errors import CallBlocked, ToolLoopLimitError
+    from flink_agents_replay.flink.config import AgentConfig
+    from flink_agents_replay.flink.operator import AgentOutput
+    from flink_agents_replay.flink.pipeline import connect_to_agent
+    from flink_agents_replay.storage.records.chat import ChatResult, ToolCall, Usage
 
 
 def __getattr__(name: str):

@@ -10,10 +10,10 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from flink_agents_replay.flink.operator import LOG_FILE_ENV
 from flink_agents_replay.local.chroma_server import LocalChromaServer
 from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
 from flink_agents_replay.local.processes import LOCAL_JVM_OPTIONS_ENV, pid_alive
-from flink_agents_replay.operator import LOG_FILE_ENV
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.kafka import kafka_bootstrap_servers, select_kafka_source
 from tests.harness.file_durations import file_seconds, longest_first
@@ -140,7 +140,7 @@ def kafka_admin(kafka_bootstrap):
     the broker stops, and would print connection errors at teardown)."""
     from confluent_kafka.admin import AdminClient
 
-    from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+    from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 
     return AdminClient({"bootstrap.servers": kafka_bootstrap, "logger": LIBRDKAFKA_LOGGER})
 

@@ -1,4 +1,4 @@
-"""Executing one action: the user's function with a :class:`~flink_agents_replay.agent.RunnerContext`, journaled.
+"""Executing one action: the user's function with a :class:`~flink_agents_replay.api.agent.RunnerContext`, journaled.
 
 The action gets the key's memory, ``send`` (each sent event gets an id derived from its place in the run),
 ``call`` (:class:`~flink_agents_replay.engine.calls.ActionCalls`) and ``call_agents``
@@ -15,15 +15,21 @@ from typing import Any
 
 import cloudpickle
 
-from flink_agents_replay.agent import Event, RunnerContext, with_event_id
+from flink_agents_replay.api.agent import Event, RunnerContext, with_event_id
+from flink_agents_replay.api.memory import Memory, MemoryUpdate, private_copy
+from flink_agents_replay.core.errors import JournalClosedError, JournalRecordTooLargeError, NotPicklableError
 from flink_agents_replay.engine.calls import ActionCalls
 from flink_agents_replay.engine.children import call_agents
 from flink_agents_replay.engine.context import ActionSite, RunCancelled, RunContext, RunStats, Scope
 from flink_agents_replay.engine.failures import journal_action_failed
-from flink_agents_replay.errors import JournalClosedError, JournalRecordTooLargeError, NotPicklableError
-from flink_agents_replay.formats.plain import dump_user
-from flink_agents_replay.memory import Memory, MemoryUpdate, private_copy
-from flink_agents_replay.records.journal import ActionFailedRecord, CallRecord, CompletionRecord, RecordKind, event_id
+from flink_agents_replay.storage.formats.plain import dump_user
+from flink_agents_replay.storage.records.journal import (
+    ActionFailedRecord,
+    CallRecord,
+    CompletionRecord,
+    RecordKind,
+    event_id,
+)
 
 __all__ = ["execute_action", "explain_unpicklable"]
 

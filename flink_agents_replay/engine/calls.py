@@ -15,7 +15,7 @@ decides, in this order:
    journaled call holds, so its record never takes the place of one a later attempt still needs.
 2. **In doubt.** The matching record is a "started" one without an outcome: the call began and never reported
    back. The resource's ``in_doubt`` policy decides: ``rerun`` (make it again, under the same call id: the
-   record's position), ``fail`` (:class:`~flink_agents_replay.errors.CallInDoubtError`) or ``assume_done``
+   record's position), ``fail`` (:class:`~flink_agents_replay.core.errors.CallInDoubtError`) or ``assume_done``
    (``None``).
 3. **The gate.** The run's :class:`~flink_agents_replay.engine.gate.CallGate` may serve a recorded outcome
    or block the call instead (a replay); production's gate lets every call through.
@@ -38,16 +38,16 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from flink_agents_replay.call_site import _CALL_REPORT, _CALL_SITE, CallSite
-from flink_agents_replay.digest import digest_value
+from flink_agents_replay.api.call_site import _CALL_REPORT, _CALL_SITE, CallSite
+from flink_agents_replay.api.memory import private_copy
+from flink_agents_replay.api.resources import InDoubtPolicy, Resource
+from flink_agents_replay.core.errors import CallInDoubtError, CallTimeoutError
 from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope
+from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, Live, Recorded
-from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError
-from flink_agents_replay.memory import private_copy
-from flink_agents_replay.records.journal import CallOutcome, CallRecord, RecordKind
-from flink_agents_replay.records.raised import decode_exception, encode_exception
-from flink_agents_replay.resources import InDoubtPolicy, Resource
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
+from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 
 __all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 

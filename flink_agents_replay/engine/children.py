@@ -3,7 +3,7 @@
 Each child call is matched to its action's journaled calls and journaled under the resource name
 ``agent:<name>``, like a ``ctx.call``: a child whose result (outputs and memory, or the exception it
 raised) is journaled is not run again. The others run their own event loop in a :class:`Scope` of their
-own, concurrently on the operator's child pool (:mod:`flink_agents_replay.child_pool`), each on a copy of
+own, concurrently on the operator's child pool (:mod:`flink_agents_replay.engine.child_pool`), each on a copy of
 its memory, which lives under the caller's key at ``_sub_agents.<name>``. A child's records carry its
 parent action's step, so a child cut short by a failure finds its own journaled actions and calls again.
 
@@ -21,16 +21,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flink_agents_replay.agent import Agent, InputEvent, with_event_id
-from flink_agents_replay.child_pool import Outcome, run_inline
-from flink_agents_replay.digest import digest_value
+from flink_agents_replay.api.agent import Agent, InputEvent, with_event_id
+from flink_agents_replay.api.memory import Memory, private_copy
+from flink_agents_replay.core.errors import NoSubAgentOutputError, SubAgentCycleError
 from flink_agents_replay.engine.calls import ActionCalls
+from flink_agents_replay.engine.child_pool import Outcome, run_inline
 from flink_agents_replay.engine.context import RunStats, Scope
+from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, is_crash
-from flink_agents_replay.errors import NoSubAgentOutputError, SubAgentCycleError
-from flink_agents_replay.memory import Memory, private_copy
-from flink_agents_replay.records.journal import CallOutcome, CallRecord, child_input_event_id
-from flink_agents_replay.records.raised import decode_exception, encode_exception
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, child_input_event_id
+from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 
 __all__ = ["SUB_AGENT_MEMORY", "call_agents"]
 

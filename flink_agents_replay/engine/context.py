@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from flink_agents_replay.agent import ActionSpec, Agent, Event
-from flink_agents_replay.child_pool import ChildCallPool
+from flink_agents_replay.api.agent import ActionSpec, Agent, Event
+from flink_agents_replay.core.errors import SubAgentTimeoutError
+from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.gate import CallGate
-from flink_agents_replay.engine.history import KeyHistory
-from flink_agents_replay.errors import SubAgentTimeoutError
-from flink_agents_replay.records.journal import CallRecord, RecordKind
+from flink_agents_replay.storage.journal.history import KeyHistory
+from flink_agents_replay.storage.records.journal import CallRecord, RecordKind
 
 
 class RunJournal(Protocol):
@@ -85,7 +85,7 @@ class RunStats:
 @dataclass
 class RunInput:
     """One accepted input: the key, its key group, its seq, the record itself, its event time (ms) and the
-    epoch of its run (:attr:`flink_agents_replay.call_site.CallSite.epoch`)."""
+    epoch of its run (:attr:`flink_agents_replay.api.call_site.CallSite.epoch`)."""
 
     key: Any
     key_group: int

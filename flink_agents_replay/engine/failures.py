@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from flink_agents_replay.agent import ActionSpec
+from flink_agents_replay.api.agent import ActionSpec
 from flink_agents_replay.engine.context import RunCancelled, RunJournal
-from flink_agents_replay.records.journal import ActionFailedRecord, RecordKind
+from flink_agents_replay.storage.records.journal import ActionFailedRecord, RecordKind
 
 __all__ = ["CallStep", "calls_to_retry", "is_crash", "journal_action_failed"]
 

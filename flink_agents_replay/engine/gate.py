@@ -4,7 +4,7 @@ Before the engine makes a call for real (no journaled result to reuse, nor an in
 it) it asks its :class:`CallGate` with a :class:`GatedCall`, and gets one of three answers:
 
 * :class:`Live`: make the call (its call id, ``current_call_id()``, prefixed with ``call_id_prefix``; in a
-  replay, with the :class:`~flink_agents_replay.call_site.Fork` that tells resources keeping state outside
+  replay, with the :class:`~flink_agents_replay.api.call_site.Fork` that tells resources keeping state outside
   the job to read it as of the savepoint and write into the replay's own copy);
 * :class:`Recorded`: do not make it; the action gets this record's outcome (its result, or its exception
   raised), journaled as the call's own so that a failover reuses it;
@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flink_agents_replay.call_site import Fork
-from flink_agents_replay.errors import CallBlocked
-from flink_agents_replay.records.journal import CallRecord
-from flink_agents_replay.resources import Resource
+from flink_agents_replay.api.call_site import Fork
+from flink_agents_replay.api.resources import Resource
+from flink_agents_replay.core.errors import CallBlocked
+from flink_agents_replay.storage.records.journal import CallRecord
 
 __all__ = ["ALWAYS_LIVE", "AlwaysLive", "Blocked", "CallGate", "GateDecision", "GatedCall", "Live", "Recorded"]
 
@@ -49,7 +49,7 @@ class GatedCall:
 @dataclass(frozen=True, kw_only=True)
 class Live:
     """Make the call for real; its call id is prefixed with ``call_id_prefix``; ``fork`` goes into its
-    :class:`~flink_agents_replay.call_site.CallSite`."""
+    :class:`~flink_agents_replay.api.call_site.CallSite`."""
 
     call_id_prefix: str = ""
     fork: Fork | None = None

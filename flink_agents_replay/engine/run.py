@@ -25,10 +25,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flink_agents_replay.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, with_event_id
-from flink_agents_replay.child_pool import ChildCallPool
-from flink_agents_replay.digest import digest_value
+from flink_agents_replay.api.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, with_event_id
+from flink_agents_replay.api.memory import Memory, private_copy
+from flink_agents_replay.core.errors import AgentDefinitionError, FingerprintMismatchError, JournalError
 from flink_agents_replay.engine.action import execute_action
+from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.context import (
     ActionSite,
     FingerprintPolicy,
@@ -39,11 +40,10 @@ from flink_agents_replay.engine.context import (
     RunStats,
     Scope,
 )
+from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
-from flink_agents_replay.engine.history import KeyHistory
-from flink_agents_replay.errors import AgentDefinitionError, FingerprintMismatchError, JournalError
-from flink_agents_replay.memory import Memory, private_copy
-from flink_agents_replay.records.journal import (
+from flink_agents_replay.storage.journal.history import KeyHistory
+from flink_agents_replay.storage.records.journal import (
     ACCEPTED_ACTION,
     AcceptedRecord,
     CallOutcome,
@@ -100,7 +100,7 @@ def execute_run(
 
     With ``acknowledge`` the run waits for its records before it returns (its outputs may then leave). The
     operator passes ``False``: the run's slot is free at once, and it releases the outputs when
-    :meth:`RunJournal.outputs_may_leave` says so (group commit, :mod:`flink_agents_replay.journal.writer`).
+    :meth:`RunJournal.outputs_may_leave` says so (group commit, :mod:`flink_agents_replay.storage.journal.writer`).
     """
     context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
                          cancelled=cancelled or _never, digest_of_key=key_digest(run.key),

@@ -4,7 +4,7 @@ Each input is a ticket ``{"ticket_id", "customer", "order_id", "text"}``, keyed 
 runs two actions, each a journaled step:
 
 1. ``classify`` (on the input): asks the chat model for one of :data:`CATEGORIES`;
-2. ``draft_reply`` (on ``Classified``): a tool loop (:func:`flink_agents_replay.tool_loop.run_tool_loop`): the
+2. ``draft_reply`` (on ``Classified``): a tool loop (:func:`flink_agents_replay.api.tool_loop.run_tool_loop`): the
    model is given the ticket, the category, how many tickets this customer opened before (short-term memory)
    and the order-lookup tool ``orders``; it calls the tool when the ticket names an order, then writes the
    reply. Every model turn and every lookup is its own journaled call. The output event is
@@ -16,10 +16,10 @@ mentions them to the model, lists them in the output (``past_issues``: their tic
 ticket. Those memories outlive the job; the searches and writes are journaled like any call.
 
 Both services receive the call's stable id as an ``Idempotency-Key`` header
-(:func:`flink_agents_replay.resources.current_call_id`), so a service that honours it (the local stub
+(:func:`flink_agents_replay.api.resources.current_call_id`), so a service that honours it (the local stub
 service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
 twice. Point the model at any OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, a LiteLLM proxy) with
-``model_base_url`` (:mod:`flink_agents_replay.chat_model` lists the settings of each).
+``model_base_url`` (:mod:`flink_agents_replay.api.chat_model` lists the settings of each).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.chat_model import ChatModel
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.chat_model import ChatModel
+from flink_agents_replay.api.resources import Tool, current_call_id
+from flink_agents_replay.api.tool_loop import run_tool_loop
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
-from flink_agents_replay.resources import Tool, current_call_id
-from flink_agents_replay.tool_loop import run_tool_loop
 
 __all__ = ["CATEGORIES", "OrderLookup", "RememberingSupportTriage", "RememberingSupportTriageV2", "SupportTriage",
            "SupportTriageV2", "make_tickets", "produce_tickets", "support_triage_agent", "support_triage_agent_v2"]

@@ -1,4 +1,4 @@
-"""The Flink layer's parts of the agent operator (:mod:`flink_agents_replay.operator`).
+"""The Flink layer's parts of the agent operator (:mod:`flink_agents_replay.flink.operator`).
 
 The operator itself holds keyed state and timers; what it calls lives here: :mod:`.runs` (the runs under way:
 thread pool, run slots, closing), :mod:`.order` (order restoration after a restore, on keyed state and

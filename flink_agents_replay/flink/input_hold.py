@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
+from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
 
 __all__ = ["InputHold"]
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from flink_agents_replay.engine import CallGate
-from flink_agents_replay.formats.state import WaitingInput
-from flink_agents_replay.journal.store import JournalStore
+from flink_agents_replay.storage.formats.state import WaitingInput
+from flink_agents_replay.storage.journal.store import JournalStore
 
 __all__ = ["PRODUCTION", "JobMode", "ProductionMode"]
 

@@ -3,7 +3,7 @@
 The operator holds a list of observers and calls each at four points, without knowing what they do with
 it: an input was accepted (it has its seq now), a run was applied (its memory written, its outputs about
 to leave), a checkpoint is being taken (its barrier reached the operator), and the operator closes.
-Production with ``capture=True`` has one, :class:`flink_agents_replay.capture.observer.CaptureObserver`;
+Production with ``capture=True`` has one, :class:`flink_agents_replay.flink.capture_observer.CaptureObserver`;
 without capture, none. An observer runs on the task thread and must not block for long, except at a
 checkpoint, where it may flush what it wrote before the barrier.
 

@@ -8,13 +8,13 @@ waits in the key's ``pending`` state. If the recorded input does not come back w
 and its waiting inputs run in arrival order.
 
 A recovered history can also expire at a snapshot (``recovered_history_expiry_s``, see
-:mod:`flink_agents_replay.journal.checkpoints`), also while its key waits here: the key then keeps waiting
+:mod:`flink_agents_replay.storage.journal.checkpoints`), also while its key waits here: the key then keeps waiting
 until its own deadline and gives up as above, so an input arriving meanwhile never overtakes the inputs
 already waiting.
 
 :class:`OrderRestoration` works on the operator's keyed state (``seq``, ``pending``,
 ``order_wait_deadline``) and timers, for the key the task thread is at; the recovery index comes from
-:class:`~flink_agents_replay.journal.checkpoints.JournalCheckpoints`.
+:class:`~flink_agents_replay.storage.journal.checkpoints.JournalCheckpoints`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from flink_agents_replay.digest import digest_value
-from flink_agents_replay.formats.state import WaitingInput, decode_waiting
-from flink_agents_replay.journal.checkpoints import JournalCheckpoints
-from flink_agents_replay.records.journal import RunPosition, key_digest
+from flink_agents_replay.engine.digest import digest_value
+from flink_agents_replay.storage.formats.state import WaitingInput, decode_waiting
+from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints
+from flink_agents_replay.storage.records.journal import RunPosition, key_digest
 
 __all__ = ["DRAIN_TIMER", "OrderRestoration"]
 

@@ -1,25 +1,25 @@
-"""Building the operator's parts from its :class:`~flink_agents_replay.config.AgentConfig`.
+"""Building the operator's parts from its :class:`~flink_agents_replay.flink.config.AgentConfig`.
 
 The parts take plain values, not the config: this module is where the config is read. Each part builds
-the Kafka clients it owns through :mod:`flink_agents_replay.kafka` (the journal store here, the capture
+the Kafka clients it owns through :mod:`flink_agents_replay.integrations.kafka` (the journal store here, the capture
 writer for the capture observer, production's journal inside the replay mode).
 """
 
 from __future__ import annotations
 
-from flink_agents_replay.agent import Agent
-from flink_agents_replay.capture.manifest import CaptureDescription
-from flink_agents_replay.capture.observer import CaptureObserver
-from flink_agents_replay.capture.schemas import capture_codec
-from flink_agents_replay.capture.writer import CaptureWriter
-from flink_agents_replay.config import AgentConfig
+from flink_agents_replay.api.agent import Agent
+from flink_agents_replay.flink.capture_observer import CaptureObserver
+from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.mode import PRODUCTION, JobMode
 from flink_agents_replay.flink.observer import OperatorObserver
-from flink_agents_replay.journal.checkpoints import JournalCheckpoints
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.writer import JournalWriter, max_record_bytes
-from flink_agents_replay.records.codec import FORMAT_VERSION, RecordCodec
 from flink_agents_replay.replay.mode import ReplayMode
+from flink_agents_replay.storage.capture.manifest import CaptureDescription
+from flink_agents_replay.storage.capture.schemas import capture_codec
+from flink_agents_replay.storage.capture.writer import CaptureWriter
+from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.writer import JournalWriter, max_record_bytes
+from flink_agents_replay.storage.records.codec import FORMAT_VERSION, RecordCodec
 
 __all__ = ["job_mode", "journal_checkpoints", "observers"]
 

@@ -10,7 +10,7 @@ the submission instead kept a run's output waiting in the mailbox until the next
 latency added to every run (issue 33). Without wake-ups there is no hold, and :meth:`RunPool.await_slot` blocks
 until the run has a slot, as before. Either way ``slot_wait_timeout_s`` without a run ending fails the task (a
 call probably hangs). Sub-agent calls never wait for a run slot: they have a pool of
-their own (:mod:`flink_agents_replay.child_pool`).
+their own (:mod:`flink_agents_replay.engine.child_pool`).
 
 Closing (cancellation, failover, stop-with-savepoint) stops every run at its next action or call boundary
 and waits up to ``close_timeout_s`` for the calls under way; runs still calling then are abandoned, counted
@@ -27,10 +27,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from flink_agents_replay.child_pool import ChildCallPool
+from flink_agents_replay.core.errors import RunSlotTimeoutError
 from flink_agents_replay.engine import RunResult
-from flink_agents_replay.errors import RunSlotTimeoutError
-from flink_agents_replay.journal.checkpoints import RunInFlight
+from flink_agents_replay.engine.child_pool import ChildCallPool
+from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 
 __all__ = ["RunPool"]
 
@@ -105,7 +105,7 @@ class RunPool:
 
     def await_slot(self) -> None:
         """Block until no submitted run waits for a slot (for a task thread that cannot hold its input);
-        :class:`~flink_agents_replay.errors.RunSlotTimeoutError` after ``slot_wait_timeout_s``."""
+        :class:`~flink_agents_replay.core.errors.RunSlotTimeoutError` after ``slot_wait_timeout_s``."""
         with self._slot_freed:
             if not self._slot_freed.wait_for(lambda: self._unfinished <= self.max_runs, self.slot_wait_timeout_s):
                 raise RunSlotTimeoutError(f"no agent run finished within {self.slot_wait_timeout_s:g} s "
@@ -119,7 +119,7 @@ class RunPool:
         """Whether ``key``'s run has ended and its outputs may leave (``wait_for_it``: wait until then).
 
         A run frees its slot when it returns; its outputs may leave once the durability mode says so
-        (:meth:`~flink_agents_replay.journal.writer.RunJournal.outputs_may_leave`, asked without waiting). A
+        (:meth:`~flink_agents_replay.storage.journal.writer.RunJournal.outputs_may_leave`, asked without waiting). A
         run that raised is done at once: :meth:`finished` raises its exception.
         """
         running = self._runs[key]

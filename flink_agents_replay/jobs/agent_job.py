@@ -20,7 +20,7 @@ upstream instance and in the same order after a restore (docs/design.md §8). A 
 object with a string ``customer``, a ``ticket_id`` and a ``text``, or is larger than ``--max-record-bytes``,
 goes to the dead-letter topic
 with the reason, its partition and offset, and the job goes on (:mod:`flink_agents_replay.jobs.kafka_input`).
-``key_by`` customer; :func:`~flink_agents_replay.pipeline.connect_to_agent` runs
+``key_by`` customer; :func:`~flink_agents_replay.flink.pipeline.connect_to_agent` runs
 :mod:`flink_agents_replay.examples.support_triage` with its actions journaled to Kafka; each reply
 leaves through Flink's exactly-once ``KafkaSink`` (a consumer with ``isolation.level=read_committed``
 sees each one once).
@@ -38,10 +38,12 @@ import sys
 
 from pyflink.common import Types
 
-from flink_agents_replay.config import SIGNING_KEY_ENV, job_signing_key
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.examples.support_triage import support_triage_agent
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.flink.config import SIGNING_KEY_ENV, job_signing_key
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -51,8 +53,6 @@ from flink_agents_replay.jobs.kafka_input import (
     records_from_kafka,
 )
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
-from flink_agents_replay.kafka_topics import ensure_topics
-from flink_agents_replay.pipeline import connect_to_agent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
 
 __all__ = ["CONNECTOR_ENV", "KAFKA_CONNECTOR_COORDINATES", "connector_jars_from_environment",
            "kafka_connector_loadable", "require_kafka_connector"]

@@ -221,7 +221,7 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.datastream import OutputTag
 
-    from flink_agents_replay.checkpoint_bridge.wiring import ship_bridge_jar
+    from flink_agents_replay.flink.checkpoint_bridge.wiring import ship_bridge_jar
 
     ship_bridge_jar(env._j_stream_execution_environment)  # holds PositionedKafkaRecords
     tag = OutputTag("dead-letters", Types.STRING())

@@ -31,20 +31,20 @@ import sys
 
 from pyflink.common import Types
 
-from flink_agents_replay.config import (
+from flink_agents_replay.core.errors import ConfigError, ReplayError
+from flink_agents_replay.flink.config import (
     SIGNING_KEY_ENV,
     default_capture_topic,
     default_journal_topic,
     default_uid,
     job_signing_key,
 )
-from flink_agents_replay.errors import ConfigError, ReplayError
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import DeadLetters, KafkaInput, records_from_kafka
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
-from flink_agents_replay.kafka_topics import ensure_topics
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.replay.job import (
     CapturedInputParser,
     keyed_captured_inputs,

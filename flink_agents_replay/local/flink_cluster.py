@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flink_agents_replay.flink_env import fresh_process_environment
+from flink_agents_replay.flink.env import fresh_process_environment
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.jars import require_command
 from flink_agents_replay.local.paths import conf_dir, home_dir

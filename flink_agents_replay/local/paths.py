@@ -1,6 +1,6 @@
 """Where local services keep their files: a cache and work directory outside the repository, and their config.
 
-The cache root itself (:func:`home_dir`) belongs to the product (``flink_agents_replay.home``); this module adds
+The cache root itself (:func:`home_dir`) belongs to the product (``flink_agents_replay.core.home``); this module adds
 what only the development services need: the configuration files they start from (Kafka's and Flink's), which
 are package data, so an installed wheel has them.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flink_agents_replay.home import home_dir
+from flink_agents_replay.core.home import home_dir
 
 __all__ = ["conf_dir", "home_dir"]
 

@@ -13,10 +13,10 @@ The parts: :mod:`.store` (what a vector store must offer, and an in-memory one f
 the overlay) and :mod:`.resource` (the resource agents call).
 """
 
-from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+from flink_agents_replay.integrations.chroma import ChromaVectorStore
+from flink_agents_replay.integrations.vector_store import InMemoryVectorStore, VectorStore
 from flink_agents_replay.longterm.embeddings import Embedder, OpenAIEmbeddings
 from flink_agents_replay.longterm.resource import LongTermMemory, overlay_namespace
-from flink_agents_replay.longterm.store import InMemoryVectorStore, VectorStore
 
 __all__ = ["ChromaVectorStore", "Embedder", "InMemoryVectorStore", "LongTermMemory", "OpenAIEmbeddings",
            "VectorStore", "overlay_namespace"]

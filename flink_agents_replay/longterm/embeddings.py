@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from flink_agents_replay.call_site import current_call_id
-from flink_agents_replay.openai_client import OpenAIClientMixin
+from flink_agents_replay.api.call_site import current_call_id
+from flink_agents_replay.integrations.openai_client import OpenAIClientMixin
 
 __all__ = ["Embedder", "OpenAIEmbeddings"]
 

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flink_agents_replay.integrations.vector_store import StoredDoc, VectorStore, Where
 from flink_agents_replay.longterm.resource import overlay_namespace
-from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
 from flink_agents_replay.longterm.versions import describe_epoch, seen_as_of
-from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay.storage.records.journal import key_digest
 
 __all__ = ["MemoryChange", "MemoryDiff", "ScopeDiff", "clean_replay", "memory_diff"]
 

@@ -11,7 +11,7 @@ An action uses it like any resource, through ``ctx.call`` (Mem0's verbs, without
 Every result is plain data (dicts, lists, strings, numbers) and, being a call's result, journaled: after a
 failover a run reuses what its searches found the first time, and a write that completed is not made again.
 A write made again (it was in doubt, or its action failed and is retried) derives the same ids from the call
-(:attr:`~flink_agents_replay.call_site.CallSite.stable_id`), so it replaces itself instead of adding a memory.
+(:attr:`~flink_agents_replay.api.call_site.CallSite.stable_id`), so it replaces itself instead of adding a memory.
 
 Scope: by default each key has its own memories (the key's digest); ``shared=True`` gives every key of the
 agent one set. ``namespace`` names the store's collection (default ``<agent>/<resource name>``).
@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flink_agents_replay.call_site import CallSite, current_call_site
+from flink_agents_replay.api.call_site import CallSite, current_call_site
+from flink_agents_replay.api.resources import Resource, SideEffects
+from flink_agents_replay.integrations.vector_store import VectorStore
 from flink_agents_replay.longterm.embeddings import Embedder
-from flink_agents_replay.longterm.store import VectorStore
 from flink_agents_replay.longterm.versions import Position, VersionedMemory
-from flink_agents_replay.resources import Resource, SideEffects
 
 __all__ = ["LongTermMemory", "overlay_namespace"]
 
@@ -48,8 +48,8 @@ class LongTermMemory(Resource):
     """Memories kept in a vector store, versioned so replays can read them as of a savepoint.
 
     Args:
-        store: the vector store (:class:`~flink_agents_replay.longterm.chroma_store.ChromaVectorStore` for a
-            Chroma server; any :class:`~flink_agents_replay.longterm.store.VectorStore`).
+        store: the vector store (:class:`~flink_agents_replay.integrations.chroma.ChromaVectorStore` for a
+            Chroma server; any :class:`~flink_agents_replay.integrations.vector_store.VectorStore`).
         embeddings: what turns texts into vectors
             (:class:`~flink_agents_replay.longterm.embeddings.OpenAIEmbeddings`).
         namespace: the store namespace of production's memories (default ``<agent>/<resource name>``).

@@ -11,7 +11,7 @@ after ``C``, whichever job lineage wrote. A reader *as of* ``C`` (a replay from 
 what was updated or deleted after it as it was; the writes of runs in flight in the savepoint count as part of
 it (the replay reuses those runs from production's journal).
 
-Ids come from the call that writes, its *stable id* (:attr:`~flink_agents_replay.call_site.CallSite.stable_id`,
+Ids come from the call that writes, its *stable id* (:attr:`~flink_agents_replay.api.call_site.CallSite.stable_id`,
 the same for every attempt of one logical call): a write made again after a crash, or by the retry of an
 action that failed after it, upserts the same documents instead of adding a memory.
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from flink_agents_replay.errors import MemoryNotFoundError
-from flink_agents_replay.longterm.store import StoredDoc, VectorStore, Where
+from flink_agents_replay.core.errors import MemoryNotFoundError
+from flink_agents_replay.integrations.vector_store import StoredDoc, VectorStore, Where
 
 __all__ = ["CURRENT", "SCHEMA", "MemoryNotFoundError", "Position", "VersionedMemory", "compact", "derived_id",
            "describe_epoch", "seen_as_of"]

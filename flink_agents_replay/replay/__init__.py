@@ -5,7 +5,7 @@ The concept
 A replay job is the production job's agent operator (same uid, same max parallelism, same key type) with a
 replay's job mode plugged in (:class:`.mode.ReplayMode`), started from a production savepoint, so every key
 has the memory and seq production had at that moment. Its input is the capture
-(:mod:`flink_agents_replay.capture`) from the savepoint's position on: the inputs production accepted after
+(:mod:`flink_agents_replay.storage.capture`) from the savepoint's position on: the inputs production accepted after
 it, in the same per-key order, with their event times. Inputs the savepoint already holds (in flight, or
 waiting behind a key's run) are run from the savepoint's state, and their captured copies dropped; runs in
 flight in the savepoint finish with what production's journal holds (read, never written). The replay writes
@@ -16,7 +16,7 @@ Side effects
 Every ``ctx.call`` goes through a policy per resource (:mod:`.policy`), applied by the run engine's call
 gate in a replay (:mod:`.gate`): ``live`` calls for real, ``recorded`` returns what production's call with
 the same identity returned (blocked if production made no such call), ``blocked`` does not call and raises
-:class:`~flink_agents_replay.errors.CallBlocked`, which the action may handle; blocked calls are listed in
+:class:`~flink_agents_replay.core.errors.CallBlocked`, which the action may handle; blocked calls are listed in
 the report with their arguments. Defaults
 follow the resource's declared side effects: ``none`` and ``idempotent`` live, ``external`` blocked.
 Actions whose code changed re-execute instead of reusing production's records (``fingerprint_policy``

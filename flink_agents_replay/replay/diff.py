@@ -49,10 +49,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flink_agents_replay.capture.records import BlockedCall, CapturedInput, CapturedRun
-from flink_agents_replay.records.journal import key_digest
 from flink_agents_replay.replay.usage import METRICS, PriceTable, Usage, UsageComparison, usage_of
 from flink_agents_replay.replay.word_diff import highlight_words
+from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedRun
+from flink_agents_replay.storage.records.journal import key_digest
 
 __all__ = [
     "BlockedCallEntry",

@@ -5,8 +5,8 @@ The engine asks its :class:`~flink_agents_replay.engine.gate.CallGate` before it
 replay's own), ``recorded`` serves production's call that asked the same (same input, event, action,
 resource and arguments' digest; a call that only started is no result), each production call once and in any
 order, as the run engine matches journaled calls (:mod:`flink_agents_replay.engine.calls`), and ``blocked`` — or
-``recorded`` without such a call — raises :class:`~flink_agents_replay.errors.CallBlocked` into the action
-and reports the call (:class:`~flink_agents_replay.capture.records.BlockedCall`) for the diff.
+``recorded`` without such a call — raises :class:`~flink_agents_replay.core.errors.CallBlocked` into the action
+and reports the call (:class:`~flink_agents_replay.storage.capture.records.BlockedCall`) for the diff.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from flink_agents_replay.call_site import Fork
-from flink_agents_replay.capture.records import BlockedCall
+from flink_agents_replay.api.call_site import Fork
+from flink_agents_replay.core.errors import CallBlocked
 from flink_agents_replay.engine.calls import JournaledCalls
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
-from flink_agents_replay.errors import CallBlocked
-from flink_agents_replay.records.journal import CallOutcome, CallRecord
 from flink_agents_replay.replay.policy import CallPolicy, policy_for
+from flink_agents_replay.storage.capture.records import BlockedCall
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
 
 __all__ = ["ReplayCalls", "describe_arguments"]
 

@@ -22,14 +22,14 @@ from typing import Any
 
 from pyflink.common.watermark_strategy import TimestampAssigner
 
-from flink_agents_replay.capture.manifest import read_capture_start
-from flink_agents_replay.errors import FlinkAgentsReplayError, ReplayConfigError, SignatureError
-from flink_agents_replay.kafka.settings import KafkaSettings, KafkaSettingsLike
-from flink_agents_replay.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
-from flink_agents_replay.records.codec import READABLE_VERSIONS
+from flink_agents_replay.core.errors import FlinkAgentsReplayError, ReplayConfigError, SignatureError
+from flink_agents_replay.core.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
+from flink_agents_replay.integrations.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.replay.policy import CallPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
+from flink_agents_replay.storage.capture.manifest import read_capture_start
+from flink_agents_replay.storage.records.codec import READABLE_VERSIONS
 
 __all__ = ["CapturedInputParser", "captured_inputs", "keyed_captured_inputs", "prepare_replay", "replay_config",
            "savepoint_of"]
@@ -43,7 +43,7 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
 
     Reads the savepoint's checkpoint id from its ``_metadata``, and the capture offsets at that checkpoint and its
     trigger time (what long-term memory is read as of) from the capture manifest. Raises
-    :class:`~flink_agents_replay.errors.ReplayConfigError` otherwise.
+    :class:`~flink_agents_replay.core.errors.ReplayConfigError` otherwise.
     """
     if key_type not in SUPPORTED_KEY_TYPES:
         raise ReplayConfigError(f"key_type must be one of {list(SUPPORTED_KEY_TYPES)}, got {key_type!r}")
@@ -97,8 +97,8 @@ class CapturedInputParser:
         self._decoder = None
 
     def __call__(self, value: bytes | None, partition: int | None) -> tuple[Any, str | None]:
-        from flink_agents_replay.capture.reader import CaptureDecoder
-        from flink_agents_replay.capture.records import CapturedInput
+        from flink_agents_replay.storage.capture.reader import CaptureDecoder
+        from flink_agents_replay.storage.capture.records import CapturedInput
 
         if value is None:
             return None, "no value (a tombstone)"

@@ -7,14 +7,14 @@ interface :class:`ReplayMode` implements structurally). A replay:
   nothing, writes no attempt records and no capture manifest; it is run again from the savepoint;
 * reads production's journal, read only, to finish the runs in flight in the savepoint
   (:meth:`~ReplayMode.journal_to_restore`);
-* takes its inputs from production's capture: a :class:`~flink_agents_replay.capture.records.CapturedInput`
+* takes its inputs from production's capture: a :class:`~flink_agents_replay.storage.capture.records.CapturedInput`
   becomes a waiting input with production's seq and event time, and inputs the savepoint already holds
   (production had accepted them before the savepoint) are dropped (:meth:`~ReplayMode.admit`,
   :meth:`~ReplayMode.drop_held`); a key's order is the capture's (``restores_input_order`` is false);
 * runs each input as the seq production gave it, warning when the capture lacks inputs in between;
 * tells the live calls of resources that keep state outside the job (long-term memory) to read it as of the
   savepoint and to write into the replay's own overlay, named after the replay's capture topic
-  (:class:`~flink_agents_replay.call_site.Fork`);
+  (:class:`~flink_agents_replay.api.call_site.Fork`);
 * gates every call of a run by the side-effect policy, serving ``recorded`` calls from what production's
   run of the same input made (:meth:`~ReplayMode.gate_for`, :class:`~.gate.ReplayCalls`), those calls
   loaded from the capture when the subtask opens;
@@ -28,18 +28,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flink_agents_replay.call_site import Fork
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
-from flink_agents_replay.errors import NO_RESTART_MARKER, ReplayConfigError
-from flink_agents_replay.formats.state import WaitingInput, decode_waiting
-from flink_agents_replay.journal.checkpoints import describe_partitions
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.store import JournalStore
-from flink_agents_replay.kafka.settings import KafkaSettingsLike
-from flink_agents_replay.records.journal import CallRecord, key_digest
+from flink_agents_replay.api.call_site import Fork
+from flink_agents_replay.core.errors import NO_RESTART_MARKER, ReplayConfigError
+from flink_agents_replay.integrations.kafka.settings import KafkaSettingsLike
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.settings import ReplaySettings
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.storage.formats.state import WaitingInput, decode_waiting
+from flink_agents_replay.storage.journal.checkpoints import describe_partitions
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.store import JournalStore
+from flink_agents_replay.storage.records.journal import CallRecord, key_digest
 
 __all__ = ["ReplayMode"]
 

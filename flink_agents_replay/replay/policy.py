@@ -5,7 +5,7 @@
   action that asked the same: resource and arguments, in any order, each once); if production made no such
   call, the call is blocked.
 * ``blocked``: do not call; the call is listed in the replay report with its arguments and raises
-  :class:`~flink_agents_replay.errors.CallBlocked`, which the action may handle.
+  :class:`~flink_agents_replay.core.errors.CallBlocked`, which the action may handle.
 
 Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
 ``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from flink_agents_replay.errors import ConfigError
-from flink_agents_replay.resources import Resource, SideEffects
+from flink_agents_replay.api.resources import Resource, SideEffects
+from flink_agents_replay.core.errors import ConfigError
 
 __all__ = ["CallPolicy", "default_policy", "parse_policies", "policy_for"]
 

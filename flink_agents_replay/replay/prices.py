@@ -5,7 +5,7 @@
   ends at the last ``=``, so names with ``/`` such as ``openai/gpt-4o`` work.)
 * A JSON file: ``{"gpt-4o-mini": {"prompt_per_1m": 0.15, "completion_per_1m": 0.6}, "*": {...}}``.
 
-Prices are finite numbers, zero or more. Anything else is a :class:`~flink_agents_replay.errors.ConfigError`
+Prices are finite numbers, zero or more. Anything else is a :class:`~flink_agents_replay.core.errors.ConfigError`
 that names the value and the expected form.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.replay.usage import Price
 
 __all__ = ["load_prices", "parse_price", "price_table", "prices_from_json"]

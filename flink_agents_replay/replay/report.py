@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
-from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.core.errors import SignatureError
 from flink_agents_replay.replay.diff import DiffReport, compare
 from flink_agents_replay.replay.usage import PriceTable
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
 
 __all__ = ["diff_captures"]
 

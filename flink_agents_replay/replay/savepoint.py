@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 
 import mmh3
 
-from flink_agents_replay.errors import ReplayConfigError
+from flink_agents_replay.core.errors import ReplayConfigError
 
 __all__ = ["SavepointInfo", "operator_id", "read_savepoint"]
 

@@ -1,6 +1,6 @@
 """What turns an agent operator into a replay: where production's capture is, what it must not touch, and
 the side-effect policy. Built by :func:`flink_agents_replay.replay.job.prepare_replay` from the savepoint
-and the capture manifest; checked by :meth:`flink_agents_replay.config.AgentConfig.resolved`."""
+and the capture manifest; checked by :meth:`flink_agents_replay.flink.config.AgentConfig.resolved`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ prompt or model is judged on its price as well as on its answers.
 
 What is measured
     A *model call* is a call whose record's ``meta`` holds a ``"model"`` (the resource reported it with
-    :func:`~flink_agents_replay.call_site.report_call`). Other calls, and records written before meta existed
+    :func:`~flink_agents_replay.api.call_site.report_call`). Other calls, and records written before meta existed
     (``meta == {}``), are not counted. In a replay, calls served ``recorded`` carry no meta: the replay's
     figures are what the replay itself spent.
 
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flink_agents_replay.records.journal import CallRecord
+from flink_agents_replay.storage.records.journal import CallRecord
 
 __all__ = ["FALLBACK_MODEL", "METRICS", "Price", "PriceTable", "Usage", "UsageComparison", "call_cost",
            "percentile", "price_for", "usage_of"]

@@ -3,7 +3,7 @@
 One :meth:`AgentTestEnvironment.run` is one Flink job on PyFlink's embedded MiniCluster, in this process,
 shaped like a production job: the inputs are written to a fresh one-partition Kafka topic and read back by a
 bounded ``KafkaSource`` (replayed from its checkpointed offsets after a failure), keyed by the caller's key
-function, run through :func:`~flink_agents_replay.pipeline.connect_to_agent` with a fresh journal topic, and
+function, run through :func:`~flink_agents_replay.flink.pipeline.connect_to_agent` with a fresh journal topic, and
 the outputs leave through Flink's exactly-once ``KafkaSink``. The result's outputs are read from that topic
 with ``isolation.level=read_committed`` — what a downstream consumer sees, so an output written twice after a
 failure would show up twice.
@@ -38,9 +38,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from flink_agents_replay.agent import Agent
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+from flink_agents_replay.api.agent import Agent
+from flink_agents_replay.flink.config import AgentConfig
+from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.testing.counter import InvocationCounter
 
 __all__ = ["AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "FailOver", "InjectedFailover"]
@@ -165,7 +165,7 @@ def _decode_output(value: bytes) -> CommittedOutput:
 
 def _worker_cannot_import(module: ModuleType) -> bool:
     """Whether Flink's worker would fail to import ``module`` by name (a test module, a script run by path)."""
-    from flink_agents_replay.flink_env import python_path
+    from flink_agents_replay.flink.env import python_path
 
     if module.__name__ == "__main__":
         return False  # cloudpickle ships __main__'s objects by value anyway
@@ -222,7 +222,7 @@ class AgentTestEnvironment:
                 (reported in the result's ``failure``).
             parallelism: the agent's parallelism.
             checkpoint_interval_ms: Flink's checkpoint interval (checkpoints commit the outputs).
-            config: :class:`~flink_agents_replay.config.AgentConfig` fields over the environment's (broker,
+            config: :class:`~flink_agents_replay.flink.config.AgentConfig` fields over the environment's (broker,
                 signing key, a fresh journal topic).
             pickle_by_value: modules the Flink worker cannot import, shipped by value (the agent's own module
                 is added when the worker could not import it, e.g. a test module).
@@ -285,9 +285,9 @@ class AgentTestEnvironment:
         from pyflink.common.serialization import SimpleStringSchema
         from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
-        from flink_agents_replay.flink_env import create_environment
+        from flink_agents_replay.flink.env import create_environment
+        from flink_agents_replay.flink.pipeline import connect_to_agent
         from flink_agents_replay.jobs.connector import require_kafka_connector
-        from flink_agents_replay.pipeline import connect_to_agent
         from flink_agents_replay.testing.jobs import connector_jars, exactly_once_string_sink
 
         env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,

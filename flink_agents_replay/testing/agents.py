@@ -13,8 +13,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.testing.counter import InvocationCounter
 
 __all__ = ["InjectedFailure", "chain_agent", "logical_call_counts"]

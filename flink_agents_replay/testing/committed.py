@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 
 __all__ = ["CommittedReader", "poll_until"]
 

@@ -22,11 +22,11 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from flink_agents_replay.agent import Agent
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.api.agent import Agent
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.operator import AgentOutput
+from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 from flink_agents_replay.jobs.connector import connector_jars_from_environment
-from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
-from flink_agents_replay.operator import AgentOutput
 
 __all__ = [
     "canonical_output",
@@ -120,8 +120,8 @@ def failure_free_outputs(agent: Agent, inputs: Iterable[Any], key_of: Callable[[
                          max_parallelism: int = 128) -> list[AgentOutput]:
     """What a job without failures outputs: ``agent`` run in this process, input by input, each key's inputs
     in the given order (its seqs), with no journal. The reference tests compare a failed-over job with."""
+    from flink_agents_replay.core.keygroups import key_group
     from flink_agents_replay.engine import RunInput, execute_run
-    from flink_agents_replay.keygroups import key_group
 
     memory: dict[Any, dict] = {}
     seqs: dict[Any, int] = {}
@@ -191,7 +191,7 @@ def run_agent_job(bootstrap_servers: str, input_topic: str, agent: Agent, config
     """
     from pyflink.common import Types
 
-    from flink_agents_replay.pipeline import connect_to_agent
+    from flink_agents_replay.flink.pipeline import connect_to_agent
 
     env = create_environment(parallelism=parallelism, checkpoint_interval_ms=checkpoint_interval_ms,
                              restart_attempts=restart_attempts, jars=connector_jars(), config=flink_config)

@@ -25,13 +25,13 @@ from pathlib import Path
 import cloudpickle
 
 from flink_agents_replay import Agent
+from flink_agents_replay.core.keygroups import key_group
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import AgentOutput, canonical_output, reference_outputs
 from tests.harness.reference_runs import SIGNING_KEY, FaultyRun

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.errors import CallBlocked
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.chat_model import ChatModel
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.core.errors import CallBlocked
 from flink_agents_replay.examples.support_triage import CATEGORIES, OrderLookup
-from flink_agents_replay.resources import ChatModel, Tool
 from flink_agents_replay.testing.counter import InvocationCounter
 
 __all__ = ["replay_triage_agent"]

@@ -26,7 +26,7 @@ operator decides when it runs), every output the operator emits (committed or no
 snapshot (with the last arrival it covers) and every completed checkpoint. :class:`JobRecord` answers
 the questions tests ask of it: which inputs the failed attempt accepted after the restored checkpoint,
 in which order they arrived again, which keys were waiting for a missing predecessor at a checkpoint.
-The operator is the package's own :class:`~flink_agents_replay.operator.ActionExecutionOperator`,
+The operator is the package's own :class:`~flink_agents_replay.flink.operator.ActionExecutionOperator`,
 subclassed only to record (:class:`ObservedOperator`).
 """
 
@@ -45,11 +45,11 @@ from typing import Any
 
 from pyflink.datastream import FlatMapFunction
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.operator import ActionExecutionOperator, AgentOutput
-from flink_agents_replay.resources import Tool
-from flink_agents_replay.runtime_info import subtask_info
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.flink.config import AgentConfig
+from flink_agents_replay.flink.operator import ActionExecutionOperator, AgentOutput
+from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.testing.agents import InjectedFailure
 from flink_agents_replay.testing.counter import InvocationCounter, SharedSqliteFile
 from flink_agents_replay.testing.jobs import canonical_output, collect_outputs
@@ -78,7 +78,7 @@ def produce_lane_inputs(bootstrap_servers: str, topic: str, keys: int, rounds: i
     """Write :func:`lane_records` to ``topic`` (which must have 2 partitions), lane ``l`` to partition ``l``."""
     from confluent_kafka import Producer
 
-    from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+    from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
                          "logger": LIBRDKAFKA_LOGGER})
@@ -534,12 +534,12 @@ class ObservedOperator(ActionExecutionOperator):
 
 def connect_observed_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any], recorder: JobRecorder,
                            after_checkpoint: Callable[[int, int], None] | None = None):
-    """:func:`~flink_agents_replay.pipeline.connect_to_agent` with an :class:`ObservedOperator`.
+    """:func:`~flink_agents_replay.flink.pipeline.connect_to_agent` with an :class:`ObservedOperator`.
 
     Goes through the pipeline's private ``_connect_to_agent`` (the public function has no operator hook): the
     same checks, uid and checkpoint bridge as a user's job, only the operator instance is the recording one.
     """
-    from flink_agents_replay.pipeline import _connect_to_agent
+    from flink_agents_replay.flink.pipeline import _connect_to_agent
 
     def observed(agent: Agent, resolved: AgentConfig, key_type: str) -> ObservedOperator:
         return ObservedOperator(agent, resolved, key_type, recorder, after_checkpoint)
@@ -563,7 +563,7 @@ def run_lane_job(bootstrap_servers: str, input_topic: str, agent: Agent, config:
     from pyflink.common.serialization import SimpleStringSchema
     from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
     from flink_agents_replay.local.jars import kafka_connector_jar
 
     env = create_environment(parallelism=1, checkpoint_interval_ms=checkpoint_interval_ms,

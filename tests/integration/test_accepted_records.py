@@ -8,10 +8,10 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from flink_agents_replay.digest import digest_value
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import AcceptedRecord, key_digest, parse_journal_key
+from flink_agents_replay.engine.digest import digest_value
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import AcceptedRecord, key_digest, parse_journal_key
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import make_inputs, run_agent_job

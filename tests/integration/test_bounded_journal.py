@@ -32,11 +32,11 @@ from pyflink.common import Types, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.keygroups import key_group
+from flink_agents_replay.core.keygroups import key_group
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (

@@ -28,12 +28,12 @@ from collections import Counter
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
@@ -245,7 +245,7 @@ def test_slow_broker_backpressures_the_source_and_loses_nothing(own_broker, tmp_
 
 
 def test_a_journal_write_to_a_paused_broker_fails_within_ack_timeout(own_broker):
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     broker, bootstrap = own_broker()
     store = KafkaJournalStore({"bootstrap.servers": bootstrap}, f"journal-{uuid.uuid4().hex[:8]}", 2,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.flink_env import fresh_process_environment
+from flink_agents_replay.flink.env import fresh_process_environment
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import produce_inputs

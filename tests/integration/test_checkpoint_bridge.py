@@ -18,10 +18,10 @@ from pyflink.common import Types, WatermarkStrategy
 from pyflink.datastream import KeyedProcessFunction, MapFunction
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 
-from flink_agents_replay.checkpoint_bridge import CheckpointHooks, process_with_checkpoint_hooks
-from flink_agents_replay.checkpoint_bridge.wiring import BRIDGE_OPERATOR_CLASS, DEFAULT_OPERATOR_NAME
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.runtime_info import subtask_info
+from flink_agents_replay.flink.checkpoint_bridge import CheckpointHooks, process_with_checkpoint_hooks
+from flink_agents_replay.flink.checkpoint_bridge.wiring import BRIDGE_OPERATOR_CLASS, DEFAULT_OPERATOR_NAME
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.testing.jobs import running_job, stop_with_savepoint, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

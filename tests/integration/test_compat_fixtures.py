@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.flink_env import fresh_process_environment
-from flink_agents_replay.journal.transfer import load_topic
-from flink_agents_replay.kafka_topics import ensure_topics
-from flink_agents_replay.records.codec import SigningKeys
+from flink_agents_replay.flink.env import fresh_process_environment
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
+from flink_agents_replay.storage.journal.transfer import load_topic
+from flink_agents_replay.storage.records.codec import SigningKeys
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import job_script, produce_inputs, running_job, wait_until

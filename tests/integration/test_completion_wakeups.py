@@ -52,7 +52,7 @@ def test_runs_whose_wake_ups_are_lost_are_applied_by_their_keys_checks(kafka_boo
     was still pending: the check is reused, not registered again."""
 
     def drop_every_other_wake_up() -> str:  # runs inside the job's interpreter, in the first action of every run
-        from flink_agents_replay.checkpoint_bridge import wakeups
+        from flink_agents_replay.flink.checkpoint_bridge import wakeups
 
         if getattr(wakeups.CompletionWakeups.wake, "drops", False):
             return "wake-ups dropped"

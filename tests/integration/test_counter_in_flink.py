@@ -4,7 +4,7 @@ import pytest
 from pyflink.common import Types
 from pyflink.datastream import MapFunction
 
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.flink.env import create_environment
 
 pytestmark = pytest.mark.integration
 

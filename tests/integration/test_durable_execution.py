@@ -97,8 +97,8 @@ def test_outputs_drained_at_the_end_of_a_bounded_input_carry_no_timer_timestamp(
     from pyflink.common import Types
     from pyflink.datastream import ProcessFunction
 
-    from flink_agents_replay.flink_env import create_environment
-    from flink_agents_replay.pipeline import connect_to_agent
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
 
     class Timestamps(ProcessFunction):
         def process_element(self, value, ctx):

@@ -7,15 +7,15 @@ import uuid
 import pytest
 from pyflink.common import Types
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.config import SIGNING_KEY_ENV
-from flink_agents_replay.errors import ConfigError, JournalError, TopicMismatchError
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.keygroups import UnsupportedKeyTypeError, key_group
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.core.errors import ConfigError, JournalError, TopicMismatchError
+from flink_agents_replay.core.keygroups import UnsupportedKeyTypeError, key_group
+from flink_agents_replay.flink.config import SIGNING_KEY_ENV
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import CallOutcome, CallRecord, RecordKind, journal_key, key_digest
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind, journal_key, key_digest
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import make_inputs, produce_inputs, run_agent_job

@@ -19,8 +19,9 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.resources import ChatModel, Tool
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.chat_model import ChatModel
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.testing.agents import InjectedFailure, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
@@ -269,9 +270,9 @@ def hanging_agent(counter: InvocationCounter, hang_s: float) -> Agent:
 
 
 def test_cancelling_while_a_call_hangs_takes_a_bounded_time(kafka_bootstrap, tmp_path, operator_log):
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
     from flink_agents_replay.local.jars import kafka_connector_jar
-    from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.testing.jobs import job_ended, keyed_json_inputs, running_job, wait_until
 
     input_topic = produce_inputs(kafka_bootstrap, [{"key": "stuck", "n": 0}])
@@ -319,10 +320,10 @@ def test_another_input_at_the_same_seq_gets_another_call_id(kafka_bootstrap, tmp
     calls' idempotency keys, or the service answers them with the old requests' replies and skips them."""
     from pyflink.common import Types
 
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
     from flink_agents_replay.local.jars import kafka_connector_jar
     from flink_agents_replay.local.model_server import draft_reply
-    from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.testing.jobs import keyed_json_inputs
 
     keys = ("ana", "bo", "cy")

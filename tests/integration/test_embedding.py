@@ -174,8 +174,8 @@ def test_a_virtualenv_job_without_python_path_fails_before_submission_naming_the
     from pyflink.common import Configuration, Types
     from pyflink.datastream import StreamExecutionEnvironment
 
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.pipeline import connect_to_agent
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.flink.pipeline import connect_to_agent
 
     assert sys.prefix != sys.base_prefix, "the suite runs in a virtualenv (./run tests creates .venv)"
     config = Configuration()

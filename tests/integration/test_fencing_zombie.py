@@ -34,12 +34,12 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.core.errors import JournalError
 from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
 from flink_agents_replay.local.processes import pid_alive
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import parse_journal_key
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import parse_journal_key
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (

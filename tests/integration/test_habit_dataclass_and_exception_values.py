@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from flink_agents_replay import Agent, ChatResult, InputEvent, OutputEvent, Tool, ToolCall, action, run_tool_loop
-from flink_agents_replay.resources import Resource, SideEffects
+from flink_agents_replay.api.resources import Resource, SideEffects
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import make_inputs
 from tests.harness.reference_runs import reference_then_faulty_run

@@ -5,12 +5,12 @@ from collections import Counter
 
 import pytest
 
+from flink_agents_replay.core.keygroups import key_group
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.inspect_journal import key_records, summarize_topic
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.writer import JournalWriter
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.records.codec import RecordCodec
+from flink_agents_replay.storage.journal.inspect import key_records, summarize_topic
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.writer import JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
 

@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from flink_agents_replay.checkpoint_bridge import compile_jar
 from flink_agents_replay.examples.support_triage import make_tickets
+from flink_agents_replay.flink.checkpoint_bridge import compile_jar
 from flink_agents_replay.jobs.connector import KAFKA_CONNECTOR_COORDINATES
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.model_server import StubModelServer
@@ -170,7 +170,7 @@ def test_the_setting_is_clean(clean, dist):
 
     with zipfile.ZipFile(dist[1]) as wheel:
         shipped = [name for name in wheel.namelist() if name.endswith(".jar")]
-        assert shipped == [f"flink_agents_replay/checkpoint_bridge/{compile_jar.packaged_jar_name()}"], shipped
+        assert shipped == [f"flink_agents_replay/flink/checkpoint_bridge/{compile_jar.packaged_jar_name()}"], shipped
         jar_bytes = wheel.read(shipped[0])
     rebuilt = compile_jar.compile_jar(clean.work.parent / "rebuilt" / "bridge.jar")
     assert rebuilt.read_bytes() == jar_bytes, "the same JDK must give the same jar bytes"

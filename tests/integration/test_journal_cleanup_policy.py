@@ -12,18 +12,18 @@ import pytest
 from confluent_kafka.admin import ConfigResource, NewTopic
 from pyflink.common import Types
 
-from flink_agents_replay.capture.manifest import (
+from flink_agents_replay.core.errors import ConfigError, TopicMismatchError
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.storage.capture.manifest import (
     CaptureDescription,
     ManifestEntry,
     ManifestWriter,
     manifest_topic,
     read_entries,
 )
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.errors import ConfigError, TopicMismatchError
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.pipeline import connect_to_agent
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.committed import poll_until
 from flink_agents_replay.testing.counter import InvocationCounter

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from flink_agents_replay.kafka_topics import ensure_topics, partition_count
+from flink_agents_replay.integrations.kafka.admin import ensure_topics, partition_count
 from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,8 @@ def test_ensure_topics_creates_topics_with_the_users_security_settings(sasl_sett
 
 
 def test_the_journal_store_writes_reads_and_prunes_with_the_users_security_settings(sasl_settings):
-    from flink_agents_replay.config import AgentConfig
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.flink.config import AgentConfig
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     settings = AgentConfig(kafka=sasl_settings).kafka_settings()
     store = KafkaJournalStore(settings, f"journal-{uuid.uuid4().hex[:8]}", 4)
@@ -56,11 +56,11 @@ def test_the_journal_store_writes_reads_and_prunes_with_the_users_security_setti
 
 
 def test_capture_and_manifest_write_and_read_with_the_users_security_settings(sasl_settings):
-    from flink_agents_replay.capture.manifest import CaptureDescription, read_capture_start
-    from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-    from flink_agents_replay.capture.records import CapturedInput
-    from flink_agents_replay.capture.schemas import capture_codec
-    from flink_agents_replay.capture.writer import CaptureWriter
+    from flink_agents_replay.storage.capture.manifest import CaptureDescription, read_capture_start
+    from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+    from flink_agents_replay.storage.capture.records import CapturedInput
+    from flink_agents_replay.storage.capture.schemas import capture_codec
+    from flink_agents_replay.storage.capture.writer import CaptureWriter
 
     capture_topic = f"capture-{uuid.uuid4().hex[:8]}"
     description = CaptureDescription("op", capture_topic, "STRING", 2, 1)
@@ -83,7 +83,7 @@ def test_inspect_and_its_command_line_read_with_the_users_security_settings(sasl
     import subprocess
     import sys
 
-    from flink_agents_replay.inspect_journal import summarize_topic
+    from flink_agents_replay.storage.journal.inspect import summarize_topic
 
     topic = f"journal-{uuid.uuid4().hex[:8]}"
     ensure_topics(sasl_settings, [topic], 3, replication_factor=1)
@@ -100,9 +100,9 @@ def test_inspect_and_its_command_line_read_with_the_users_security_settings(sasl
 def test_journal_dump_and_load_keep_offsets_with_the_users_security_settings(sasl_settings, tmp_path):
     """Dump and load build an admin client, a consumer and a producer: each must carry the login, or the
     listener refuses it (see the first test)."""
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-    from flink_agents_replay.journal.transfer import dump_topic, load_topic
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.storage.journal.transfer import dump_topic, load_topic
 
     source, target = f"journal-{uuid.uuid4().hex[:8]}", f"moved-{uuid.uuid4().hex[:8]}"
     store = KafkaJournalStore(sasl_settings, source, 2)

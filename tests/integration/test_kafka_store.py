@@ -5,9 +5,9 @@ import uuid
 
 import pytest
 
-from flink_agents_replay.errors import ConfigError, JournalError, TopicMismatchError
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.core.errors import ConfigError, JournalError, TopicMismatchError
 from flink_agents_replay.local.processes import free_port
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def test_missing_bootstrap_servers_is_a_config_error():
 
 
 def test_errors_name_the_topic_by_its_role(journal, kafka_bootstrap):
-    from flink_agents_replay.kafka import CAPTURE, MANIFEST, KafkaTopicStore
+    from flink_agents_replay.integrations.kafka import CAPTURE, MANIFEST, KafkaTopicStore
 
     existing = journal(partitions=4).topic
     with pytest.raises(TopicMismatchError, match=rf"^capture topic '{existing}' has 4 partitions but the job's max "

@@ -4,9 +4,9 @@ import pytest
 from pyflink.common import Types
 from pyflink.datastream import KeyedProcessFunction
 
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.keygroups import key_group, key_group_range
-from flink_agents_replay.runtime_info import subtask_info
+from flink_agents_replay.core.keygroups import key_group, key_group_range
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.runtime_info import subtask_info
 from tests.harness.sample_keys import sample_int_keys, sample_long_keys, sample_string_keys
 
 pytestmark = pytest.mark.integration

@@ -49,11 +49,11 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.events import EventTypes
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.core.events import EventTypes
 from flink_agents_replay.local.processes import pid_alive
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import CallOutcome, RecordKind, key_digest, parse_journal_key
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import CallOutcome, RecordKind, key_digest, parse_journal_key
 from flink_agents_replay.testing.agents import Classified, Drafted, chain_agent
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter

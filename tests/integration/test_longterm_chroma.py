@@ -13,10 +13,10 @@ import warnings
 import pytest
 
 from flink_agents_replay.cli import main as cli_main
+from flink_agents_replay.integrations.chroma import ChromaVectorStore, collection_name
+from flink_agents_replay.integrations.vector_store import StoredDoc, Where
 from flink_agents_replay.local.chroma_server import LocalChromaServer
 from flink_agents_replay.local.errors import LocalServiceError
-from flink_agents_replay.longterm.chroma_store import ChromaVectorStore, collection_name
-from flink_agents_replay.longterm.store import StoredDoc, Where
 from tests.unit.test_longterm_versions import (  # noqa: F401 - collected here again, on the Chroma store
     NS,
     test_a_reader_as_of_a_checkpoint_sees_memory_as_it_was,

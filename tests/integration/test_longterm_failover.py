@@ -18,8 +18,8 @@ from collections import Counter
 import pytest
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
+from flink_agents_replay.integrations.vector_store import Where
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
-from flink_agents_replay.longterm.store import Where
 from flink_agents_replay.testing import AgentTestEnvironment, FailOver, InvocationCounter
 
 pytestmark = pytest.mark.integration

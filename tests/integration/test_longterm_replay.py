@@ -29,19 +29,19 @@ import pytest
 from pyflink.common import Types
 
 from flink_agents_replay import Agent, InputEvent, OutputEvent, Tool, action
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.cli import main as cli_main
-from flink_agents_replay.config import default_uid
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.flink.config import default_uid
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
+from flink_agents_replay.integrations.vector_store import Where
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings, overlay_namespace
 from flink_agents_replay.longterm.fork_diff import memory_diff
-from flink_agents_replay.longterm.store import Where
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.jobs import (
     exactly_once_string_sink,

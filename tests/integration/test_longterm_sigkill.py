@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from flink_agents_replay.integrations.vector_store import Where
 from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.longterm import ChromaVectorStore
-from flink_agents_replay.longterm.store import Where
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import job_script, make_inputs, produce_inputs

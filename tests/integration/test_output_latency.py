@@ -17,12 +17,12 @@ import time
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.resources import Tool
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.delay_proxy import DelayProxy
 

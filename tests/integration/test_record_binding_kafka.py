@@ -9,18 +9,18 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from flink_agents_replay.capture.manifest import CaptureDescription, manifest_topic, read_entries
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput
-from flink_agents_replay.capture.schemas import capture_codec
-from flink_agents_replay.capture.writer import CaptureWriter
-from flink_agents_replay.errors import JournalError, SignatureError
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.transfer import dump_topic, load_topic
-from flink_agents_replay.journal.writer import JournalWriter
-from flink_agents_replay.records.codec import RecordCodec, SigningKeys
-from flink_agents_replay.records.journal import AcceptedRecord, RecordKind, journal_key, key_digest
+from flink_agents_replay.core.errors import JournalError, SignatureError
+from flink_agents_replay.storage.capture.manifest import CaptureDescription, manifest_topic, read_entries
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput
+from flink_agents_replay.storage.capture.schemas import capture_codec
+from flink_agents_replay.storage.capture.writer import CaptureWriter
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.transfer import dump_topic, load_topic
+from flink_agents_replay.storage.journal.writer import JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec, SigningKeys
+from flink_agents_replay.storage.records.journal import AcceptedRecord, RecordKind, journal_key, key_digest
 
 pytestmark = pytest.mark.integration
 

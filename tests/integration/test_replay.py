@@ -26,20 +26,25 @@ from pyflink.common import Types, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, ManifestWriter, manifest_topic
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
-from flink_agents_replay.config import default_uid
-from flink_agents_replay.errors import ReplayConfigError, ReplayIsolationError
+from flink_agents_replay.core.errors import ReplayConfigError, ReplayIsolationError
 from flink_agents_replay.examples.support_triage import make_tickets
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.flink.config import default_uid
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.operator import LOG_FILE_ENV
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.model_server import StubModelServer
-from flink_agents_replay.operator import LOG_FILE_ENV
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.replay.diff import DiffReport, compare
 from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
+from flink_agents_replay.storage.capture.manifest import (
+    CaptureDescription,
+    ManifestEntry,
+    ManifestWriter,
+    manifest_topic,
+)
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import exactly_once_string_sink, running_job, trigger_savepoint, wait_until

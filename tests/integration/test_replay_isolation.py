@@ -21,15 +21,15 @@ import re
 
 import pytest
 
-from flink_agents_replay.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.capture.records import CapturedInput, CapturedRun
-from flink_agents_replay.config import default_capture_topic, default_journal_topic, default_uid
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.flink.config import default_capture_topic, default_journal_topic, default_uid
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.records.journal import key_digest, parse_journal_key
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.job import prepare_replay
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.records.journal import key_digest, parse_journal_key
 from flink_agents_replay.testing.committed import poll_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -23,11 +23,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from pyflink.common import Types
 
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.keygroups import key_group, key_group_range
+from flink_agents_replay.core.keygroups import key_group, key_group_range
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.processes import free_port
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (

@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.testing.agents import InjectedFailure, logical_call_counts
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (

@@ -1,4 +1,4 @@
-"""Dump and load of a topic (flink_agents_replay.journal.transfer) on a real broker: every record keeps its
+"""Dump and load of a topic (flink_agents_replay.storage.journal.transfer) on a real broker: every record keeps its
 offset, key, value, headers and timestamp across gaps (a deleted prefix, transaction markers, an aborted
 transaction), the journal's reader passes over the fillers, and a non-empty target is refused."""
 
@@ -11,9 +11,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from flink_agents_replay.cli import main as cli_main
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.journal.kafka_store import KafkaJournalStore
-from flink_agents_replay.journal.transfer import FILLER_KEY, dump_topic, load_topic, read_dump
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
+from flink_agents_replay.storage.journal.transfer import FILLER_KEY, dump_topic, load_topic, read_dump
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +110,7 @@ def test_load_puts_every_record_at_its_offset_across_gaps(kafka_bootstrap, tmp_p
 
 def test_load_accepts_an_existing_empty_topic_only_with_the_dumps_partition_count(kafka_bootstrap, new_topic,
                                                                                    tmp_path):
-    from flink_agents_replay.errors import TopicMismatchError
+    from flink_agents_replay.core.errors import TopicMismatchError
 
     source = _topic_with_gaps(kafka_bootstrap)
     dump = tmp_path / "dump.jsonl.gz"

@@ -24,9 +24,9 @@ import uuid
 
 from pyflink.common import Types
 
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.agents import chain_agent
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import canonical_output, exactly_once_string_sink, keyed_json_inputs

@@ -43,9 +43,9 @@ from pyflink.datastream.connectors.kafka import (
 )
 
 from flink_agents_replay import Agent, AgentOutput, Event, InputEvent, OutputEvent, Tool, action, connect_to_agent
-from flink_agents_replay.config import job_signing_key
-from flink_agents_replay.errors import ConfigError
-from flink_agents_replay.flink_env import python_path
+from flink_agents_replay.core.errors import ConfigError
+from flink_agents_replay.flink.config import job_signing_key
+from flink_agents_replay.flink.env import python_path
 from flink_agents_replay.local.jars import kafka_connector_jar
 
 # --- the agent -------------------------------------------------------------------------------------------

@@ -25,11 +25,11 @@ import time
 from pyflink.common import Types
 from pyflink.datastream import ExternalizedCheckpointRetention
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.pipeline import connect_to_agent
-from flink_agents_replay.resources import Tool
 from flink_agents_replay.testing.agents import Classified
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import canonical_output, exactly_once_string_sink, keyed_json_inputs

@@ -22,8 +22,8 @@ import os
 import sys
 import time
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.testing.counter import InvocationCounter
 
 SIGNING_KEY = "call-order-test-signing-key"
@@ -75,9 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from pyflink.common import Types
 
-    from flink_agents_replay.flink_env import create_environment
+    from flink_agents_replay.flink.env import create_environment
+    from flink_agents_replay.flink.pipeline import connect_to_agent
     from flink_agents_replay.local.jars import kafka_connector_jar
-    from flink_agents_replay.pipeline import connect_to_agent
     from flink_agents_replay.testing.committed import CommittedReader
     from flink_agents_replay.testing.jobs import (
         exactly_once_string_sink,

@@ -32,10 +32,10 @@ from pyflink.datastream.connectors.kafka import (
     KafkaSource,
 )
 
-from flink_agents_replay.flink_env import create_environment
-from flink_agents_replay.keygroups import key_group, key_group_range
+from flink_agents_replay.core.keygroups import key_group, key_group_range
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.runtime_info import subtask_info
 
 
 @dataclass

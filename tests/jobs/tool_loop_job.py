@@ -1,7 +1,7 @@
 """Test job for ``flink run -py``: Kafka inputs -> an agent whose model calls a tool in a loop -> exactly-once outputs.
 
 Each input ``{"key": ..., "n": ...}`` is a ticket naming order ``O-<5 digits>``. The agent runs one tool loop
-(:func:`flink_agents_replay.tool_loop.run_tool_loop`) against the local model service: turn 1 asks for the
+(:func:`flink_agents_replay.api.tool_loop.run_tool_loop`) against the local model service: turn 1 asks for the
 ``find_order`` tool (the service fills ``order_id`` from the ticket's text by the tool's pattern), the tool
 runs, turn 2 answers. Both sides count themselves in an
 :class:`~flink_agents_replay.testing.counter.InvocationCounter` file, outside the worker: the tool
@@ -32,9 +32,9 @@ from flink_agents_replay import (
     run_tool_loop,
     tool,
 )
-from flink_agents_replay.flink_env import create_environment
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.pipeline import connect_to_agent
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import canonical_output, exactly_once_string_sink, keyed_json_inputs
 

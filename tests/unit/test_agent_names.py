@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.core.errors import AgentDefinitionError
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import AgentDefinitionError
-from flink_agents_replay.records.journal import journal_key, parse_journal_key
+from flink_agents_replay.storage.records.journal import journal_key, parse_journal_key
 
 
 class Echo(Agent):

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from flink_agents_replay.capture.reader import CaptureDecoder
-from flink_agents_replay.errors import SignatureError
+from flink_agents_replay.core.errors import SignatureError
+from flink_agents_replay.storage.capture.reader import CaptureDecoder
 
 KEY = b"k" * 32
 

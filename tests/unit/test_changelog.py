@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 
 import flink_agents_replay
-from flink_agents_replay.capture.manifest import MANIFEST_VERSION
-from flink_agents_replay.capture.schemas import CAPTURE_SCHEMAS
-from flink_agents_replay.formats.state import STATE_VERSION
 from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION
-from flink_agents_replay.journal.fencing import FENCING_MARKER_VERSION
-from flink_agents_replay.journal.markers import MARKER_VERSION
-from flink_agents_replay.journal.transfer import DUMP_VERSION
 from flink_agents_replay.longterm import versions as longterm_versions
-from flink_agents_replay.records import chat, raised
-from flink_agents_replay.records.codec import FORMAT_VERSION, READABLE_VERSIONS
-from flink_agents_replay.records.schemas import JOURNAL_SCHEMAS
+from flink_agents_replay.storage.capture.manifest import MANIFEST_VERSION
+from flink_agents_replay.storage.capture.schemas import CAPTURE_SCHEMAS
+from flink_agents_replay.storage.formats.state import STATE_VERSION
+from flink_agents_replay.storage.journal.fencing import FENCING_MARKER_VERSION
+from flink_agents_replay.storage.journal.markers import MARKER_VERSION
+from flink_agents_replay.storage.journal.transfer import DUMP_VERSION
+from flink_agents_replay.storage.records import chat, raised
+from flink_agents_replay.storage.records.codec import FORMAT_VERSION, READABLE_VERSIONS
+from flink_agents_replay.storage.records.schemas import JOURNAL_SCHEMAS
 
 CHANGELOG = Path(__file__).resolve().parents[2] / "CHANGELOG.md"
 _SECTION = re.compile(r"^## (\S+)", re.MULTILINE)

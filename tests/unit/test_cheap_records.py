@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import cloudpickle
 import pytest
 
-from flink_agents_replay.events import Event
-from flink_agents_replay.formats.plain import dump_user, load_user
-from flink_agents_replay.memory import private_copy
-from flink_agents_replay.records.codec import SigningKeys, encode_header
+from flink_agents_replay.api.memory import private_copy
+from flink_agents_replay.core.events import Event
+from flink_agents_replay.storage.formats.plain import dump_user, load_user
+from flink_agents_replay.storage.records.codec import SigningKeys, encode_header
 
 
 @pytest.mark.parametrize("fields", [

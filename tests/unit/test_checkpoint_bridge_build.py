@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.checkpoint_bridge import build, compile_jar
-from flink_agents_replay.checkpoint_bridge.build import BridgeBuildError
+from flink_agents_replay.flink.checkpoint_bridge import build, compile_jar
+from flink_agents_replay.flink.checkpoint_bridge.build import BridgeBuildError
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_CLASS = "io/github/flinkagentsreplay/bridge/CheckpointBridgeOperator.class"
@@ -124,13 +124,13 @@ def test_compile_classpath_is_the_installed_pyflink():
 
 
 def test_no_built_artifacts_inside_the_repository():
-    package = REPO / "flink_agents_replay" / "checkpoint_bridge"
+    package = REPO / "flink_agents_replay" / "flink" / "checkpoint_bridge"
     assert not [p for p in package.rglob("*") if p.suffix in {".jar", ".class"}]
 
 
 def test_the_bridge_and_the_python_errors_share_the_no_restart_marker():
     """The bridge recognises failures not to restart by this text in their message: both sides must agree."""
-    from flink_agents_replay.errors import NO_RESTART_MARKER
+    from flink_agents_replay.core.errors import NO_RESTART_MARKER
 
     source = "\n".join(path.read_text() for path in build.java_sources())
     assert f'NO_RESTART_MARKER = "{NO_RESTART_MARKER}";' in source

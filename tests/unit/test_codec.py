@@ -2,10 +2,10 @@
 
 import pytest
 
-from flink_agents_replay.errors import NotPicklableError, SignatureError
-from flink_agents_replay.memory import MemoryUpdate
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import (
+from flink_agents_replay.api.memory import MemoryUpdate
+from flink_agents_replay.core.errors import NotPicklableError, SignatureError
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import (
     CallOutcome,
     CallRecord,
     CompletionRecord,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
+from flink_agents_replay.flink.config import AgentConfig
 
 BASE = {"kafka": {"bootstrap.servers": "127.0.0.1:9092"}, "signing_key": "a-signing-key-of-20ch"}
 

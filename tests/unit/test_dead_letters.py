@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from flink_agents_replay.capture.records import CapturedInput
 from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION, DeadLetter, JsonRecords
 from flink_agents_replay.replay.job import CapturedInputParser
+from flink_agents_replay.storage.capture.records import CapturedInput
 
 TAKE = JsonRecords("customer", max_record_bytes=89)
 
@@ -36,7 +36,7 @@ def test_a_record_nested_too_deep_for_json_or_the_journal_is_a_dead_letter_not_a
     assert take(b"[" * 100_000 + b"]" * 100_000, 0) == (None, "nested deeper than 32 levels")  # RecursionError
     deep = b'{"customer": "c", "a": ' + b"[" * 31 + b"]" * 31 + b"}"
     assert take(deep, 0)[1] is None
-    from flink_agents_replay.digest import digest_value
+    from flink_agents_replay.engine.digest import digest_value
 
     digest_value(take(deep, 0)[0])  # what the journal does with an input: the deepest taken record digests
 
@@ -73,9 +73,9 @@ def test_a_dead_letter_says_why_and_where_and_keeps_a_bounded_value():
 
 
 def test_a_capture_record_that_does_not_verify_is_a_reason_not_an_exception():
-    from flink_agents_replay.capture.records import SIGNED_KEY
-    from flink_agents_replay.capture.schemas import CAPTURED_INPUT, capture_codec
-    from flink_agents_replay.keygroups import key_group
+    from flink_agents_replay.core.keygroups import key_group
+    from flink_agents_replay.storage.capture.records import SIGNED_KEY
+    from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, capture_codec
 
     parse = CapturedInputParser(b"k" * 32, "op", topic="cap", key_type="STRING", max_parallelism=128)
     assert parse(None, 0) == (None, "no value (a tombstone)")
@@ -116,7 +116,7 @@ def test_a_parse_that_raises_makes_a_dead_letter_and_counts_it():
 @pytest.mark.parametrize("jar", ["s3://bucket/connector.jar", "hdfs:///jars/c.jar", "local:///opt/flink/c.jar",
                                  "https://repo1.maven.org/maven2/c.jar", "/no/such/connector.jar"])
 def test_a_connector_jar_the_client_cannot_load_is_a_config_error(jar):
-    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.core.errors import ConfigError
     from flink_agents_replay.jobs.connector import _jar_url
 
     with pytest.raises(ConfigError, match="Kafka connector jar"):

@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.kafka.store import TopicDelivery
-from flink_agents_replay.kafka.topics import JOURNAL
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.integrations.kafka.store import TopicDelivery
+from flink_agents_replay.integrations.kafka.topics import JOURNAL
 
 ROLE = JOURNAL
 

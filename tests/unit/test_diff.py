@@ -2,7 +2,6 @@
 
 import json
 
-from flink_agents_replay.capture.records import BlockedCall, CapturedInput, CapturedOutput, CapturedRun
 from flink_agents_replay.replay.diff import (
     NOTE_NO_PRODUCTION_RUN,
     NOTE_REPLAY_NOT_FINISHED,
@@ -10,6 +9,7 @@ from flink_agents_replay.replay.diff import (
     compare,
     to_json_value,
 )
+from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedOutput, CapturedRun
 
 
 def run(key, seq, *outputs, blocked=(), error=None, digest="d"):

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.memory import Memory, MemoryUpdate
+from flink_agents_replay.api.resources import Tool, current_call_id
+from flink_agents_replay.core.errors import CallInDoubtError, CallTimeoutError, JournalRecordTooLargeError
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import CallInDoubtError, CallTimeoutError, JournalRecordTooLargeError
-from flink_agents_replay.journal.attempts import read_job_history, write_attempt_records
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import JournalClosedError, JournalWriter
-from flink_agents_replay.memory import Memory, MemoryUpdate
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
-from flink_agents_replay.records.raised import decode_exception, encode_exception
-from flink_agents_replay.resources import Tool, current_call_id
+from flink_agents_replay.storage.journal.attempts import read_job_history, write_attempt_records
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import JournalClosedError, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 
 KEY_GROUP = 2
 SIGNING_KEY = b"effects-once-rules-key"
@@ -168,7 +168,7 @@ class NeedsResponse(Exception):
 
 
 def test_exceptions_keep_their_type_and_attributes_through_the_journal():
-    from flink_agents_replay.formats.plain import dump_user, load_user
+    from flink_agents_replay.storage.formats.plain import dump_user, load_user
 
     for raised in (NeedsResponse("bad gateway", response={"status": 502}, body=b"x"), ConnectionError("down"),
                    OSError(111, "refused"), KeyError("k"), FileNotFoundError(2, "No such file", "/no/doc.txt"),
@@ -295,7 +295,7 @@ def test_a_checkpoint_restore_passes_over_attempt_records_in_its_range():
 
 
 def _digest(value):
-    from flink_agents_replay.digest import digest_value
+    from flink_agents_replay.engine.digest import digest_value
 
     return digest_value(value)
 
@@ -327,7 +327,7 @@ def test_a_closed_journal_refuses_writes_of_abandoned_runs():
 def test_a_tool_with_a_timeout_gives_up_waiting_and_keeps_the_call_id():
     import threading
 
-    from flink_agents_replay.errors import CallTimeoutError
+    from flink_agents_replay.core.errors import CallTimeoutError
 
     release, seen = threading.Event(), []
 

@@ -12,19 +12,25 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, action, with_event_id
-from flink_agents_replay.digest import digest_value
+from flink_agents_replay.api.agent import Agent, InputEvent, action, with_event_id
+from flink_agents_replay.api.resources import Tool, current_call_id
+from flink_agents_replay.core.errors import CallBlocked, CallInDoubtError
 from flink_agents_replay.engine.calls import ActionCalls
 from flink_agents_replay.engine.context import ActionSite, FingerprintPolicy, RunContext, RunInput, RunStats, Scope
+from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import journal_action_failed
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, Blocked, CallGate, GatedCall, GateDecision, Live, Recorded
-from flink_agents_replay.errors import CallBlocked, CallInDoubtError
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import ActionFailedRecord, CallOutcome, input_event_id, journal_key, key_digest
-from flink_agents_replay.resources import Tool, current_call_id
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import (
+    ActionFailedRecord,
+    CallOutcome,
+    input_event_id,
+    journal_key,
+    key_digest,
+)
 
 KEY_GROUP = 1
 SIGNING_KEY = b"0123456789abcdef0123"

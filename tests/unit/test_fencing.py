@@ -11,19 +11,19 @@ import logging
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.digest import digest_value
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.core.errors import SignatureError
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import SignatureError
-from flink_agents_replay.journal.attempts import attempt_key, read_job_history, write_attempt_records
-from flink_agents_replay.journal.checkpoints import JournalCheckpoints
-from flink_agents_replay.journal.fencing import PartitionFences, fence_of
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import RecordKind, key_digest
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.engine.digest import digest_value
+from flink_agents_replay.storage.journal.attempts import attempt_key, read_job_history, write_attempt_records
+from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints
+from flink_agents_replay.storage.journal.fencing import PartitionFences, fence_of
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import RecordKind, key_digest
 
 SIGNING_KEY = b"0123456789abcdef0123"
 PRODUCER = "agent"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 
 #: Agents whose code holds sets in every place a set can hide: a set literal, a frozenset default, a set
 #: inside a dict literal, and a helper function (with a set in its closure) in the action's closure.
@@ -22,7 +22,7 @@ PINNED_PLAIN_ENCODING = "c788373617c349592156299e6e27e5578f3b3f4fdb2e72c61dc4d7c
 
 
 SEEDED_AGENTS = '''
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
 
@@ -96,7 +96,7 @@ def test_fingerprints_are_equal_under_every_hash_seed(tmp_path):
 
 # -- what counts as the action's code ------------------------------------------------------------------
 ROUTING = '''
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 
 
 def make(threshold=0.5):
@@ -216,7 +216,7 @@ def test_the_encoding_of_plain_values_is_pinned_across_versions():
     journaled action as changed code. Plain values only (code objects are the running Python's)."""
     import hashlib
 
-    from flink_agents_replay.agent import _CodeEncoder
+    from flink_agents_replay.api.agent import _CodeEncoder
 
     values = [None, ..., True, False, 0, -5, 10**50, 1.5, 2j, "héllo", b"\x00", (1, 2), [3], {1, 2},
               frozenset({3}), {"a": [1, {"b": None}]}, int, len, object()]
@@ -229,38 +229,42 @@ def test_the_encoding_of_plain_values_is_pinned_across_versions():
 #: action's default, closure or constant holds it. Moving a module must not change these names: completions
 #: journaled under 0.5.1 would no longer match the same code (fingerprint_policy would warn, or fail the job).
 NAMES_IN_0_5_1 = {
-    "Agent": "flink_agents_replay.agent.Agent",
-    "AgentConfig": "flink_agents_replay.config.AgentConfig",
-    "AgentOutput": "flink_agents_replay.operator.AgentOutput",
-    "Argument": "flink_agents_replay.tools.Argument",
-    "CallBlocked": "flink_agents_replay.errors.CallBlocked",
-    "ChatModel": "flink_agents_replay.chat_model.ChatModel",
-    "ChatModelError": "flink_agents_replay.errors.ChatModelError",
-    "ChatResult": "flink_agents_replay.records.chat.ChatResult",
-    "Event": "flink_agents_replay.events.Event",
-    "InDoubtPolicy": "flink_agents_replay.resources.InDoubtPolicy",
-    "InputEvent": "flink_agents_replay.events.InputEvent",
-    "OutputEvent": "flink_agents_replay.events.OutputEvent",
-    "Resource": "flink_agents_replay.resources.Resource",
-    "RunnerContext": "flink_agents_replay.agent.RunnerContext",
-    "SideEffects": "flink_agents_replay.resources.SideEffects",
-    "Tool": "flink_agents_replay.resources.Tool",
-    "ToolCall": "flink_agents_replay.records.chat.ToolCall",
-    "ToolLoopLimitError": "flink_agents_replay.errors.ToolLoopLimitError",
-    "ToolLoopResult": "flink_agents_replay.tool_loop.ToolLoopResult",
-    "Usage": "flink_agents_replay.records.chat.Usage",
-    "action": "flink_agents_replay.agent.action",
-    "connect_to_agent": "flink_agents_replay.pipeline.connect_to_agent",
-    "current_call_id": "flink_agents_replay.call_site.current_call_id",
-    "run_tool_loop": "flink_agents_replay.tool_loop.run_tool_loop",
-    "tool": "flink_agents_replay.tools.tool",
+    "Agent": "flink_agents_replay.api.agent.Agent",
+    "AgentConfig": "flink_agents_replay.flink.config.AgentConfig",
+    "AgentOutput": "flink_agents_replay.flink.operator.AgentOutput",
+    "Argument": "flink_agents_replay.api.tools.Argument",
+    "CallBlocked": "flink_agents_replay.core.errors.CallBlocked",
+    "ChatModel": "flink_agents_replay.api.chat_model.ChatModel",
+    "ChatModelError": "flink_agents_replay.core.errors.ChatModelError",
+    "ChatResult": "flink_agents_replay.storage.records.chat.ChatResult",
+    "Event": "flink_agents_replay.core.events.Event",
+    "InDoubtPolicy": "flink_agents_replay.api.resources.InDoubtPolicy",
+    "InputEvent": "flink_agents_replay.core.events.InputEvent",
+    "OutputEvent": "flink_agents_replay.core.events.OutputEvent",
+    "Resource": "flink_agents_replay.api.resources.Resource",
+    "RunnerContext": "flink_agents_replay.api.agent.RunnerContext",
+    "SideEffects": "flink_agents_replay.api.resources.SideEffects",
+    "Tool": "flink_agents_replay.api.resources.Tool",
+    "ToolCall": "flink_agents_replay.storage.records.chat.ToolCall",
+    "ToolLoopLimitError": "flink_agents_replay.core.errors.ToolLoopLimitError",
+    "ToolLoopResult": "flink_agents_replay.api.tool_loop.ToolLoopResult",
+    "Usage": "flink_agents_replay.storage.records.chat.Usage",
+    "action": "flink_agents_replay.api.agent.action",
+    "connect_to_agent": "flink_agents_replay.flink.pipeline.connect_to_agent",
+    "current_call_id": "flink_agents_replay.api.call_site.current_call_id",
+    "run_tool_loop": "flink_agents_replay.api.tool_loop.run_tool_loop",
+    "tool": "flink_agents_replay.api.tools.tool",
 }
 
 
 def test_a_fingerprint_names_package_objects_by_their_0_5_1_module_wherever_they_live_now():
     import flink_agents_replay
-    from flink_agents_replay.agent import _qualified_name
-    from flink_agents_replay.formats.package_values import PACKAGE_EXCEPTIONS, PERSISTED_CLASSES, package_class_from_id
+    from flink_agents_replay.api.agent import _qualified_name
+    from flink_agents_replay.storage.formats.package_values import (
+        PACKAGE_EXCEPTIONS,
+        PERSISTED_CLASSES,
+        package_class_from_id,
+    )
 
     found = {name: package_class_from_id(["flink-agents-replay", "class", name]) for name in PERSISTED_CLASSES}
     found.update(PACKAGE_EXCEPTIONS)

@@ -6,16 +6,16 @@ from concurrent.futures import Future
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.core.errors import JournalError
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import JournalError
 from flink_agents_replay.flink.runs import RunPool
-from flink_agents_replay.journal.checkpoints import RunInFlight
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.store import Delivery
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.storage.journal.checkpoints import RunInFlight
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.store import Delivery
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
 
 KEY_GROUP = 2
 SIGNING_KEY = b"0123456789abcdef0123"

@@ -1,7 +1,7 @@
 """The recovery index: accepted order, and a later history superseding an abandoned one."""
 
-from flink_agents_replay.journal.index import RecoveryIndex
-from flink_agents_replay.records.journal import AcceptedRecord, CallOutcome, CallRecord, CompletionRecord
+from flink_agents_replay.storage.journal.index import RecoveryIndex
+from flink_agents_replay.storage.records.journal import AcceptedRecord, CallOutcome, CallRecord, CompletionRecord
 
 
 def completion(seq: int, digest: str, action: str = "a") -> CompletionRecord:

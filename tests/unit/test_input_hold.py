@@ -3,8 +3,8 @@ held once, and released as soon as fewer wait; inputs a key no longer holds (sta
 
 import pytest
 
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
+from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.input_hold import InputHold
 
 

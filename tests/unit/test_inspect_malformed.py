@@ -8,12 +8,13 @@ import struct
 
 import pytest
 
-from flink_agents_replay import cli, inspect_journal
-from flink_agents_replay.inspect_journal import PartitionSummary
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
+from flink_agents_replay import cli
+from flink_agents_replay.core.keygroups import key_group
+from flink_agents_replay.storage.journal import inspect as inspect_journal
+from flink_agents_replay.storage.journal.inspect import PartitionSummary
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
 
 PARTITIONS = 4
 KEY = "customer-7"

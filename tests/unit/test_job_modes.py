@@ -3,15 +3,15 @@
 
 from collections import Counter
 
-from flink_agents_replay.call_site import Fork
-from flink_agents_replay.capture.records import CapturedInput
+from flink_agents_replay.api.call_site import Fork
 from flink_agents_replay.flink.mode import PRODUCTION
-from flink_agents_replay.formats.state import WaitingInput, encode_waiting
-from flink_agents_replay.records.journal import CallOutcome, CallRecord
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.mode import ReplayMode
 from flink_agents_replay.replay.policy import CallPolicy
 from flink_agents_replay.replay.settings import ReplaySettings
+from flink_agents_replay.storage.capture.records import CapturedInput
+from flink_agents_replay.storage.formats.state import WaitingInput, encode_waiting
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
 
 
 class Counted:
@@ -74,7 +74,7 @@ def test_a_replay_refuses_a_savepoint_whose_checkpoint_time_is_not_the_manifests
     may describe another job's checkpoint of the same id. Its trigger time tells them apart."""
     import pytest
 
-    from flink_agents_replay.errors import NO_RESTART_MARKER, ReplayConfigError
+    from flink_agents_replay.core.errors import NO_RESTART_MARKER, ReplayConfigError
 
     settings = ReplaySettings("prod.capture", {0: 5}, "prod.journal", checkpoint_id=3,
                               checkpoint_time_ms=1_780_000_000_000)

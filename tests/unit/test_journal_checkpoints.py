@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.core.errors import JournalError, JournalGapError
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import JournalError, JournalGapError
-from flink_agents_replay.journal import checkpoints as checkpoints_module
-from flink_agents_replay.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
-from flink_agents_replay.journal.markers import encode_marker
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.storage.journal import checkpoints as checkpoints_module
+from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
+from flink_agents_replay.storage.journal.markers import encode_marker
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
 
 SIGNING_KEY = b"0123456789abcdef0123"
 PARTITIONS = 4

@@ -23,7 +23,7 @@ import jsonschema
 import pytest
 import yaml
 
-from flink_agents_replay.config import SIGNING_KEY_ENV, AgentConfig
+from flink_agents_replay.flink.config import SIGNING_KEY_ENV, AgentConfig
 from flink_agents_replay.local.jars import fetch_jars
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,10 +15,10 @@ import logging
 import pytest
 from confluent_kafka import KafkaError
 
-from flink_agents_replay.errors import ConfigError, JournalError
-from flink_agents_replay.kafka import JOURNAL, KafkaSettings
-from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
-from flink_agents_replay.kafka.store import KafkaTopicStore, TopicDelivery
+from flink_agents_replay.core.errors import ConfigError, JournalError
+from flink_agents_replay.integrations.kafka import JOURNAL, KafkaSettings
+from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
+from flink_agents_replay.integrations.kafka.store import KafkaTopicStore, TopicDelivery
 
 BOOTSTRAP = {"bootstrap.servers": "127.0.0.1:9092"}
 
@@ -46,7 +46,7 @@ def test_a_delivery_timeout_longer_than_the_ack_wait_is_refused(name, value):
 
 
 def test_a_journal_store_refuses_a_too_long_delivery_timeout_before_contacting_kafka():
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     # Port 1: nothing listens; the config error must come first, naming the setting.
     with pytest.raises(ConfigError, match="message.timeout.ms"):
@@ -111,7 +111,7 @@ class _FakeProducer:
 
 
 def _store(monkeypatch, purge: bool) -> KafkaTopicStore:
-    import flink_agents_replay.kafka.store as store_module
+    import flink_agents_replay.integrations.kafka.store as store_module
 
     monkeypatch.setattr(store_module, "Producer", _FakeProducer)
     store = KafkaTopicStore.__new__(KafkaTopicStore)  # no broker: only the producer side is exercised
@@ -167,7 +167,7 @@ def test_other_stores_deliver_what_is_queued_on_close(monkeypatch):
 
 
 def test_the_journal_store_purges_on_close():
-    from flink_agents_replay.journal.kafka_store import KafkaJournalStore
+    from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 
     assert KafkaJournalStore.purge_unsent_on_close and not KafkaTopicStore.purge_unsent_on_close
 
@@ -175,9 +175,9 @@ def test_the_journal_store_purges_on_close():
 _DEAD_BROKER_CLIENTS = r"""
 import logging, sys
 from confluent_kafka import Consumer, Producer
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.kafka import KafkaAdmin, KafkaSettings
-from flink_agents_replay.kafka.settings import LIBRDKAFKA_LOGGER
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.integrations.kafka import KafkaAdmin, KafkaSettings
+from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
 
 lines = []
 handler = logging.Handler()
@@ -220,7 +220,7 @@ def test_clients_at_a_dead_broker_print_nothing_on_stderr_and_log_through_python
 _UNCONFIGURED_LOGGING = r"""
 import sys
 from confluent_kafka import Producer
-from flink_agents_replay.kafka import KafkaSettings
+from flink_agents_replay.integrations.kafka import KafkaSettings
 
 producer = Producer(KafkaSettings.of({"bootstrap.servers": sys.argv[1]}).producer_config(durable=True,
                                                                                         ack_timeout_s=1.5))
@@ -288,7 +288,7 @@ class _OffsetsClient:
 
 
 def _admin_with(client, timeout_s=5.0):
-    from flink_agents_replay.kafka import KafkaAdmin
+    from flink_agents_replay.integrations.kafka import KafkaAdmin
 
     admin = KafkaAdmin(BOOTSTRAP, timeout_s=timeout_s)
     admin._client = client

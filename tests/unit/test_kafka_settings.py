@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flink_agents_replay.kafka_topics import ensure_topics
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
 
 SECURE = {
     "bootstrap.servers": "kafka.example:9093",
@@ -72,7 +72,7 @@ def test_ensure_topics_still_takes_a_bare_bootstrap_string(admin_clients):
 
 # -- KafkaSettings: built once, every client configuration derived from it ------------------------------------------
 def test_settings_come_from_a_mapping_a_bootstrap_string_or_settings():
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     settings = KafkaSettings.of(SECURE)
     assert settings.client == SECURE and settings.bootstrap_servers == "kafka.example:9093"
@@ -81,7 +81,7 @@ def test_settings_come_from_a_mapping_a_bootstrap_string_or_settings():
 
 
 def test_settings_do_not_change_when_the_users_dict_does():
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     given = dict(SECURE)
     settings = KafkaSettings.of(given)
@@ -92,15 +92,15 @@ def test_settings_do_not_change_when_the_users_dict_does():
 
 @pytest.mark.parametrize("given", [{}, {"bootstrap.servers": ""}, {"security.protocol": "SSL"}])
 def test_settings_without_bootstrap_servers_are_a_config_error(given):
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     with pytest.raises(ConfigError, match="bootstrap.servers"):
         KafkaSettings.of(given)
 
 
 def test_every_client_configuration_carries_the_users_settings():
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     settings = KafkaSettings.of(SECURE)
     assert _without_logger(settings.admin_config()) == SECURE
@@ -115,8 +115,8 @@ def test_every_client_configuration_carries_the_users_settings():
 
 @pytest.mark.parametrize("setting", [{"acks": "1"}, {"enable.idempotence": False}])
 def test_a_durable_producer_refuses_settings_that_contradict_it_naming_what_needs_it(setting):
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     settings = KafkaSettings.of({**SECURE, **setting})
     assert _without_logger(settings.producer_config(durable=False)) == {**SECURE, **setting}
@@ -125,15 +125,15 @@ def test_a_durable_producer_refuses_settings_that_contradict_it_naming_what_need
 
 
 def test_agreeing_durable_settings_are_accepted():
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     settings = KafkaSettings.of({**SECURE, "acks": "all", "enable.idempotence": "true"})
     assert settings.producer_config(durable=True)["acks"] == "all"
 
 
 def test_an_ordered_producer_keeps_one_request_in_flight_and_refuses_more():
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     ordered = KafkaSettings.of(SECURE).producer_config(durable=True, ordered=True)
     assert _without_logger(ordered) == {**SECURE, "enable.idempotence": True, "acks": "all",
@@ -145,8 +145,8 @@ def test_an_ordered_producer_keeps_one_request_in_flight_and_refuses_more():
 
 
 def test_a_committed_only_reader_reads_committed_and_refuses_read_uncommitted():
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     reader = KafkaSettings.of(SECURE).reader_config(purpose="dump", committed_only=True)
     assert reader["isolation.level"] == "read_committed" and reader["group.id"].startswith("flink-agents-replay-dump-")
@@ -160,7 +160,7 @@ def test_a_committed_only_reader_reads_committed_and_refuses_read_uncommitted():
 def test_repr_hides_secrets_and_pickling_keeps_everything():
     import pickle
 
-    from flink_agents_replay.kafka import KafkaSettings
+    from flink_agents_replay.integrations.kafka import KafkaSettings
 
     settings = KafkaSettings.of({**SECURE, "ssl.key.password": "k3y"})
     assert "alice-secret" not in repr(settings) and "k3y" not in repr(settings) and "alice" in repr(settings)
@@ -168,7 +168,7 @@ def test_repr_hides_secrets_and_pickling_keeps_everything():
 
 
 def test_agent_config_hands_out_its_kafka_settings():
-    from flink_agents_replay.config import AgentConfig
+    from flink_agents_replay.flink.config import AgentConfig
 
     assert AgentConfig(kafka=SECURE).kafka_settings().client == SECURE
 
@@ -176,8 +176,8 @@ def test_agent_config_hands_out_its_kafka_settings():
 # -- topic roles: errors name what the topic is --------------------------------------------------------------------
 @pytest.mark.parametrize(("role_name", "label"), [("JOURNAL", "journal topic"), ("CAPTURE", "capture topic")])
 def test_a_compacting_topic_config_is_refused_naming_the_topics_role(role_name, label):
-    from flink_agents_replay.errors import ConfigError
-    from flink_agents_replay.kafka import topics
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.integrations.kafka import topics
 
     with pytest.raises(ConfigError, match=rf"topic_config for {label} 't' sets cleanup.policy=compact.*remove"):
         topics.created_topic_config("t", getattr(topics, role_name), {"cleanup.policy": "compact"}, False)
@@ -185,7 +185,7 @@ def test_a_compacting_topic_config_is_refused_naming_the_topics_role(role_name, 
 
 
 def test_the_manifest_role_is_compacted_on_purpose():
-    from flink_agents_replay.kafka import topics
+    from flink_agents_replay.integrations.kafka import topics
 
     assert topics.MANIFEST.compacted and not topics.CAPTURE.compacted and not topics.JOURNAL.compacted
     assert topics.created_topic_config("m", topics.MANIFEST, {"cleanup.policy": "compact"}, True) == {
@@ -193,7 +193,7 @@ def test_the_manifest_role_is_compacted_on_purpose():
 
 
 def test_partition_rules_say_why_the_count_matters():
-    from flink_agents_replay.kafka import topics
+    from flink_agents_replay.integrations.kafka import topics
 
     assert topics.JOURNAL.partition_rule(128) == "the job's max parallelism is 128 (one partition per key group)"
     assert topics.MANIFEST.partition_rule(1) == "it must have 1"
@@ -214,7 +214,7 @@ def test_ensure_topics_accepts_a_topic_created_meanwhile(monkeypatch, admin_clie
 def test_ensure_topics_names_the_topic_it_could_not_create(monkeypatch, admin_clients):
     from confluent_kafka import KafkaError, KafkaException
 
-    from flink_agents_replay.errors import JournalError
+    from flink_agents_replay.core.errors import JournalError
 
     class _Refused:
         def result(self, timeout=None):
@@ -228,7 +228,7 @@ def test_ensure_topics_names_the_topic_it_could_not_create(monkeypatch, admin_cl
 
 def test_the_command_line_takes_kafka_client_settings_with_x():
     from flink_agents_replay.cli import _kafka_settings, build_parser
-    from flink_agents_replay.errors import ReplayError
+    from flink_agents_replay.core.errors import ReplayError
 
     args = build_parser().parse_args(["inspect", "--bootstrap-servers", "kafka.example:9093", "--topic", "t",
                                       "-X", "security.protocol=SASL_SSL", "-X", "sasl.jaas.config=a=b"])

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 from pyflink.common import Types
 
-from flink_agents_replay.keygroups import (
+from flink_agents_replay.core.keygroups import (
     UnsupportedKeyTypeError,
     java_hash_code,
     key_group,

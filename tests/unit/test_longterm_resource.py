@@ -10,19 +10,19 @@ import pickle
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, action
-from flink_agents_replay.call_site import Fork
+from flink_agents_replay.api.agent import Agent, InputEvent, action
+from flink_agents_replay.api.call_site import Fork
+from flink_agents_replay.core.errors import MemoryNotFoundError
 from flink_agents_replay.engine.failures import journal_action_failed
 from flink_agents_replay.engine.gate import Live
-from flink_agents_replay.errors import MemoryNotFoundError
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.integrations.vector_store import InMemoryVectorStore, Where
 from flink_agents_replay.local.embeddings import DIMENSIONS
 from flink_agents_replay.local.model_server import StubModelServer
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings, overlay_namespace
 from flink_agents_replay.longterm.fork_diff import clean_replay, memory_diff
-from flink_agents_replay.longterm.store import InMemoryVectorStore, Where
 from flink_agents_replay.longterm.versions import Position, VersionedMemory
-from flink_agents_replay.records.journal import ActionFailedRecord, key_digest
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.records.journal import ActionFailedRecord, key_digest
 from tests.unit.test_engine_calls import KEY, KEY_GROUP, SEQ, ScriptedGate, action_calls
 
 NAMESPACE = "Memo/memory"  # the default: <agent>/<resource>
@@ -296,7 +296,7 @@ def test_a_delete_of_a_memory_not_seen_is_journaled_by_name_and_reused_as_the_sa
     store, journal = InMemoryVectorStore(), MemoryJournalStore(4)
     with pytest.raises(MemoryNotFoundError, match="no memory gone-id in 'Memo/memory' .*deleted already"):
         action_calls(agent_with(store, model), journal).call("memory", "delete", "gone-id")
-    assert not any(b"flink_agents_replay.longterm" in value or b"flink_agents_replay.errors" in value
+    assert not any(b"flink_agents_replay.longterm" in value or b"flink_agents_replay.core.errors" in value
                    for _, value in journal.records(KEY_GROUP))  # persisted by its name, not its module path
     again = action_calls(agent_with(store, model), journal, restored=True)
     with pytest.raises(MemoryNotFoundError, match="no memory gone-id"):

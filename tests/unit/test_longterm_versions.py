@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flink_agents_replay.longterm.store import InMemoryVectorStore, Where
+from flink_agents_replay.integrations.vector_store import InMemoryVectorStore, Where
 from flink_agents_replay.longterm.versions import CURRENT, MemoryNotFoundError, Position, VersionedMemory, compact
 
 NS, SCOPE = "triage", "key-a"

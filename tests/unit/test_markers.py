@@ -2,8 +2,8 @@
 
 import pytest
 
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.storage.journal.markers import PruneTracker, build_marker, encode_marker, plan_restore
 
 
 def test_marker_is_lowered_to_in_flight_runs_and_unreplayed_history():

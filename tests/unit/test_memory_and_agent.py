@@ -2,10 +2,10 @@
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.errors import AgentDefinitionError, UnknownResourceError
-from flink_agents_replay.memory import DELETED, Memory, MemoryUpdate
-from flink_agents_replay.resources import SideEffects, Tool
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.memory import DELETED, Memory, MemoryUpdate
+from flink_agents_replay.api.resources import SideEffects, Tool
+from flink_agents_replay.core.errors import AgentDefinitionError, UnknownResourceError
 
 
 def test_memory_paths_and_recorded_updates():

@@ -20,6 +20,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from flink_agents_replay.api.chat_model import ChatModel
 from flink_agents_replay.cli import main as cli_main
 from flink_agents_replay.local.errors import LocalServiceError
 from flink_agents_replay.local.model_server import (
@@ -33,7 +34,6 @@ from flink_agents_replay.local.model_server import (
     reset_stats,
 )
 from flink_agents_replay.local.processes import pid_alive
-from flink_agents_replay.resources import ChatModel
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flink_agents_replay.operator import ActionExecutionOperator
+from flink_agents_replay.flink.operator import ActionExecutionOperator
 
 
 class _Part:
@@ -42,7 +42,7 @@ def test_a_client_failing_to_close_does_not_leave_the_later_ones_open():
 
 def test_closing_the_operator_closes_the_resources_of_the_agent_and_its_sub_agents_each_once():
     from flink_agents_replay import Agent, InputEvent, Tool, action
-    from flink_agents_replay.longterm.chroma_store import ChromaVectorStore
+    from flink_agents_replay.integrations.chroma import ChromaVectorStore
     from flink_agents_replay.longterm.embeddings import OpenAIEmbeddings
     from flink_agents_replay.longterm.resource import LongTermMemory
 

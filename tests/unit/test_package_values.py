@@ -12,9 +12,9 @@ import pydantic
 import pytest
 
 from flink_agents_replay import ChatResult, InputEvent, OutputEvent, SideEffects, ToolCall, ToolLoopResult
-from flink_agents_replay.errors import ChatModelError, NotPicklableError, ToolLoopLimitError
-from flink_agents_replay.formats.plain import dump_user, load_user
-from flink_agents_replay.records.chat import Usage
+from flink_agents_replay.core.errors import ChatModelError, NotPicklableError, ToolLoopLimitError
+from flink_agents_replay.storage.formats.plain import dump_user, load_user
+from flink_agents_replay.storage.records.chat import Usage
 
 PACKAGE_PATH = b"flink_agents_replay"
 
@@ -65,14 +65,14 @@ def test_package_objects_in_user_values_persist_without_a_module_path_and_read_b
 
 
 def test_an_event_read_back_keeps_its_id():
-    from flink_agents_replay.events import with_event_id
+    from flink_agents_replay.core.events import with_event_id
 
     event = with_event_id(OutputEvent("done"), "ev-7")
     assert load_user(dump_user(event)).id == "ev-7"
 
 
 def test_a_package_object_without_a_public_name_is_refused_clearly():
-    from flink_agents_replay.longterm.store import Where
+    from flink_agents_replay.integrations.vector_store import Where
 
     with pytest.raises(NotPicklableError, match=r"memory path 'filter' holds an object of Where, an internal"):
         dump_user({"filter": Where()}, what="memory path 'filter'")
@@ -80,7 +80,7 @@ def test_a_package_object_without_a_public_name_is_refused_clearly():
 
 def test_a_process_that_never_imported_the_class_reads_it_back():
     data = dump_user({"final": _loop_result()})
-    code = ("import sys; from flink_agents_replay.formats.plain import load_user\n"
+    code = ("import sys; from flink_agents_replay.storage.formats.plain import load_user\n"
             "value = load_user(sys.stdin.buffer.read())\n"
             "print(type(value['final']).__name__, value['final'].final.usage.prompt_tokens)")
     done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True)
@@ -99,13 +99,13 @@ def test_a_tool_loop_result_kept_in_memory_and_sent_survives_the_journal_and_the
     state name no module of the package, and a recovered run reuses both equal."""
     from flink_agents_replay import Agent, ChatModel, OutputEvent, action, run_tool_loop, tool
     from flink_agents_replay.engine import RunInput, execute_run
-    from flink_agents_replay.formats.state import decode_memory, encode_memory
-    from flink_agents_replay.journal.memory_store import MemoryJournalStore
-    from flink_agents_replay.journal.recovery import read_recovery_index
-    from flink_agents_replay.journal.writer import Durability, JournalWriter
     from flink_agents_replay.local.model_server import StubModelServer
-    from flink_agents_replay.records.codec import RecordCodec
-    from flink_agents_replay.records.journal import key_digest
+    from flink_agents_replay.storage.formats.state import decode_memory, encode_memory
+    from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+    from flink_agents_replay.storage.journal.recovery import read_recovery_index
+    from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+    from flink_agents_replay.storage.records.codec import RecordCodec
+    from flink_agents_replay.storage.records.journal import key_digest
 
     def find_order(order_id: Annotated[str, pydantic.Field(pattern=r"O-\d{5}")]) -> dict:
         """Find an order by its id."""
@@ -140,7 +140,7 @@ def test_a_tool_loop_result_kept_in_memory_and_sent_survives_the_journal_and_the
 
 
 def test_classes_of_the_testing_api_and_the_demo_pickle_like_user_code():
-    from flink_agents_replay.formats.package_values import holds_package_code
+    from flink_agents_replay.storage.formats.package_values import holds_package_code
     from flink_agents_replay.testing.agents import Classified
 
     assert not holds_package_code(Classified) and holds_package_code(ChatResult)
@@ -197,7 +197,7 @@ def test_a_function_of_the_package_in_a_value_is_refused_clearly():
 
 def test_every_class_the_package_exports_has_a_persisted_name_that_resolves():
     import flink_agents_replay
-    from flink_agents_replay.formats.package_values import PERSISTED_CLASSES, package_class_from_id
+    from flink_agents_replay.storage.formats.package_values import PERSISTED_CLASSES, package_class_from_id
 
     exported = {name for name in flink_agents_replay.__all__ if isinstance(getattr(flink_agents_replay, name), type)
                 and not issubclass(getattr(flink_agents_replay, name), BaseException)}

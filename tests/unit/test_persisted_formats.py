@@ -11,12 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.agent import Event, InputEvent, OutputEvent, with_event_id
-from flink_agents_replay.capture.records import SIGNED_KEY, BlockedCall, CapturedInput, CapturedOutput, CapturedRun
-from flink_agents_replay.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
-from flink_agents_replay.errors import AgentDefinitionError, CallBlocked, ChatModelError, SignatureError
-from flink_agents_replay.events import EventTypes
-from flink_agents_replay.formats.state import (
+from flink_agents_replay.api.agent import Event, InputEvent, OutputEvent, with_event_id
+from flink_agents_replay.api.memory import DELETED, MemoryUpdate
+from flink_agents_replay.core.errors import AgentDefinitionError, CallBlocked, ChatModelError, SignatureError
+from flink_agents_replay.core.events import EventTypes
+from flink_agents_replay.integrations.vector_store import InMemoryVectorStore, StoredDoc, Where
+from flink_agents_replay.longterm.versions import Position, VersionedMemory
+from flink_agents_replay.storage.capture.records import (
+    SIGNED_KEY,
+    BlockedCall,
+    CapturedInput,
+    CapturedOutput,
+    CapturedRun,
+)
+from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
+from flink_agents_replay.storage.formats.state import (
     InFlightInput,
     WaitingInput,
     decode_in_flight,
@@ -26,11 +35,8 @@ from flink_agents_replay.formats.state import (
     encode_memory,
     encode_waiting,
 )
-from flink_agents_replay.longterm.store import InMemoryVectorStore, StoredDoc, Where
-from flink_agents_replay.longterm.versions import Position, VersionedMemory
-from flink_agents_replay.memory import DELETED, MemoryUpdate
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import (
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import (
     AcceptedRecord,
     ActionFailedRecord,
     CallOutcome,
@@ -40,8 +46,8 @@ from flink_agents_replay.records.journal import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.records.raised import decode_exception, encode_exception
-from flink_agents_replay.records.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
+from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 KEY = b"k" * 32
@@ -157,7 +163,7 @@ def test_an_event_name_that_two_classes_share_asks_for_event_name():
 def test_a_newer_schema_version_is_refused_with_advice():
     codec = RecordCodec(KEY, "op")
     value = codec.encode(RECORD_KEY, RecordKind.ACCEPTED, AcceptedRecord(1, "d"), **HERE)
-    from flink_agents_replay.formats import plain
+    from flink_agents_replay.storage.formats import plain
     header, body = codec.verify(RECORD_KEY, value, **HERE)
     newer = plain.pack({**plain.unpack(body), "v": 99})
     with pytest.raises(SignatureError, match="upgrade flink-agents-replay"):
@@ -255,7 +261,7 @@ def test_keyed_state_written_by_earlier_versions_still_reads(version):
 @pytest.mark.parametrize("version", [v for v in VERSIONS if "memory_package_objects" in _fixture(v)["state"]])
 def test_package_objects_kept_in_memory_by_earlier_versions_still_read(version):
     from flink_agents_replay import ChatResult, InputEvent, SideEffects, ToolLoopResult
-    from flink_agents_replay.errors import ChatModelError
+    from flink_agents_replay.core.errors import ChatModelError
 
     raw = base64.b64decode(_fixture(version)["state"]["memory_package_objects"])
     assert PACKAGE not in raw
@@ -292,8 +298,8 @@ def test_long_term_memory_written_by_earlier_versions_still_reads_and_takes_new_
 
 def test_every_exception_of_the_package_has_a_persisted_name():
     """A package exception missing from the table would be pickled by its module path."""
-    from flink_agents_replay import errors
-    from flink_agents_replay.formats.exceptions import PACKAGE_EXCEPTIONS
+    from flink_agents_replay.core import errors
+    from flink_agents_replay.storage.formats.exceptions import PACKAGE_EXCEPTIONS
 
     classes = {getattr(errors, name) for name in errors.__all__}
     assert classes - set(PACKAGE_EXCEPTIONS.values()) == set()
@@ -302,7 +308,7 @@ def test_every_exception_of_the_package_has_a_persisted_name():
 def test_version_1_data_naming_a_class_that_cannot_be_imported_says_so():
     import pickle
 
-    from flink_agents_replay.formats.legacy import load_v1
+    from flink_agents_replay.storage.formats.legacy import load_v1
 
     with pytest.raises(pickle.UnpicklingError, match="flink_agents_replay.nowhere.Gone, which cannot be imported"):
         load_v1(b"cflink_agents_replay.nowhere\nGone\n.")
@@ -354,7 +360,7 @@ def test_a_slotted_event_keeps_its_fields():
 
 
 def test_same_named_event_classes_under_one_agent_base_are_told_apart_by_their_module():
-    from flink_agents_replay.formats.events import event_from_plain, event_to_plain
+    from flink_agents_replay.storage.formats.events import event_from_plain, event_to_plain
 
     base = type("AppEvent", (Event,), {"__module__": "app.base"})
     orders = type("Created", (base,), {"__module__": "app.orders"})
@@ -367,7 +373,7 @@ def test_same_named_event_classes_under_one_agent_base_are_told_apart_by_their_m
 
 
 def test_an_agent_handling_same_named_event_classes_is_warned_when_defined(caplog):
-    from flink_agents_replay.agent import Agent, InputEvent, action
+    from flink_agents_replay.api.agent import Agent, InputEvent, action
 
     base = type("ShopEvent", (Event,), {"__module__": "shop.base"})
     type("Created", (base,), {"__module__": "shop.orders"})
@@ -378,7 +384,7 @@ def test_an_agent_handling_same_named_event_classes_is_warned_when_defined(caplo
         def handle(event, ctx):
             pass
 
-    with caplog.at_level("WARNING", logger="flink_agents_replay.agent"):
+    with caplog.at_level("WARNING", logger="flink_agents_replay.api.agent"):
         Shop()
     [warning] = [r.getMessage() for r in caplog.records if "several event classes named 'Created'" in r.getMessage()]
     assert "shop.orders.Created, shop.users.Created" in warning and "__event_name__" in warning

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.capture.manifest import CaptureDescription
-from flink_agents_replay.capture.reader import CaptureDecoder
-from flink_agents_replay.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
-from flink_agents_replay.capture.schemas import CAPTURED_INPUT, capture_codec
-from flink_agents_replay.capture.writer import CaptureWriter
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.errors import ConfigError, JournalError, SignatureError
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.store import Delivery
-from flink_agents_replay.journal.transfer import DumpedRecord, DumpHeader, load_topic
-from flink_agents_replay.keygroups import key_group
-from flink_agents_replay.records.codec import RecordCodec, SigningKeys, signed_version
-from flink_agents_replay.records.journal import AcceptedRecord, RecordKind, journal_key, key_digest
+from flink_agents_replay.core.errors import ConfigError, JournalError, SignatureError
+from flink_agents_replay.core.keygroups import key_group
+from flink_agents_replay.flink.config import AgentConfig
+from flink_agents_replay.storage.capture.manifest import CaptureDescription
+from flink_agents_replay.storage.capture.reader import CaptureDecoder
+from flink_agents_replay.storage.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
+from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, capture_codec
+from flink_agents_replay.storage.capture.writer import CaptureWriter
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.store import Delivery
+from flink_agents_replay.storage.journal.transfer import DumpedRecord, DumpHeader, load_topic
+from flink_agents_replay.storage.records.codec import RecordCodec, SigningKeys, signed_version
+from flink_agents_replay.storage.records.journal import AcceptedRecord, RecordKind, journal_key, key_digest
 
 OLD_KEY, NEW_KEY, THIRD_KEY = b"o" * 32, b"n" * 32, b"t" * 32
 PRODUCTION, REPLAY = "agent.journal", "agent-replay.journal"

@@ -1,6 +1,6 @@
 """Which production journal records a replay may use (docs/design.md §9), without Flink or Kafka."""
 
-from flink_agents_replay.journal.markers import encode_marker, plan_restore
+from flink_agents_replay.storage.journal.markers import encode_marker, plan_restore
 
 # Partition 0's barrier ends at offset 20; key "k1" has seq 4 in flight; key "waiting" was still replaying its
 # recovered history from seq 7 on when the savepoint was taken.

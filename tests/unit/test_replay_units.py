@@ -7,23 +7,28 @@ import struct
 
 import pytest
 
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry, manifest_topic
-from flink_agents_replay.capture.records import BlockedCall
-from flink_agents_replay.config import DEFAULT_CAPTURE_RETENTION_MS, AgentConfig, default_journal_topic, default_uid
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import SideEffects, Tool, current_call_id
+from flink_agents_replay.core.errors import CallBlocked, ConfigError, ReplayConfigError, ReplayIsolationError
 from flink_agents_replay.engine import FingerprintPolicy, RunInput, execute_run
-from flink_agents_replay.errors import CallBlocked, ConfigError, ReplayConfigError, ReplayIsolationError
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import CallOutcome, key_digest
-from flink_agents_replay.records.raised import decode_exception
+from flink_agents_replay.flink.config import (
+    DEFAULT_CAPTURE_RETENTION_MS,
+    AgentConfig,
+    default_journal_topic,
+    default_uid,
+)
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.policy import CallPolicy, default_policy, parse_policies, policy_for
 from flink_agents_replay.replay.savepoint import operator_id, read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
-from flink_agents_replay.resources import SideEffects, Tool, current_call_id
+from flink_agents_replay.storage.capture.manifest import CaptureDescription, ManifestEntry, manifest_topic
+from flink_agents_replay.storage.capture.records import BlockedCall
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import CallOutcome, key_digest
+from flink_agents_replay.storage.records.raised import decode_exception
 
 KEY_GROUP = 2
 SIGNING_KEY = b"0123456789abcdef0123"

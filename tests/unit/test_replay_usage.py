@@ -7,13 +7,13 @@ import json
 import pytest
 
 from flink_agents_replay import cli
-from flink_agents_replay.capture.records import CapturedInput, CapturedOutput, CapturedRun
-from flink_agents_replay.errors import ConfigError
-from flink_agents_replay.records.journal import CallOutcome, CallRecord
+from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.replay import report as replay_report
 from flink_agents_replay.replay.diff import DiffReport, compare
 from flink_agents_replay.replay.prices import load_prices, parse_price, price_table, prices_from_json
 from flink_agents_replay.replay.usage import Price, Usage, UsageComparison, percentile, usage_of
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
 
 MINI = Price(0.15, 0.60)
 BIG = Price(2.50, 10.00)

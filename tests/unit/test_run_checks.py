@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from flink_agents_replay.operator import ActionExecutionOperator
+from flink_agents_replay.flink.operator import ActionExecutionOperator
 
 
 class _Timers:

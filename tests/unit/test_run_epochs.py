@@ -5,11 +5,11 @@ import argparse
 
 import pytest
 
-from flink_agents_replay.capture.manifest import CaptureDescription, ManifestEntry
 from flink_agents_replay.cli import _epoch_or_time
 from flink_agents_replay.flink.epochs import RunEpochs
-from flink_agents_replay.journal.markers import checkpoint_time, encode_marker
 from flink_agents_replay.replay.settings import ReplaySettings
+from flink_agents_replay.storage.capture.manifest import CaptureDescription, ManifestEntry
+from flink_agents_replay.storage.journal.markers import checkpoint_time, encode_marker
 
 T1, T2 = 1_780_000_000_000, 1_780_000_060_000  # two checkpoints' trigger times (epoch ms)
 
@@ -83,8 +83,8 @@ def test_epochs_read_as_times_or_as_checkpoint_ids_of_older_versions():
 
 
 def test_manifest_entries_of_one_checkpoint_id_from_two_jobs_are_refused():
-    from flink_agents_replay.capture.manifest import capture_start
-    from flink_agents_replay.errors import ReplayConfigError
+    from flink_agents_replay.core.errors import ReplayConfigError
+    from flink_agents_replay.storage.capture.manifest import capture_start
 
     description = CaptureDescription(uid="op", capture_topic="c", key_type="STRING", max_parallelism=2,
                                      codec_version=1)

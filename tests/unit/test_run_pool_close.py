@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from flink_agents_replay.errors import RunSlotTimeoutError
+from flink_agents_replay.core.errors import RunSlotTimeoutError
 from flink_agents_replay.flink.runs import RunPool, _Running
-from flink_agents_replay.journal.checkpoints import RunInFlight
+from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 
 
 class _Counter:

@@ -5,21 +5,21 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.engine import FingerprintPolicy, RunInput, execute_run
-from flink_agents_replay.errors import (
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool, current_call_id
+from flink_agents_replay.core.errors import (
     AgentDefinitionError,
     CallInDoubtError,
     FingerprintMismatchError,
     NotPicklableError,
     SignatureError,
 )
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
-from flink_agents_replay.resources import Tool, current_call_id
+from flink_agents_replay.engine import FingerprintPolicy, RunInput, execute_run
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
 
 KEY_GROUP = 3
 SIGNING_KEY = b"0123456789abcdef0123"
@@ -514,7 +514,7 @@ def test_a_thread_acknowledging_while_another_waits_still_waits_for_every_record
     """Sub-agent calls of one run write from several threads. A thread's 'started' record is appended; another
     thread's acknowledgement begins (it waits for every record so far, this one too); this thread's own wait must
     still wait for its record, not return because the other took the list."""
-    from flink_agents_replay.records.journal import RecordKind
+    from flink_agents_replay.storage.records.journal import RecordKind
 
     store = _HeldStore(8)
     journal = writer(store, Durability.PER_RUN).run_journal(KEY_GROUP)

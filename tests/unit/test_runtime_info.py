@@ -2,7 +2,7 @@
 
 import pytest
 
-from flink_agents_replay.runtime_info import SubtaskInfo, subtask_info
+from flink_agents_replay.flink.runtime_info import SubtaskInfo, subtask_info
 
 
 class _ProcessModeContext:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flink_agents_replay.config import SIGNING_KEY_ENV, AgentConfig
-from flink_agents_replay.errors import ConfigError
+from flink_agents_replay.core.errors import ConfigError
+from flink_agents_replay.flink.config import SIGNING_KEY_ENV, AgentConfig
 from flink_agents_replay.jobs import agent_job, replay_job
 
 TEST_JOBS = Path(__file__).resolve().parents[1] / "jobs"

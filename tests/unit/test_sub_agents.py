@@ -9,21 +9,21 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.child_pool import ChildCallPool
-from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.errors import (
+from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.core.errors import (
     NoSubAgentOutputError,
     SubAgentCycleError,
     SubAgentTimeoutError,
     UnknownSubAgentError,
 )
-from flink_agents_replay.journal.memory_store import MemoryJournalStore
-from flink_agents_replay.journal.recovery import read_recovery_index
-from flink_agents_replay.journal.writer import Durability, JournalWriter
-from flink_agents_replay.records.codec import RecordCodec
-from flink_agents_replay.records.journal import key_digest
-from flink_agents_replay.resources import Tool
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.engine.child_pool import ChildCallPool
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
 
 KEY_GROUP = 5
 SIGNING_KEY = b"0123456789abcdef0123"

@@ -20,8 +20,8 @@ from flink_agents_replay import (
     run_tool_loop,
     tool,
 )
+from flink_agents_replay.api.resources import Resource, SideEffects
 from flink_agents_replay.engine import RunInput, execute_run
-from flink_agents_replay.resources import Resource, SideEffects
 
 
 class ScriptedModel(Resource):
@@ -110,7 +110,7 @@ def test_a_callable_object_tool_is_named_and_described_after_its_class():
 
 def test_a_chat_model_for_openais_api_without_a_key_is_told_where_it_is_made_and_refused_at_its_first_call(
         monkeypatch, caplog):
-    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.core.errors import ConfigError
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
@@ -129,8 +129,8 @@ def test_a_chat_model_for_openais_api_without_a_key_is_told_where_it_is_made_and
 def test_a_response_formats_schema_is_made_once_per_class_for_digests_and_requests():
     import pydantic
 
-    from flink_agents_replay.chat_model import _json_schema_format
-    from flink_agents_replay.digest import digest_value
+    from flink_agents_replay.api.chat_model import _json_schema_format
+    from flink_agents_replay.engine.digest import digest_value
 
     made = []
 
@@ -197,7 +197,7 @@ def test_an_argument_the_function_does_not_take_makes_no_call_and_tells_the_mode
 ])
 def test_chat_model_settings_the_sdk_would_fail_on_obscurely_are_refused_where_the_model_is_made(setting, needle):
     """Taken by the SDK, these fail at the first request as 'Connection error.' or an internal assertion."""
-    from flink_agents_replay.errors import ConfigError
+    from flink_agents_replay.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(needle)):
         ChatModel("m", **{"base_url": "http://127.0.0.1:8000/v1", "api_key": "k", **setting})

@@ -14,12 +14,12 @@ import pydantic
 import pytest
 
 from flink_agents_replay import ChatModel, Tool, tool
+from flink_agents_replay.api.tools import function_schema
 from flink_agents_replay.local.model_server import StubModelServer
-from flink_agents_replay.records.chat import ChatResult, ToolCall, Usage
-from flink_agents_replay.records.journal import CallOutcome, CallRecord
-from flink_agents_replay.records.raised import decode_exception, encode_exception
-from flink_agents_replay.records.schemas import call_from_plain, call_to_plain
-from flink_agents_replay.tools import function_schema
+from flink_agents_replay.storage.records.chat import ChatResult, ToolCall, Usage
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
+from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
+from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
 
 KEY_GROUP = 2
 SIGNING_KEY = b"tools-and-chat-model-signing-key"
@@ -89,7 +89,7 @@ def test_a_prompt_returns_text_and_messages_return_a_chat_result_with_usage(serv
 
 
 def test_every_attempt_carries_the_call_id_as_idempotency_key(server):
-    from flink_agents_replay.call_site import _CALL_SITE, CallSite
+    from flink_agents_replay.api.call_site import _CALL_SITE, CallSite
 
     model = ChatModel("stub-model", base_url=server.base_url, api_key="unused")
     before = server.stats()
@@ -147,14 +147,14 @@ def test_the_sdks_exceptions_keep_their_type_and_status_through_the_journal():
 from typing import Annotated  # noqa: E402
 
 from flink_agents_replay import run_tool_loop  # noqa: E402
-from flink_agents_replay.agent import Agent, InputEvent, OutputEvent, action  # noqa: E402
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action  # noqa: E402
+from flink_agents_replay.core.errors import ToolLoopLimitError  # noqa: E402
 from flink_agents_replay.engine import RunInput, execute_run  # noqa: E402
-from flink_agents_replay.errors import ToolLoopLimitError  # noqa: E402
-from flink_agents_replay.journal.memory_store import MemoryJournalStore  # noqa: E402
-from flink_agents_replay.journal.recovery import read_recovery_index  # noqa: E402
-from flink_agents_replay.journal.writer import Durability, JournalWriter  # noqa: E402
-from flink_agents_replay.records.codec import RecordCodec  # noqa: E402
-from flink_agents_replay.records.journal import key_digest  # noqa: E402
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore  # noqa: E402
+from flink_agents_replay.storage.journal.recovery import read_recovery_index  # noqa: E402
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter  # noqa: E402
+from flink_agents_replay.storage.records.codec import RecordCodec  # noqa: E402
+from flink_agents_replay.storage.records.journal import key_digest  # noqa: E402
 
 KEY_GROUP = 2
 SIGNING_KEY = b"tools-and-chat-model-signing-key"
@@ -331,8 +331,8 @@ def test_arguments_that_do_not_fit_make_no_call_and_tell_the_model():
 
 
 def test_tools_are_shown_under_names_a_model_can_call():
-    from flink_agents_replay.agent import RunnerContext
-    from flink_agents_replay.errors import AgentDefinitionError
+    from flink_agents_replay.api.agent import RunnerContext
+    from flink_agents_replay.core.errors import AgentDefinitionError
 
     ctx = RunnerContext(key="k", seq=1, memory=None, send=None, call=None,
                         resources={"crm.lookup": tool(lambda q: q), "lookup-v2": Tool(lambda: 1, name="x")})
@@ -361,7 +361,7 @@ def test_a_structured_answer_is_validated_the_same_way_live_and_reused():
     live = model.restore_result(journaled, (), {"response_format": Aliased, "messages": []})
     again = model.restore_result(reused, (), {"response_format": Aliased, "messages": []})
     assert live.parsed == again.parsed == Aliased(orderId="O-1", notes=["x"]) and live.parsed.notes == ["x", "seen"]
-    from flink_agents_replay.errors import ChatModelError
+    from flink_agents_replay.core.errors import ChatModelError
 
     with pytest.raises(ChatModelError, match="does not fit Aliased"):
         model.restore_result(ChatResult(parsed={"notes": 3}), (), {"response_format": Aliased})
@@ -372,7 +372,7 @@ def test_a_structured_answer_is_validated_the_same_way_live_and_reused():
 def test_tools_given_as_objects_digest_by_their_schema_whatever_the_process_did_before():
     import cloudpickle
 
-    from flink_agents_replay.digest import digest_value
+    from flink_agents_replay.engine.digest import digest_value
 
     shipped = cloudpickle.loads(cloudpickle.dumps(lookup_order))
     before = digest_value({"tools": [shipped]})
@@ -383,7 +383,7 @@ def test_tools_given_as_objects_digest_by_their_schema_whatever_the_process_did_
 def test_tool_answers_reach_the_model_as_the_same_text_in_every_process_or_are_refused():
     from dataclasses import dataclass as plain_dataclass
 
-    from flink_agents_replay.tool_loop import _as_text
+    from flink_agents_replay.api.tool_loop import _as_text
 
     @plain_dataclass
     class Parcel:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from flink_agents_replay.config import AgentConfig
-from flink_agents_replay.errors import JournalError
-from flink_agents_replay.journal.transfer import (
+from flink_agents_replay.core.errors import JournalError
+from flink_agents_replay.flink.config import AgentConfig
+from flink_agents_replay.storage.journal.transfer import (
     DUMP_FORMAT,
     DumpedRecord,
     DumpHeader,

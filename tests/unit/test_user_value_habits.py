@@ -10,8 +10,8 @@ import textwrap
 import cloudpickle
 import pytest
 
-from flink_agents_replay.errors import NotPicklableError
-from flink_agents_replay.formats.plain import dump_user, load_user
+from flink_agents_replay.core.errors import NotPicklableError
+from flink_agents_replay.storage.formats.plain import dump_user, load_user
 
 
 class RefundError(Exception):
@@ -100,7 +100,7 @@ def test_a_dataclass_of_a_module_pickled_by_value_keeps_its_fields_in_another_pr
     (tmp_path / "value.pkl").write_bytes(user_value)
     check = textwrap.dedent(f"""
         import dataclasses, pickle, pydantic
-        from flink_agents_replay.formats.plain import load_user
+        from flink_agents_replay.storage.formats.plain import load_user
         Point, point = pickle.loads(open({str(tmp_path / "point.pkl")!r}, "rb").read())
         print([f.name for f in dataclasses.fields(Point)], dataclasses.asdict(point))
         print(pydantic.TypeAdapter(Point).validate_python({{"x": 5}}))

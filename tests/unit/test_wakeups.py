@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from flink_agents_replay.checkpoint_bridge.wakeups import CompletionWakeups
+from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
 
 
 class _FakeJava:

@@ -2,10 +2,10 @@
 
 import json
 
-from flink_agents_replay.capture.records import CapturedInput, CapturedOutput, CapturedRun
 from flink_agents_replay.replay import word_diff
 from flink_agents_replay.replay.diff import compare
 from flink_agents_replay.replay.word_diff import highlight_words, tokenize
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedOutput, CapturedRun
 
 OLD = "Thank you for reaching out. We have noted the issue."
 NEW = "Thank you for reaching out. We are sorry for the issue."

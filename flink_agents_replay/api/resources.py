@@ -1,0 +1,201 @@
+"""Resources an agent calls through ``ctx.call``: tools (Python callables) here, chat models in
+:mod:`flink_agents_replay.api.chat_model`.
+
+Every resource declares its *side effects*, which decide what happens to a call that started before a
+failure and never reported back (*in doubt*), and later what a replay may do with it:
+
+* ``none`` — reading or computing only (a model, a lookup): an in-doubt call is simply made again.
+* ``idempotent`` — repeating it does no harm (an upsert keyed by a request id): made again.
+* ``external`` — an effect on the world (an e-mail, a charge): before the call starts, a *started*
+  record is journaled and acknowledged, so a call in doubt is detected; ``in_doubt`` decides
+  (``rerun`` by default, or ``fail``, or ``assume_done``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import enum
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flink_agents_replay.api.call_site import current_call_id
+from flink_agents_replay.api.tool_schema import (
+    arguments_model,
+    bound_arguments,
+    function_arguments,
+    schema_of,
+    summary,
+    takes_any_keyword,
+    tool_name,
+)
+from flink_agents_replay.core.errors import CallTimeoutError, ChatModelError
+
+__all__ = ["ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
+
+
+class SideEffects(str, enum.Enum):
+    """What calling a resource does to the world outside the job."""
+
+    NONE = "none"
+    IDEMPOTENT = "idempotent"
+    EXTERNAL = "external"
+
+
+class InDoubtPolicy(str, enum.Enum):
+    """What to do with a call that started before a failure and has no recorded result."""
+
+    RERUN = "rerun"
+    FAIL = "fail"
+    ASSUME_DONE = "assume_done"
+
+
+class Resource(ABC):
+    """Something an action calls through ``ctx.call(name, ...)``."""
+
+    def __init__(self, *, side_effects: SideEffects | str, in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
+        self.side_effects = SideEffects(side_effects)
+        self.in_doubt = InDoubtPolicy(in_doubt)
+
+    @abstractmethod
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """Make the call for real."""
+
+    def restore_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
+        """The result an action gets from a call's result as journaled (``result``), given the call's arguments:
+        itself by default. A resource whose result the journal keeps as plain data rebuilds typed parts here
+        (a chat model, the parsed pydantic object), the same for a call made now and one reused later."""
+        return result
+
+    @property
+    def tracks_start(self) -> bool:
+        """Whether calls journal an acknowledged *started* record first (to detect calls in doubt)."""
+        return self.side_effects is SideEffects.EXTERNAL
+
+    def writes(self, args: tuple, kwargs: dict) -> bool:
+        """Whether this call may change what a later call reads (a write). A write is made only once the run's
+        earlier records are acknowledged: a crash after it must never make those earlier reads again, since they
+        could now find the write and the run go another way (a search finding the memory its own lost attempt
+        added). Every call of a resource with side effects, by default."""
+        return self.side_effects is not SideEffects.NONE
+
+    def close(self) -> None:
+        """Release what the resource holds (clients, connections): the operator calls it when its task ends
+        (cancel, failure, stop). Nothing by default."""
+        return None
+
+
+class Tool(Resource):
+    """A plain Python callable. Defaults to ``external`` side effects: the safe assumption.
+
+    Args:
+        function: what a call runs.
+        side_effects: ``none``, ``idempotent`` or ``external`` (see the module docstring).
+        in_doubt: what the next attempt does with a call that started and never reported back.
+        timeout_s: give up waiting after this many seconds and raise :class:`CallTimeoutError` (the function
+            keeps running on its own thread: Python cannot stop it, so its effect is in doubt). ``None``
+            (default) waits as long as the function runs.
+        name, description, schema: how a model sees the tool (:mod:`flink_agents_replay.api.tools`): by default
+            the function's name, its docstring's summary and the JSON schema of its signature.
+    """
+
+    def __init__(self, function: Callable[..., Any], *, side_effects: SideEffects | str = SideEffects.EXTERNAL,
+                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None,
+                 name: str | None = None, description: str | None = None,
+                 schema: Mapping[str, Any] | None = None):
+        if not callable(function):
+            raise TypeError(f"Tool needs a callable, got {function!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"Tool timeout_s must be positive, got {timeout_s!r}")
+        super().__init__(side_effects=side_effects, in_doubt=in_doubt)
+        self.function = function
+        self.timeout_s = timeout_s
+        self.name = name or tool_name(function)
+        self.bound = bound_arguments(function)  # a partial's: the model may not set them
+        self.description = description
+        self.schema = dict(schema) if schema is not None else None
+        self.arguments: tuple[Any, ...] | None = None  # resolved from the signature (tools.Argument)
+        self._schema_error: str | None = None
+        self._validator: Any = None
+        if schema is None:
+            self._derive_schema()
+
+    def _derive_schema(self) -> None:
+        """The schema of the function's signature, derived now: in the job's client process, where the module
+        the hints name is whole (a job script's function reaches the workers pickled by value, and names used
+        only in string annotations do not travel with it). A tool no model is shown may have any signature."""
+        try:
+            self.arguments = function_arguments(self.function)
+            self.schema = schema_of(self._arguments_model())
+            self.description = self.description or summary(self.function)
+        except Exception as exc:  # noqa: BLE001 - reported when a model is to be shown the tool
+            self.arguments, self._schema_error = None, f"{type(exc).__name__}: {exc}"
+
+    def _arguments_model(self) -> Any:
+        if self._validator is None:  # made once per process (a pydantic class does not travel pickled)
+            self._validator = arguments_model(self.name, self.arguments)
+        return self._validator
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_validator": None}
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as a chat model is shown it (OpenAI's ``tools`` format)."""
+        if self.schema is None:
+            raise TypeError(f"{self!r} has no schema a model could be shown ({self._schema_error}); give "
+                            "Tool(..., schema={...})")
+        return {"type": "function", "function": {  # a copy: an action changing it changes no other's
+            "name": self.name, "description": self.description or "", "parameters": copy.deepcopy(self.schema)}}
+
+    def model_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """A model's JSON arguments as the function's types (an enum member, a pydantic model...); raises
+        ``ValueError`` naming what does not fit. A schema given by hand takes them as they are."""
+        taken = sorted(self.bound.intersection(arguments))
+        if taken:
+            raise ValueError("; ".join(f"{name}: is set by the tool, not given" for name in taken))
+        if self.arguments is None:
+            return dict(arguments)
+        import pydantic
+
+        # A name the function does not take (a misspelt one would otherwise leave its parameter at the default).
+        names = [argument.name for argument in self.arguments]
+        extra = {name: value for name, value in arguments.items() if name not in names}
+        if extra and not takes_any_keyword(self.function):
+            raise ValueError("; ".join(f"{name}: not a parameter of the tool" for name in sorted(extra))
+                             + f" (it takes {', '.join(names) or 'none'})")
+        try:
+            validated = self._arguments_model().model_validate(dict(arguments))
+        except pydantic.ValidationError as exc:  # told to the model: no pydantic version or URL in the text
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False))
+            raise ValueError(problems) from None
+        return {**{name: getattr(validated, name) for name in arguments if name in names}, **extra}
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        if self.timeout_s is None:
+            return self.function(*args, **kwargs)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = self.function(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+
+        # The call's context (its call id) goes along to the thread.
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True,
+                                  name=f"tool-{getattr(self.function, '__name__', 'call')}")
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise CallTimeoutError(f"{self!r} did not return within {self.timeout_s} s; it may still take effect")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def __repr__(self) -> str:
+        name = getattr(self.function, "__qualname__", self.function)
+        return f"Tool({name!r}, side_effects={self.side_effects.value})"
+

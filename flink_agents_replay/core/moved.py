@@ -1,0 +1,160 @@
+"""Where each module of 0.5.1 lives now: the import paths of 0.5.1 keep working until 0.7.0, and fingerprints
+keep naming package objects by their 0.5.1 modules for good.
+
+0.6.0 regrouped the package by layer (``core``, ``integrations``, ``storage``, ``api``, ``engine``, ``flink``...;
+see docs/design.md §2). A user's ``from flink_agents_replay.agent import Agent`` or
+``import flink_agents_replay.journal.writer`` still works: :class:`OldPathFinder`, which the package installs when
+it is imported, answers each old path with the module that holds the code now. It hands out *the same module
+object*, not a copy, so each class exists once, ``isinstance`` checks hold, monkeypatching through an old path
+patches the real module, and a pickle that names an old path loads. The first import of an old path warns with a
+``DeprecationWarning`` that names the new one.
+
+Action fingerprints put the module of a package object an action holds (``SideEffects.NONE`` as a default,
+``OutputEvent`` in a closure) into the fingerprint. :func:`module_in_0_5_1` maps a module back to its 0.5.1 name,
+so that moving the code changes no fingerprint and completions journaled under 0.5.1 still match. That mapping
+stays after the aliases go.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from typing import Any
+
+__all__ = ["MOVED_IN_0_6_0", "OldPathFinder", "install_old_paths", "module_in_0_5_1"]
+
+PACKAGE = "flink_agents_replay"
+
+#: Each module or package of 0.5.1 that moved in 0.6.0 (names below the package) -> its module now.
+MOVED_IN_0_6_0: dict[str, str] = {
+    "agent":                            "api.agent",
+    "call_site":                        "api.call_site",
+    "capture":                          "storage.capture",
+    "capture.manifest":                 "storage.capture.manifest",
+    "capture.observer":                 "flink.capture_observer",
+    "capture.reader":                   "storage.capture.reader",
+    "capture.records":                  "storage.capture.records",
+    "capture.schemas":                  "storage.capture.schemas",
+    "capture.writer":                   "storage.capture.writer",
+    "chat_model":                       "api.chat_model",
+    "checkpoint_bridge":                "flink.checkpoint_bridge",
+    "checkpoint_bridge.build":          "flink.checkpoint_bridge.build",
+    "checkpoint_bridge.compile_jar":    "flink.checkpoint_bridge.compile_jar",
+    "checkpoint_bridge.wakeups":        "flink.checkpoint_bridge.wakeups",
+    "checkpoint_bridge.wiring":         "flink.checkpoint_bridge.wiring",
+    "child_pool":                       "engine.child_pool",
+    "config":                           "flink.config",
+    "config_types":                     "flink.config_types",
+    "demo":                             "cli.demo",
+    "digest":                           "engine.digest",
+    "engine.history":                   "storage.journal.history",
+    "errors":                           "core.errors",
+    "events":                           "core.events",
+    "flink_env":                        "flink.env",
+    "formats":                          "storage.formats",
+    "formats.dataclass_sentinels":      "storage.formats.dataclass_sentinels",
+    "formats.events":                   "storage.formats.events",
+    "formats.exceptions":               "storage.formats.exceptions",
+    "formats.legacy":                   "storage.formats.legacy",
+    "formats.package_values":           "storage.formats.package_values",
+    "formats.plain":                    "storage.formats.plain",
+    "formats.schema":                   "storage.formats.schema",
+    "formats.state":                    "storage.formats.state",
+    "home":                             "core.home",
+    "inspect_journal":                  "storage.journal.inspect",
+    "journal":                          "storage.journal",
+    "journal.attempts":                 "storage.journal.attempts",
+    "journal.checkpoints":              "storage.journal.checkpoints",
+    "journal.fencing":                  "storage.journal.fencing",
+    "journal.index":                    "storage.journal.index",
+    "journal.kafka_store":              "storage.journal.kafka_store",
+    "journal.markers":                  "storage.journal.markers",
+    "journal.memory_store":             "storage.journal.memory_store",
+    "journal.recovery":                 "storage.journal.recovery",
+    "journal.store":                    "storage.journal.store",
+    "journal.transfer":                 "storage.journal.transfer",
+    "journal.writer":                   "storage.journal.writer",
+    "kafka":                            "integrations.kafka",
+    "kafka.admin":                      "integrations.kafka.admin",
+    "kafka.settings":                   "integrations.kafka.settings",
+    "kafka.store":                      "integrations.kafka.store",
+    "kafka.topics":                     "integrations.kafka.topics",
+    "kafka_topics":                     "integrations.kafka.admin",
+    "keygroups":                        "core.keygroups",
+    "longterm.chroma_store":            "integrations.chroma",
+    "longterm.store":                   "integrations.vector_store",
+    "memory":                           "api.memory",
+    "openai_client":                    "integrations.openai_client",
+    "operator":                         "flink.operator",
+    "pipeline":                         "flink.pipeline",
+    "records":                          "storage.records",
+    "records.chat":                     "storage.records.chat",
+    "records.codec":                    "storage.records.codec",
+    "records.journal":                  "storage.records.journal",
+    "records.raised":                   "storage.records.raised",
+    "records.schemas":                  "storage.records.schemas",
+    "resources":                        "api.resources",
+    "runtime_info":                     "flink.runtime_info",
+    "tool_loop":                        "api.tool_loop",
+    "tools":                            "api.tools",
+}
+
+#: Names a 0.5.1 module offered that now live in another module than the rest of it.
+_ALSO_FROM: dict[str, tuple[str, tuple[str, ...]]] = {"resources": ("api.chat_model", ("ChatModel",))}
+#: 0.5.1 modules whose code went into a module that holds other code too: no reverse mapping.
+_MERGED = frozenset({"kafka_topics"})
+#: Modules made in 0.6.0 of a 0.5.1 module's code, without an alias of their own.
+_SPLIT_FROM = {"api.tool_schema": "tools"}
+_NAME_IN_0_5_1 = {**{f"{PACKAGE}.{new}": f"{PACKAGE}.{old}" for old, new in MOVED_IN_0_6_0.items()
+                     if old not in _MERGED},
+                  **{f"{PACKAGE}.{new}": f"{PACKAGE}.{old}" for new, old in _SPLIT_FROM.items()}}
+
+
+def module_in_0_5_1(module: str | None) -> str | None:
+    """The name ``module`` had in 0.5.1 (itself, if it did not move)."""
+    return _NAME_IN_0_5_1.get(module, module) if module else module
+
+
+class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a 0.5.1 module path as the module that holds its code now (see the module docstring)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.startswith(PACKAGE + ".") and fullname[len(PACKAGE) + 1:] in MOVED_IN_0_6_0:
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # a placeholder: exec_module puts the real module in its place in sys.modules
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        old = module.__name__[len(PACKAGE) + 1:]
+        new = f"{PACKAGE}.{MOVED_IN_0_6_0[old]}"
+        warnings.warn(f"{module.__name__} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
+                      DeprecationWarning, stacklevel=2)
+        real = importlib.import_module(new)
+        sys.modules[module.__name__] = _with_names_moved_elsewhere(old, real) if old in _ALSO_FROM else real
+
+
+def _with_names_moved_elsewhere(old: str, real: types.ModuleType) -> types.ModuleType:
+    """An alias of ``real`` that also has the names the 0.5.1 module offered from elsewhere."""
+    other, names = _ALSO_FROM[old]
+    alias = types.ModuleType(f"{PACKAGE}.{old}", real.__doc__)
+
+    def lookup(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(f"{PACKAGE}.{other}"), name)
+        return getattr(real, name)
+
+    alias.__getattr__ = lookup  # type: ignore[method-assign]  # PEP 562: every name not set on the alias
+    alias.__all__ = [*getattr(real, "__all__", ()), *names]
+    return alias
+
+
+def install_old_paths() -> None:
+    """Put :class:`OldPathFinder` first on ``sys.meta_path``, once per process."""
+    if not any(isinstance(finder, OldPathFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, OldPathFinder())

@@ -1,0 +1,47 @@
+"""Capture as an observer of the agent operator: accepted inputs, applied runs and manifest entries.
+
+The operator calls its observers at fixed points (see :mod:`flink_agents_replay.flink.observer`, whose
+interface this class implements structurally, without importing the Flink layer). :class:`CaptureObserver`
+turns them into capture records through a :class:`~.writer.CaptureWriter`:
+
+* input accepted -> a :class:`~.records.CapturedInput` (key, seq, event time, the input and its digest);
+* run applied -> a :class:`~.records.CapturedRun` (outputs, every call with its result, blocked calls, error);
+* checkpoint -> flush, then the manifest entry of the checkpoint (a replay's capture has no manifest);
+* close -> release the clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from flink_agents_replay.engine.digest import digest_value
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.storage.capture.writer import CaptureWriter
+
+if TYPE_CHECKING:
+    from flink_agents_replay.engine import RunResult
+
+__all__ = ["CaptureObserver"]
+
+
+class CaptureObserver:
+    """Writes what the operator accepted and ran to the capture, through ``writer``."""
+
+    def __init__(self, *, writer: CaptureWriter):
+        self.writer = writer
+
+    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None) -> None:
+        self.writer.write_input(group, CapturedInput(key, seq, event_time, value, digest_value(value)))
+
+    def run_applied(self, *, key: Any, group: int, result: RunResult) -> None:
+        self.writer.write_run(group, CapturedRun(
+            key, result.seq, result.input_digest, [CapturedOutput(o.id, o.output) for o in result.outputs],
+            result.calls, result.blocked, result.error))
+
+    def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
+                   partitions: Iterable[int]) -> None:
+        self.writer.checkpoint(checkpoint_id, subtask, partitions, checkpoint_time_ms=checkpoint_time_ms)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,152 @@
+"""A key's recovered history: what the journal holds for it after the restore point, and the reuse rules.
+
+A replayed run asks its key's :class:`KeyHistory` for each action: a *completion* means "skip, re-apply,
+re-emit"; *calls* without a completion mean the action was cut short and its recorded calls are served in
+order. How the history is read from the journal is :mod:`flink_agents_replay.storage.journal.index`'s job; the
+rules for accepted order, failed actions and divergence are in its docstring and in docs/design.md §6.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from flink_agents_replay.storage.records.journal import (
+    AcceptedRecord,
+    ActionFailedRecord,
+    CallOutcome,
+    CallRecord,
+    CompletionRecord,
+    RunPosition,
+)
+
+__all__ = ["ActionSlot", "KeyHistory"]
+
+ActionSlot = tuple[int, str, str]  # (seq, event id, action)
+_LAST = 2**62  # an order after every action of a seq
+
+
+@dataclass
+class KeyHistory:
+    """Everything the journal holds for one key after the restore point."""
+
+    completions: dict[ActionSlot, CompletionRecord] = field(default_factory=dict)
+    calls: dict[ActionSlot, dict[int, CallRecord]] = field(default_factory=lambda: defaultdict(dict))
+    accepted: dict[int, str] = field(default_factory=dict)  # seq -> input digest, from accepted records
+    #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
+    retried: dict[ActionSlot, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    input_digests: dict[int, str] = field(default_factory=dict)
+    partition: int | None = None
+    first_offset: int | None = None
+
+    def add_accepted(self, record: AcceptedRecord) -> None:
+        """File an accepted record."""
+        self._note_input(record.seq, record.input_digest)
+        self.accepted[record.seq] = record.input_digest
+
+    def add_completion(self, record: CompletionRecord) -> None:
+        """File a completion record."""
+        self._note_input(record.seq, record.input_digest)
+        self.completions[(record.seq, record.event_id, record.action)] = record
+
+    def add_call(self, record: CallRecord) -> None:
+        """File a call record; a result supersedes the *started* record of the same call."""
+        self._note_input(record.seq, record.input_digest)
+        slot = self.calls[(record.seq, record.event_id, record.action)]
+        previous = slot.get(record.position)
+        if previous is None or previous.outcome is CallOutcome.STARTED:
+            slot[record.position] = record
+
+    def add_action_failed(self, record: ActionFailedRecord) -> None:
+        """File an action-failed record: the RAISED calls of that action execution are not reused."""
+        self._note_input(record.seq, record.input_digest)
+        action_slot = (record.seq, record.event_id, record.action)
+        calls = self.calls.get(action_slot, {})
+        retried = self.retried[action_slot]
+        for position in record.retry_calls:
+            if position in calls and calls[position].outcome is CallOutcome.RAISED:
+                del calls[position]
+                retried[position] = retried.get(position, 0) + 1
+
+    def retried_positions(self, seq: int, event: str, action: str) -> dict[int, int]:
+        """Calls that raised in an action that then failed, made again: position -> how many times so far."""
+        return self.retried.get((seq, event, action), {})
+
+    def _note_input(self, seq: int, input_digest: str) -> None:
+        known = self.input_digests.get(seq)
+        if known is not None and known != input_digest:
+            self.drop_after(RunPosition(seq - 1, _LAST))  # an abandoned history: see the module docstring
+        self.input_digests[seq] = input_digest
+
+    def recorded_input(self, seq: int) -> str | None:
+        """Digest of the input recorded at ``seq``, if the journal holds one."""
+        return self.input_digests.get(seq)
+
+    def input_matches(self, seq: int, input_digest: str) -> bool:
+        """Whether the records at ``seq`` (if any) were written for this input."""
+        recorded = self.input_digests.get(seq)
+        return recorded is None or recorded == input_digest
+
+    def completion(self, seq: int, event: str, action: str) -> CompletionRecord | None:
+        """The completion of an action execution, if journaled."""
+        return self.completions.get((seq, event, action))
+
+    def recorded_calls(self, seq: int, event: str, action: str) -> list[CallRecord | None]:
+        """The calls journaled for an action execution, indexed by position (``None`` where a position holds
+        nothing, e.g. a call that failed its action); its completion, if any, aside."""
+        slot = self.calls.get((seq, event, action))
+        if not slot:
+            return []
+        return [slot.get(p) for p in range(max(slot) + 1)]
+
+    def positions(self) -> list[RunPosition]:
+        """Every position that holds a record."""
+        found = {RunPosition(r.seq, r.order) for r in self.completions.values()}
+        found.update(RunPosition(r.seq, r.order) for slot in self.calls.values() for r in slot.values())
+        return sorted(found)
+
+    def has_records_after(self, position: RunPosition) -> bool:
+        """Whether any record lies strictly after ``position``."""
+        return any(p > position for p in self.positions())
+
+    def drop_after(self, position: RunPosition) -> int:
+        """Drop every record strictly after ``position`` (divergence); return how many were dropped."""
+        dropped = 0
+        for slot, record in list(self.completions.items()):
+            if RunPosition(record.seq, record.order) > position:
+                del self.completions[slot]
+                dropped += 1
+        for slot, calls in list(self.calls.items()):
+            for index, record in list(calls.items()):
+                if RunPosition(record.seq, record.order) > position:
+                    del calls[index]
+                    dropped += 1
+            if not calls:
+                del self.calls[slot]
+        for seq in [s for s in self.accepted if RunPosition(s, -1) > position]:
+            del self.accepted[seq]
+            dropped += 1
+        self._rebuild_input_digests()
+        return dropped
+
+    def drop_through_seq(self, seq: int) -> None:
+        """Forget everything at or before ``seq`` (those inputs are done)."""
+        for slot in [s for s in self.completions if s[0] <= seq]:
+            del self.completions[slot]
+        for slot in [s for s in self.calls if s[0] <= seq]:
+            del self.calls[slot]
+        for slot in [s for s in self.retried if s[0] <= seq]:
+            del self.retried[slot]
+        for done in [s for s in self.accepted if s <= seq]:
+            del self.accepted[done]
+        self._rebuild_input_digests()
+
+    def _rebuild_input_digests(self) -> None:
+        self.input_digests = dict(self.accepted)
+        self.input_digests.update((r.seq, r.input_digest) for r in self.completions.values())
+        self.input_digests.update(
+            (r.seq, r.input_digest) for slot in self.calls.values() for r in slot.values()
+        )
+
+    def __len__(self) -> int:
+        return len(self.accepted) + len(self.completions) + sum(len(c) for c in self.calls.values())
