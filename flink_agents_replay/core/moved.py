@@ -48,7 +48,6 @@ MOVED_IN_0_6_0: dict[str, str] = {
     "checkpoint_bridge.wiring":         "flink.checkpoint_bridge.wiring",
     "child_pool":                       "engine.child_pool",
     "config":                           "flink.config",
-    "config_types":                     "flink.config_types",
     "demo":                             "cli.demo",
     "digest":                           "engine.digest",
     "engine.history":                   "storage.journal.history",

@@ -4,19 +4,28 @@ Kafka settings follow confluent-kafka's idiom: a plain dict passed through to ev
 (``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...).
 
     config = AgentConfig(kafka={"bootstrap.servers": "kafka:9092"}, max_concurrent_runs=16)
+
+A setting of the wrong type would fail deep inside a running job (``'<' not supported between instances of 'str'
+and 'int'``), or worse, quietly mean something else (``output_topics="replies"`` is seven one-letter topics).
+:meth:`AgentConfig.resolved` checks every setting's type and limits with pydantic (:class:`_TypedSettings`) and
+raises a :class:`ConfigError` that names the first wrong one, what it must be and what it is. NumPy scalars that
+say the same as a Python value are taken as that value, so what the package keeps and logs is plain Python.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Annotated, Any
+
+import pydantic
+from pydantic import BeforeValidator, Field, Strict
 
 from flink_agents_replay.core.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.engine import FingerprintPolicy
-from flink_agents_replay.flink.config_types import normalized_settings
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings, is_secret_setting
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.journal.writer import Durability
@@ -182,11 +191,10 @@ class AgentConfig:
 
     def resolved(self, agent_name: str) -> AgentConfig:
         """A validated copy with defaults filled in (uid, topic, enum values, signing key)."""
-        return replace(self, **normalized_settings(self))._resolved(agent_name)  # typed settings, as plain values
+        return replace(self, **_checked_settings(self))._resolved(agent_name)  # typed settings, as plain values
 
     def _resolved(self, agent_name: str) -> AgentConfig:
         durability, policy = self._enums()
-        self._check_limits()
         uid = self.uid or default_uid(agent_name)
         topic = self.journal_topic or default_journal_topic(uid)
         signing_key = self.signing_key if self.signing_key is not None else os.environ.get(SIGNING_KEY_ENV)
@@ -218,19 +226,6 @@ class AgentConfig:
     def waiting_inputs_bound(self) -> int:
         """``max_waiting_inputs``, or its default, ``4 * max_concurrent_runs``."""
         return 4 * self.max_concurrent_runs if self.max_waiting_inputs is None else self.max_waiting_inputs
-
-    def _check_limits(self) -> None:
-        if not 1 <= self.max_parallelism <= 32768:
-            raise ConfigError(f"max_parallelism must be between 1 and 32768, got {self.max_parallelism}")
-        for name in ("max_concurrent_runs", "max_concurrent_child_calls", "poll_interval_ms",
-                     "fallback_check_ms", "max_waiting_inputs"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
-        for name in ("slot_wait_timeout_s", "ack_timeout_s", "kafka_timeout_s", "order_restore_timeout_s",
-                     "close_timeout_s", "recovered_history_expiry_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
     def _check_journal_needs(self, signing_key: str | bytes | None) -> None:
         if not self.kafka.get("bootstrap.servers"):
@@ -298,3 +293,87 @@ def _check_isolation(replay: ReplaySettings, journal_topic: str, capture_topic: 
             raise ReplayIsolationError(
                 f"the replay's {role} is {target!r}, a production topic: a replay writes its journal, capture and "
                 "outputs to topics of its own (e.g. with a '.replay-<name>' suffix)")
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it says (``np.int64(4)`` is 4); anything else as it is."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+
+
+def _not_nan(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("not a number")  # reported as not a number of seconds, before any limit
+    return value
+
+
+_Plain = BeforeValidator(_plain)
+_Text = Annotated[str, Strict()]
+_Whole = Annotated[int, _Plain, Strict()]
+_Seconds = Annotated[float, BeforeValidator(_not_nan), _Plain, Strict()]
+_Flag = Annotated[bool, _Plain, Strict()]
+_AtLeastOne = Field(ge=1, description="a whole number")
+
+
+class _TypedSettings(pydantic.BaseModel):
+    """The type and limits of each typed setting of :class:`AgentConfig`; ``description`` says what it must be."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    max_parallelism: _Whole = Field(ge=1, le=32768, description="a whole number")
+    max_concurrent_runs: _Whole = _AtLeastOne
+    max_concurrent_child_calls: _Whole = _AtLeastOne
+    poll_interval_ms: _Whole = _AtLeastOne
+    fallback_check_ms: _Whole = _AtLeastOne
+    max_waiting_inputs: _Whole | None = Field(ge=1, description="a whole number or None")
+    replication_factor: _Whole | None = Field(description="a whole number or None")
+    slot_wait_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
+    close_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
+    ack_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
+    kafka_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
+    order_restore_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
+    recovered_history_expiry_s: _Seconds = Field(gt=0, description="a number of seconds")
+    journal_enabled: _Flag = Field(description="True or False")
+    accept_reexecution_after_gap: _Flag = Field(description="True or False")
+    create_topic: _Flag = Field(description="True or False")
+    wake_on_completion: _Flag = Field(description="True or False")
+    restore_input_order: _Flag = Field(description="True or False")
+    capture: _Flag = Field(description="True or False")
+    journal_topic: _Text | None = Field(description="a string or None")
+    uid: _Text | None = Field(description="a string or None")
+    continue_job: _Text | None = Field(description="a string or None")
+    capture_topic: _Text | None = Field(description="a string or None")
+    kafka: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
+    topic_config: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
+    capture_topic_config: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
+    output_topics: tuple[_Text, ...] = Field(description="a list of topic names (a list, not one string)")
+    accept_moved_journal_from: _Text | tuple[_Text, ...] | None = Field(
+        description="a topic id, a list of them, or None")
+
+
+def _checked_settings(config: AgentConfig) -> dict[str, Any]:
+    """Each typed setting of ``config`` as the package uses it (plain Python values); :class:`ConfigError` naming
+    the first that does not have its type or is out of its limits."""
+    given = {name: getattr(config, name) for name in _TypedSettings.model_fields}
+    try:
+        checked = _TypedSettings.model_validate(given)
+    except pydantic.ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        name = error["loc"][0]
+        raise ConfigError(_problem(name, given[name], error["type"])) from None
+    return {name: getattr(checked, name) for name in given}
+
+
+#: What a setting of the right type must be when pydantic finds it out of a limit, by pydantic's error type.
+_LIMITS = {"greater_than_equal": "at least {ge}", "greater_than": "positive", "less_than_equal": "at most {le}"}
+
+
+def _problem(name: str, value: Any, error_type: str) -> str:
+    setting = _TypedSettings.model_fields[name]
+    if error_type in _LIMITS:
+        limits = {key: getattr(limit, key) for limit in setting.metadata for key in ("ge", "le")
+                  if hasattr(limit, key)}
+        bound = "between {ge} and {le}" if len(limits) == 2 else _LIMITS[error_type]
+        return f"{name} must be {bound.format(**limits)}, got {value}"
+    kind = type(value)
+    shown = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{name} must be {setting.description}, got {value!r} ({shown})"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
+
+import tenacity
 
 from flink_agents_replay.integrations.vector_store import Metadata, StoredDoc, Where
 
@@ -128,16 +129,14 @@ class ChromaVectorStore:
         creating hnsw segment reader: Nothing found on disk") although its documents are there."""
         from chromadb.errors import InternalError
 
-        deadline, pause = time.monotonic() + self.retry_s, 0.05
-        while True:
-            try:
-                return operation()
-            except InternalError as exc:
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning("Chroma failed on %s (%s); trying again in %.2f s", namespace, exc, pause)
-                time.sleep(pause)
-                pause = min(2 * pause, 1.0)
+        def report(state: tenacity.RetryCallState) -> None:
+            log.warning("Chroma failed on %s (%s); trying again in %.2f s", namespace, state.outcome.exception(),
+                        state.upcoming_sleep)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(InternalError), reraise=True, before_sleep=report,
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0), stop=tenacity.stop_before_delay(self.retry_s))
+        return retrying(operation)
 
     def update_metadata(self, namespace: str, doc_id: str, changes: Metadata) -> None:
         collection = self._collection(namespace, create=False)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import tenacity
+
 from flink_agents_replay.local.errors import LocalServiceError
 
 __all__ = ["LOCAL_JVM_OPTIONS_ENV", "RecordedProcess", "free_port", "local_jvm_options", "pid_alive", "port_in_use",
@@ -222,16 +224,17 @@ def wait_until_ready(process: subprocess.Popen, ready: Callable[[], bool], *, wh
                      timeout_s: float, log_tail: Callable[[], str], interval_s: float = 0.1) -> None:
     """Poll ``ready()`` until it says yes; ``LocalServiceError`` with the log's tail if ``process`` exits
     first or ``timeout_s`` passes. ``ready`` may raise: not up yet."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
+    def answers() -> bool:
+        if process.poll() is not None:  # not retried: raised as it is
             raise LocalServiceError(f"{what} exited with code {process.returncode} while starting; its log ends "
                                     f"with:\n{log_tail()}")
         try:
-            if ready():
-                return
+            return bool(ready())
         except Exception:  # noqa: BLE001 - not up yet; the deadline bounds the retries
-            pass
-        time.sleep(interval_s)
-    raise LocalServiceError(f"{what} did not answer on {where} within {timeout_s:.0f} s; its log ends with:\n"
-                            f"{log_tail()}")
+            return False
+
+    polling = tenacity.Retrying(retry=tenacity.retry_if_result(lambda up: not up), wait=tenacity.wait_fixed(interval_s),
+                                stop=tenacity.stop_after_delay(timeout_s), retry_error_callback=lambda _: False)
+    if not polling(answers):
+        raise LocalServiceError(f"{what} did not answer on {where} within {timeout_s:.0f} s; its log ends with:\n"
+                                f"{log_tail()}")

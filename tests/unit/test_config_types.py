@@ -41,3 +41,21 @@ def test_numpy_values_that_say_the_same_are_taken_as_plain_python():
                                        "capture": np.bool_(True), "output_topics": ["replies"]}).resolved("agent")
     values = (config.max_concurrent_runs, config.ack_timeout_s, config.capture, config.output_topics)
     assert values == (4, 5.0, True, ("replies",)) and [type(v) for v in values] == [int, float, bool, tuple]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"max_parallelism": 0}, "max_parallelism must be between 1 and 32768, got 0"),
+    ({"max_parallelism": 40000}, "max_parallelism must be between 1 and 32768, got 40000"),
+    ({"max_concurrent_runs": 0}, "max_concurrent_runs must be at least 1, got 0"),
+    ({"ack_timeout_s": 0}, "ack_timeout_s must be positive, got 0"),
+    ({"close_timeout_s": -1.5}, "close_timeout_s must be positive, got -1.5"),
+])
+def test_a_setting_out_of_its_limits_is_named_with_its_limits(setting, message):
+    with pytest.raises(ConfigError) as raised:
+        AgentConfig.from_mapping({**BASE, **setting}).resolved("agent")
+    assert str(raised.value) == message
+
+
+def test_an_endless_timeout_is_a_number_of_seconds():
+    assert AgentConfig.from_mapping({**BASE, "slot_wait_timeout_s": float("inf")}).resolved("a").slot_wait_timeout_s \
+        == float("inf")

@@ -31,12 +31,12 @@ request polls it afterwards, so they reach Python logging (:mod:`.settings`) and
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import confluent_kafka.admin
+import tenacity
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic, OffsetSpec
 
@@ -53,6 +53,11 @@ _TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError._NOENT)
 _NOT_ALLOWED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 T = TypeVar("T")
+
+
+def _retriable(exc: BaseException) -> bool:
+    """Whether a Kafka request that failed with ``exc`` may succeed if made again soon."""
+    return isinstance(exc, KafkaException) and (exc.args[0].retriable() or exc.args[0].code() in _TRANSIENT)
 
 
 @dataclass(frozen=True)
@@ -214,19 +219,16 @@ class KafkaAdmin:
                 f.exception()))
 
     def with_retries(self, what: str, request: Callable[[], T]) -> T:
-        """``request()``, tried again on retriable errors (a new topic's leaders, a leader moving) for ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
-        pause = 0.05
-        while True:
-            try:
-                return request()
-            except KafkaException as exc:
-                self._forward_logs()
-                error = exc.args[0]
-                if not (error.retriable() or error.code() in _TRANSIENT) or time.monotonic() + pause > deadline:
-                    raise JournalError(f"could not {what}: {error}") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
+        """``request()``, tried again on retriable errors (a new topic's leaders, a leader moving) for ``timeout_s``,
+        after 0.05 s, then twice as long each time up to 1 s; ``JournalError`` saying ``what`` when it gives up."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retriable), wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            stop=tenacity.stop_before_delay(self.timeout_s), before_sleep=lambda _: self._forward_logs(), reraise=True)
+        try:
+            return retrying(request)
+        except KafkaException as exc:
+            self._forward_logs()
+            raise JournalError(f"could not {what}: {exc.args[0]}") from None
 
     # -- internals ---------------------------------------------------------------------------------
     def _list(self, topic: str | None) -> Any:
@@ -289,13 +291,14 @@ class KafkaAdmin:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another subtask won the race
                 raise JournalError(f"could not create {role.label} {topic!r}: {exc.args[0]}") from None
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:  # metadata of a new topic spreads asynchronously
-            found = self._metadata(topic)
-            if found is not None and found.error is None and found.partitions:
-                return len(found.partitions)
-            time.sleep(0.1)
-        raise JournalError(f"{role.label} {topic!r} was created but did not become visible")
+        visible = tenacity.Retrying(  # metadata of a new topic spreads asynchronously
+            retry=tenacity.retry_if_result(lambda got: got is None or got.error is not None or not got.partitions),
+            wait=tenacity.wait_fixed(0.1), stop=tenacity.stop_after_delay(self.timeout_s),
+            retry_error_callback=lambda _: None)
+        found = visible(self._metadata, topic)
+        if found is None:
+            raise JournalError(f"{role.label} {topic!r} was created but did not become visible")
+        return len(found.partitions)
 
     def _refuse_compaction(self, topic: str, role: TopicRole, policy: str | None) -> None:
         if compacts(policy):
