@@ -67,6 +67,7 @@ from flink_agents_replay.api.memory import Memory
 from flink_agents_replay.api.resources import Resource, Tool
 from flink_agents_replay.core.errors import AgentDefinitionError, UnknownResourceError, UnknownSubAgentError
 from flink_agents_replay.core.events import Event, EventTypes, InputEvent, OutputEvent, with_event_id
+from flink_agents_replay.core.moved import module_in_0_5_1
 
 #: The names a model can call a tool by (OpenAI function names).
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -392,14 +393,10 @@ def _sized(data: bytes) -> bytes:
     return b"%d:%s" % (len(data), data)
 
 
-#: Modules of the package that moved, by the name they had in 0.5.1: a fingerprint names a package object by its
-#: 0.5.1 module, so that moving the code changes no action's fingerprint.
-_MODULES_IN_0_5_1 = {"flink_agents_replay.api.tool_schema": "flink_agents_replay.api.tools"}
-
-
 def _qualified_name(value: Any) -> bytes:
-    module = getattr(value, "__module__", None)
-    return f"{_MODULES_IN_0_5_1.get(module, module)}.{getattr(value, '__qualname__', None)}".encode()
+    # A package object by its 0.5.1 module (core/moved.py): moving the code changes no action's fingerprint.
+    module = module_in_0_5_1(getattr(value, "__module__", None))
+    return f"{module}.{getattr(value, '__qualname__', None)}".encode()
 
 
 #: Encodings of plain scalar values, by exact type (subclasses count as "any other object").

@@ -36,11 +36,13 @@ from flink_agents_replay.api.tool_schema import (
     function_schema,
     model_json_schema,
     schema_of,
+    summary,
+    takes_any_keyword,
     tool_name,
 )
 
 __all__ = ["Argument", "ToolSpec", "arguments_model", "bound_arguments", "function_arguments", "function_schema",
-           "model_json_schema", "schema_of", "tool", "tool_name", "tool_schemas"]
+           "model_json_schema", "schema_of", "summary", "takes_any_keyword", "tool", "tool_name", "tool_schemas"]
 
 #: What a model call's ``tools=`` takes: tools, or tool schemas in OpenAI's format.
 ToolSpec = Tool | Mapping[str, Any]

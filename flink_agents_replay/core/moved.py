@@ -6,8 +6,9 @@ see docs/design.md §2). A user's ``from flink_agents_replay.agent import Agent`
 ``import flink_agents_replay.journal.writer`` still works: :class:`OldPathFinder`, which the package installs when
 it is imported, answers each old path with the module that holds the code now. It hands out *the same module
 object*, not a copy, so each class exists once, ``isinstance`` checks hold, monkeypatching through an old path
-patches the real module, and a pickle that names an old path loads. The first import of an old path warns with a
-``DeprecationWarning`` that names the new one.
+patches the real module, and a pickle that names an old path loads. One exception: ``resources``, whose
+``ChatModel`` now lives elsewhere, is a read-only view of its two new homes. The first import of an old path warns
+with a ``DeprecationWarning`` that names the new one.
 
 Action fingerprints put the module of a package object an action holds (``SideEffects.NONE`` as a default,
 ``OutputEvent`` in a closure) into the fingerprint. :func:`module_in_0_5_1` maps a module back to its 0.5.1 name,
@@ -118,11 +119,21 @@ def module_in_0_5_1(module: str | None) -> str | None:
     return _NAME_IN_0_5_1.get(module, module) if module else module
 
 
+def _moved_to(old: str) -> str | None:
+    """The module an old name (below the package) imports as now: its table entry, or for a name inside a moved
+    package (one 0.5.1 did not have, like ``journal.history``), that name inside the package's new place, so that
+    no module is ever loaded twice under two names."""
+    if old in MOVED_IN_0_6_0:
+        return MOVED_IN_0_6_0[old]
+    parent, _, leaf = old.rpartition(".")
+    return f"{MOVED_IN_0_6_0[parent]}.{leaf}" if parent in MOVED_IN_0_6_0 else None
+
+
 class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a 0.5.1 module path as the module that holds its code now (see the module docstring)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.startswith(PACKAGE + ".") and fullname[len(PACKAGE) + 1:] in MOVED_IN_0_6_0:
+        if fullname.startswith(PACKAGE + ".") and _moved_to(fullname[len(PACKAGE) + 1:]) is not None:
             return importlib.machinery.ModuleSpec(fullname, self)
         return None
 
@@ -131,26 +142,31 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         old = module.__name__[len(PACKAGE) + 1:]
-        new = f"{PACKAGE}.{MOVED_IN_0_6_0[old]}"
+        new = f"{PACKAGE}.{_moved_to(old)}"
+        real = importlib.import_module(new)  # a name that exists in neither place fails here, as it should
         warnings.warn(f"{module.__name__} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
                       DeprecationWarning, stacklevel=2)
-        real = importlib.import_module(new)
-        sys.modules[module.__name__] = _with_names_moved_elsewhere(old, real) if old in _ALSO_FROM else real
+        sys.modules[module.__name__] = _Alias(module.__name__, real, *_ALSO_FROM[old]) if old in _ALSO_FROM \
+            else real
 
 
-def _with_names_moved_elsewhere(old: str, real: types.ModuleType) -> types.ModuleType:
-    """An alias of ``real`` that also has the names the 0.5.1 module offered from elsewhere."""
-    other, names = _ALSO_FROM[old]
-    alias = types.ModuleType(f"{PACKAGE}.{old}", real.__doc__)
+class _Alias(types.ModuleType):
+    """An old module whose names now live in two modules: reads come from ``real``, or from ``other`` for
+    ``names``. The one old path that is not the real module: a name set on it (a test's monkeypatch) stays on
+    the alias, so patch the module that holds the code (``flink_agents_replay.api.resources``)."""
 
-    def lookup(name: str) -> Any:
-        if name in names:
-            return getattr(importlib.import_module(f"{PACKAGE}.{other}"), name)
-        return getattr(real, name)
+    def __init__(self, name: str, real: types.ModuleType, other: str, names: tuple[str, ...]):
+        super().__init__(name, real.__doc__)
+        self.__all__ = [*getattr(real, "__all__", ()), *names]
+        self._places = (real, f"{PACKAGE}.{other}", frozenset(names))
 
-    alias.__getattr__ = lookup  # type: ignore[method-assign]  # PEP 562: every name not set on the alias
-    alias.__all__ = [*getattr(real, "__all__", ()), *names]
-    return alias
+    def __getattr__(self, name: str) -> Any:  # every name not set on the alias itself
+        real, other, names = self.__dict__["_places"]
+        return getattr(importlib.import_module(other) if name in names else real, name)
+
+    def __dir__(self) -> list[str]:
+        real, _, names = self.__dict__["_places"]
+        return sorted({*dir(real), *names})
 
 
 def install_old_paths() -> None:

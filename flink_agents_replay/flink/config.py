@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
 
 import pydantic
-from pydantic import BeforeValidator, Field, Strict
+from pydantic import AfterValidator, BeforeValidator, Field, Strict
 
 from flink_agents_replay.core.errors import ConfigError, ReplayIsolationError
 from flink_agents_replay.engine import FingerprintPolicy
@@ -311,6 +311,8 @@ _Text = Annotated[str, Strict()]
 _Whole = Annotated[int, _Plain, Strict()]
 _Seconds = Annotated[float, BeforeValidator(_not_nan), _Plain, Strict()]
 _Flag = Annotated[bool, _Plain, Strict()]
+_Texts = Annotated[Sequence[_Text], AfterValidator(tuple)]  # a list or tuple, not a set (its order varies)
+_Settings = Mapping[Any, Any]  # any mapping, kept as a dict
 _AtLeastOne = Field(ge=1, description="a whole number")
 
 
@@ -342,11 +344,11 @@ class _TypedSettings(pydantic.BaseModel):
     uid: _Text | None = Field(description="a string or None")
     continue_job: _Text | None = Field(description="a string or None")
     capture_topic: _Text | None = Field(description="a string or None")
-    kafka: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
-    topic_config: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
-    capture_topic_config: Annotated[Mapping[Any, Any], Strict()] = Field(description="a dict")
-    output_topics: tuple[_Text, ...] = Field(description="a list of topic names (a list, not one string)")
-    accept_moved_journal_from: _Text | tuple[_Text, ...] | None = Field(
+    kafka: _Settings = Field(description="a dict")
+    topic_config: _Settings = Field(description="a dict")
+    capture_topic_config: _Settings = Field(description="a dict")
+    output_topics: _Texts = Field(description="a list of topic names (a list, not one string)")
+    accept_moved_journal_from: _Text | _Texts | None = Field(
         description="a topic id, a list of them, or None")
 
 
@@ -357,7 +359,8 @@ def _checked_settings(config: AgentConfig) -> dict[str, Any]:
     try:
         checked = _TypedSettings.model_validate(given)
     except pydantic.ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        error = next((e for e in errors if e["type"] not in _LIMITS), errors[0])  # a wrong type first
         name = error["loc"][0]
         raise ConfigError(_problem(name, given[name], error["type"])) from None
     return {name: getattr(checked, name) for name in given}

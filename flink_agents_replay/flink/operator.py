@@ -50,6 +50,7 @@ from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.flink import metrics as metrics_table
 from flink_agents_replay.flink import parts
 from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.flink.config import AgentConfig
@@ -76,13 +77,6 @@ __all__ = ["LOG_FILE_ENV", "ActionExecutionOperator", "AgentOutput"]
 
 log = logging.getLogger("flink_agents_replay.operator")
 
-#: The operator's counters (metric group ``flink_agents_replay``).
-COUNTERS = ("actions_executed", "actions_reused", "calls_executed", "calls_reused", "calls_reused_out_of_order",
-            "calls_in_doubt", "divergences", "fingerprint_mismatches", "journal_records_pruned", "child_calls_executed",
-            "child_calls_reused", "order_restore_timeouts", "inputs_reordered", "calls_recorded", "calls_blocked",
-            "replay_inputs_skipped", "replay_capture_records_skipped", "replay_runs_failed",
-            "calls_retried_after_failure", "runs_abandoned", "earlier_attempt_records_ignored", "histories_expired",
-            "runs_woken", "runs_checked", "runs_drained")
 #: How a run came to be applied: woken by its end (or found by another timer of its key), found by its key's
 #: check timer (polling, or the fallback behind wake-ups), or waited for at the end of a bounded input.
 APPLIED_BY = ("runs_woken", "runs_checked", "runs_drained")
@@ -153,12 +147,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.order_wait_state = runtime_context.get_state(ValueStateDescriptor("order_wait_deadline", Types.LONG()))
 
     def _create_metrics(self, runtime_context) -> None:
-        metrics = runtime_context.get_metrics_group().add_group("flink_agents_replay")
-        self.counters = {name: metrics.counter(name) for name in COUNTERS}
-        # A counter holding a value, not a Python gauge: Flink reads gauges on its metrics thread, and a
-        # gauge calling into the embedded interpreter from there crashes the JVM (seen with PyFlink 2.3).
+        metrics = runtime_context.get_metrics_group().add_group(metrics_table.GROUP)
+        self.counters = {name: metrics.counter(name) for name in metrics_table.COUNTERS}
+        # Counters holding a value, not Python gauges (flink/metrics.py says why).
         self.restore_gauge = metrics.counter("last_restore_duration_ms")
-        # Pool sizes as counters holding a value (no Python gauges, see above), for dashboards.
         metrics.counter("run_pool_size").inc(self.config.max_concurrent_runs)
         metrics.counter("child_pool_size").inc(self.config.max_concurrent_child_calls)
 

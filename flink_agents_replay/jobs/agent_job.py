@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--durability", default="per_run",
                         choices=["per_run", "at_checkpoint", "per_action", "per_call"],
                         type=lambda mode: "per_run" if mode == "per_bundle" else mode,  # its old name, still taken
-                        help="when a run's outputs may leave (README, Durable actions)")
+                        help="when a run's outputs may leave (docs/settings.md, durability)")
     parser.add_argument("--restart-attempts", type=int, default=10, help="fixed-delay restarts after a failure")
     parser.add_argument("--restart-delay-ms", type=int, default=1000)
     parser.add_argument("--transactional-id-prefix", default=None,

@@ -7,10 +7,11 @@ Every write is a *version* stamped with its epoch (the checkpoint it belongs to)
 tombstone: a replay from a savepoint reads production's memory as it was at that checkpoint and writes into
 an overlay namespace of its own (docs/design.md §13).
 
-The parts: :mod:`.store` (what a vector store must offer, and an in-memory one for tests),
-:mod:`.chroma_store` (a Chroma server over HTTP; ``flink-agents-replay local chroma start`` runs one),
-:mod:`.embeddings` (an OpenAI-compatible embeddings endpoint), :mod:`.versions` (versions, the as-of view and
-the overlay) and :mod:`.resource` (the resource agents call).
+The parts: :mod:`flink_agents_replay.integrations.vector_store` (what a vector store must offer, and an
+in-memory one for tests), :mod:`flink_agents_replay.integrations.chroma` (a Chroma server over HTTP;
+``flink-agents-replay local chroma start`` runs one), :mod:`.embeddings` (an OpenAI-compatible embeddings
+endpoint), :mod:`.versions` (versions, the as-of view and the overlay) and :mod:`.resource` (the resource agents
+call).
 """
 
 from flink_agents_replay.integrations.chroma import ChromaVectorStore

@@ -172,7 +172,7 @@ def _worker_cannot_import(module: ModuleType) -> bool:
     top = module.__name__.split(".")[0]
     if top in sys.stdlib_module_names:
         return False
-    # The worker's python.pythonpath: site-packages and this package's parent (see flink_env.python_path).
+    # The worker's python.pythonpath: site-packages and this package's parent (see flink.env.python_path).
     return not any(os.path.exists(os.path.join(p, top)) or os.path.exists(os.path.join(p, f"{top}.py"))
                    for p in python_path())
 

@@ -13,7 +13,7 @@ The setting, built once for the module:
 * a standalone Flink cluster is started from the venv's own pyflink by the venv's CLI, so its TaskManagers
   import the package from the venv.
 
-In it: the README's "Testing your own agent" script passes; ``flink run -pym`` of the packaged main job answers
+In it: the user guide's "Testing your own agent" script passes; ``flink run -pym`` of the packaged main job answers
 every ticket exactly once while malformed records go to the dead-letter topic and the job never restarts; a
 ``flink run -pym`` replay from a savepoint of the unchanged agent differs in nothing and a changed agent's in
 something; a submission without the connector fails naming its Maven coordinates; and the demo ends with
@@ -44,6 +44,7 @@ from flink_agents_replay.jobs.connector import KAFKA_CONNECTOR_COORDINATES
 from flink_agents_replay.local.jars import kafka_connector_jar
 from flink_agents_replay.local.model_server import StubModelServer
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
+from tests.harness.doc_blocks import blocks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -134,8 +135,9 @@ def clean(dist, tmp_path_factory) -> CleanSetting:
     # Without the leaked PYTHONPATH: pip would take this venv's packages for installed ones (CI saw the clean venv
     # without confluent_kafka after the embedding test had run).
     # --no-compile: modules compile when first imported (the venv is writable), not all of Beam's up front (62 -> 34 s).
+    # With the dev extra, as the guides say: the testing API's and the local services' dependencies (the demo's).
     installed = subprocess.run([str(base / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile",
-                                str(dist[1])],
+                                f"{dist[1]}[dev]"],
                                capture_output=True, text=True, timeout=900, cwd=base, env=_without_python_path())
     assert installed.returncode == 0, installed.stdout + installed.stderr
     jre = _jre(base / "jre")
@@ -176,10 +178,9 @@ def test_the_setting_is_clean(clean, dist):
     assert rebuilt.read_bytes() == jar_bytes, "the same JDK must give the same jar bytes"
 
 
-def test_the_readme_testing_script_passes(clean, kafka_bootstrap):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Testing your own agent"):]
-    script = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n"))]
+def test_the_user_guide_testing_script_passes(clean, kafka_bootstrap):
+    [script] = [block.code for block in blocks(ROOT / "docs/user-guide.md")  # "Testing your own agent"
+                if block.run_by == "tests/integration/test_installed_wheel.py"]
     (clean.work / "my_test.py").write_text(script)
 
     result = clean.run("python", "my_test.py", timeout=600,

@@ -59,3 +59,17 @@ def test_a_setting_out_of_its_limits_is_named_with_its_limits(setting, message):
 def test_an_endless_timeout_is_a_number_of_seconds():
     assert AgentConfig.from_mapping({**BASE, "slot_wait_timeout_s": float("inf")}).resolved("a").slot_wait_timeout_s \
         == float("inf")
+
+
+def test_a_set_of_topics_is_refused_and_any_mapping_is_taken():
+    import types
+
+    with pytest.raises(ConfigError, match=r"^output_topics must be a list of topic names .* \(set\)"):
+        AgentConfig.from_mapping({**BASE, "output_topics": {"replies"}}).resolved("agent")  # its order varies
+    config = AgentConfig.from_mapping({**BASE, "topic_config": types.MappingProxyType({"retention.ms": "1"})})
+    assert config.resolved("agent").topic_config == {"retention.ms": "1"}
+
+
+def test_a_wrong_type_is_named_before_a_value_out_of_its_limits():
+    with pytest.raises(ConfigError, match="^capture must be True or False"):
+        AgentConfig.from_mapping({**BASE, "max_concurrent_runs": 0, "capture": "yes"}).resolved("agent")

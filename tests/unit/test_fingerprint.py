@@ -229,31 +229,31 @@ def test_the_encoding_of_plain_values_is_pinned_across_versions():
 #: action's default, closure or constant holds it. Moving a module must not change these names: completions
 #: journaled under 0.5.1 would no longer match the same code (fingerprint_policy would warn, or fail the job).
 NAMES_IN_0_5_1 = {
-    "Agent": "flink_agents_replay.api.agent.Agent",
-    "AgentConfig": "flink_agents_replay.flink.config.AgentConfig",
-    "AgentOutput": "flink_agents_replay.flink.operator.AgentOutput",
-    "Argument": "flink_agents_replay.api.tools.Argument",
-    "CallBlocked": "flink_agents_replay.core.errors.CallBlocked",
-    "ChatModel": "flink_agents_replay.api.chat_model.ChatModel",
-    "ChatModelError": "flink_agents_replay.core.errors.ChatModelError",
-    "ChatResult": "flink_agents_replay.storage.records.chat.ChatResult",
-    "Event": "flink_agents_replay.core.events.Event",
-    "InDoubtPolicy": "flink_agents_replay.api.resources.InDoubtPolicy",
-    "InputEvent": "flink_agents_replay.core.events.InputEvent",
-    "OutputEvent": "flink_agents_replay.core.events.OutputEvent",
-    "Resource": "flink_agents_replay.api.resources.Resource",
-    "RunnerContext": "flink_agents_replay.api.agent.RunnerContext",
-    "SideEffects": "flink_agents_replay.api.resources.SideEffects",
-    "Tool": "flink_agents_replay.api.resources.Tool",
-    "ToolCall": "flink_agents_replay.storage.records.chat.ToolCall",
-    "ToolLoopLimitError": "flink_agents_replay.core.errors.ToolLoopLimitError",
-    "ToolLoopResult": "flink_agents_replay.api.tool_loop.ToolLoopResult",
-    "Usage": "flink_agents_replay.storage.records.chat.Usage",
-    "action": "flink_agents_replay.api.agent.action",
-    "connect_to_agent": "flink_agents_replay.flink.pipeline.connect_to_agent",
-    "current_call_id": "flink_agents_replay.api.call_site.current_call_id",
-    "run_tool_loop": "flink_agents_replay.api.tool_loop.run_tool_loop",
-    "tool": "flink_agents_replay.api.tools.tool",
+    "Agent": "flink_agents_replay.agent.Agent",
+    "AgentConfig": "flink_agents_replay.config.AgentConfig",
+    "AgentOutput": "flink_agents_replay.operator.AgentOutput",
+    "Argument": "flink_agents_replay.tools.Argument",
+    "CallBlocked": "flink_agents_replay.errors.CallBlocked",
+    "ChatModel": "flink_agents_replay.chat_model.ChatModel",
+    "ChatModelError": "flink_agents_replay.errors.ChatModelError",
+    "ChatResult": "flink_agents_replay.records.chat.ChatResult",
+    "Event": "flink_agents_replay.events.Event",
+    "InDoubtPolicy": "flink_agents_replay.resources.InDoubtPolicy",
+    "InputEvent": "flink_agents_replay.events.InputEvent",
+    "OutputEvent": "flink_agents_replay.events.OutputEvent",
+    "Resource": "flink_agents_replay.resources.Resource",
+    "RunnerContext": "flink_agents_replay.agent.RunnerContext",
+    "SideEffects": "flink_agents_replay.resources.SideEffects",
+    "Tool": "flink_agents_replay.resources.Tool",
+    "ToolCall": "flink_agents_replay.records.chat.ToolCall",
+    "ToolLoopLimitError": "flink_agents_replay.errors.ToolLoopLimitError",
+    "ToolLoopResult": "flink_agents_replay.tool_loop.ToolLoopResult",
+    "Usage": "flink_agents_replay.records.chat.Usage",
+    "action": "flink_agents_replay.agent.action",
+    "connect_to_agent": "flink_agents_replay.pipeline.connect_to_agent",
+    "current_call_id": "flink_agents_replay.call_site.current_call_id",
+    "run_tool_loop": "flink_agents_replay.tool_loop.run_tool_loop",
+    "tool": "flink_agents_replay.tools.tool",
 }
 
 
@@ -273,3 +273,24 @@ def test_a_fingerprint_names_package_objects_by_their_0_5_1_module_wherever_they
     assert set(found) == set(NAMES_IN_0_5_1)
     assert {name: _qualified_name(value).decode() for name, value in found.items()} == NAMES_IN_0_5_1
 
+
+
+PINNED_IN_0_5_1 = '''
+from flink_agents_replay import Agent, InputEvent, OutputEvent, SideEffects, Tool, action
+
+
+class Pinned(Agent):
+    @action(InputEvent)
+    def route(event, ctx, effects=SideEffects.NONE, kinds=(Tool, OutputEvent)):
+        ctx.send_event(OutputEvent(output=[effects.value, [kind.__name__ for kind in kinds]]))
+
+
+print(Pinned(name="pinned").actions_for(InputEvent(input=1))[0].fingerprint)
+'''
+
+
+def test_an_action_holding_package_objects_has_the_fingerprint_0_5_1_gave_it():
+    # 5965a2d1752b6147: this agent's fingerprint under 0.5.1 (b7fb4cc, before the modules moved), Python 3.11.
+    shown = subprocess.run([sys.executable, "-c", PINNED_IN_0_5_1], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "5965a2d1752b6147"

@@ -8,6 +8,8 @@ import logging
 import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -665,3 +667,41 @@ def test_chat_model_retries_a_transient_failure_with_the_sdk_and_raises_the_sdks
         ChatModel("stub-model", base_url=nobody, retries=2).invoke(prompt="hello")
     # The SDK's backoff: 0.5 s then 1 s, each shortened by up to a quarter (jitter): it did try again twice.
     assert time.monotonic() - begun >= 0.75 * (0.5 + 1.0)
+
+
+def test_without_the_dev_extra_the_service_names_the_extra_not_a_traceback():
+    script = ("import sys; sys.modules['starlette'] = None\n"  # as if the dev extra were not installed
+              "from flink_agents_replay.cli import main\n"
+              "sys.exit(main(['local', 'model', 'start', '--port', '0']))\n")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert shown.returncode != 0
+    assert "pip install 'flink-agents-replay[dev]'" in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
+
+
+def test_a_request_under_way_when_the_server_stops_is_cut_off_not_answered_500(capsys, caplog):
+    caplog.set_level(logging.INFO, logger="flink_agents_replay.local.model_server")
+    server = StubModelServer(delay_ms=5000).start()
+    outcome: dict[str, object] = {}
+    caller = threading.Thread(target=lambda: outcome.update(reply=_safe_chat(server, "stopping")))
+    caller.start()
+    _wait_until(lambda: server.stats().in_flight == 1, "the request is executing")
+    server.stop()
+    caller.join(timeout=30)
+    assert "Remote end closed connection" in str(outcome["reply"])  # no 500, no late reply
+    assert "POST /v1/chat/completions abandoned: the server stopped" in caplog.messages
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def _safe_chat(server: StubModelServer, text: str) -> object:
+    try:
+        return _chat(server, text)
+    except Exception as exc:  # noqa: BLE001 - the caller's view of the stop
+        return exc
+
+
+def test_a_method_a_route_does_not_take_is_405_with_its_allow_header(server):
+    request = urllib.request.Request(server.url + "/stats", method="DELETE")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 405 and "GET" in refused.value.headers["Allow"]
+    assert json.loads(refused.value.read())["error"]["message"] == "no route DELETE /stats"

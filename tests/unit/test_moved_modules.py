@@ -47,6 +47,8 @@ def test_the_first_import_of_an_old_path_warns_with_the_new_one_and_old_submodul
 def test_a_path_that_never_existed_still_fails_to_import():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(f"{PACKAGE}.journal.no_such_module")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"{PACKAGE}.no_such_module")
 
 
 @pytest.mark.parametrize("name", sorted(PERSISTED_CLASSES))
@@ -66,3 +68,23 @@ def test_fingerprints_name_a_moved_module_by_its_0_5_1_path():
     assert module_in_0_5_1(f"{PACKAGE}.integrations.kafka.admin") == f"{PACKAGE}.kafka.admin"  # not kafka_topics
     assert module_in_0_5_1(f"{PACKAGE}.api.tool_schema") == f"{PACKAGE}.tools"
     assert module_in_0_5_1("my_agents.triage") == "my_agents.triage"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_module_0_5_1_did_not_have_inside_a_moved_package_is_not_loaded_twice():
+    from flink_agents_replay.storage.journal import history
+
+    assert importlib.import_module(f"{PACKAGE}.journal.history") is history  # not a second copy of its classes
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_patching_through_the_old_resources_path_leaves_the_real_module_whole(monkeypatch):
+    from flink_agents_replay.api import resources
+
+    real = resources.current_call_id
+    alias = importlib.import_module(f"{PACKAGE}.resources")
+    with monkeypatch.context() as patch:
+        patch.setattr(alias, "current_call_id", lambda: "patched")
+        assert alias.current_call_id() == "patched"
+    assert resources.current_call_id is real and alias.current_call_id is real  # undone, nothing deleted
+    assert {"ChatModel", "Tool"} <= set(dir(alias))

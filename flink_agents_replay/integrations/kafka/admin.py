@@ -46,7 +46,7 @@ from flink_agents_replay.integrations.kafka.topics import TOPIC, TopicRole, comp
 
 __all__ = ["KafkaAdmin", "TopicDescription", "TopicInfo", "ensure_topics", "partition_count"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flink_agents_replay.kafka.admin")  # below .kafka, whose level users set
 
 # _NOENT: "Failed to query partition leaders: No leaders found", while a restarted broker loads its partitions.
 _TRANSIENT = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,

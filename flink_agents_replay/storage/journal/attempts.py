@@ -25,7 +25,7 @@ A job may also be told to continue an earlier job (``AgentConfig(continue_job=..
 up its restart attempts before its first checkpoint and is submitted again gets a new job id, and would
 otherwise run every input of the old one again.
 
-Limits, stated in the README: a stateless redeploy that keeps the job id (application mode with HA gives
+Limits, stated in the user guide: a stateless redeploy that keeps the job id (application mode with HA gives
 its job a fixed id; redeployed after its HA data was removed, it starts without state under the same id)
 counts as the same job and reuses its records; give the redeployed job another journal topic (or delete
 the old one) to start from nothing.

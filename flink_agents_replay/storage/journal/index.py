@@ -41,7 +41,7 @@ from flink_agents_replay.storage.records.journal import (
     parse_journal_key,
 )
 
-__all__ = ["KeyHistory", "RecoveryIndex"]  # KeyHistory: engine.history, re-exported for readers
+__all__ = ["KeyHistory", "RecoveryIndex"]  # KeyHistory: .history, re-exported for readers
 
 _INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.CALL.value, RecordKind.COMPLETION.value,
                   RecordKind.ACTION_FAILED.value)

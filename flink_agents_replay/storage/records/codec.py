@@ -31,7 +31,7 @@ the topic), so the checked-in fixtures and journals written before the upgrade r
 who can write to the topics can still copy such an *old* record into another topic of the same producer
 and key. A journal holds old records only until the checkpoints after the upgrade prune them, and a
 capture only for its retention; the window closes when the versions are dropped from
-:data:`READABLE_VERSIONS` (a later release; the README says when).
+:data:`READABLE_VERSIONS` (a later release; the operations guide says when).
 
 A journal moved with ``flink-agents-replay journal load`` (:mod:`flink_agents_replay.storage.journal.transfer`)
 under its own name verifies as it is. Loaded under another name, its version 3 records are re-signed for

@@ -66,7 +66,7 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     /**
      * In the message of a Python error that restarting cannot cure (the same input fails the same way): such a
      * failure ends the job instead of looping through the restart strategy. Keep equal to
-     * flink_agents_replay.errors.NO_RESTART_MARKER.
+     * flink_agents_replay.core.errors.NO_RESTART_MARKER.
      */
     static final String NO_RESTART_MARKER = "[flink-agents-replay: not restarted]";
 

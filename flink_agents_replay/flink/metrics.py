@@ -1,0 +1,51 @@
+"""The agent operator's metrics: their names and what each counts (docs/metrics.md is made from this table).
+
+All live in the operator's metric group ``flink_agents_replay``, per subtask. The values (:data:`VALUES`) are
+counters holding a value, not gauges: Flink reads gauges on its metrics thread, and a Python gauge calling into
+the embedded interpreter from there crashes a thread-mode TaskManager (seen with PyFlink 2.3).
+"""
+
+from __future__ import annotations
+
+__all__ = ["COUNTERS", "GROUP", "VALUES"]
+
+#: The operator's metric group.
+GROUP = "flink_agents_replay"
+
+#: Counters: events since the subtask started.
+COUNTERS: dict[str, str] = {
+    "actions_executed": "actions run (not reused from the journal)",
+    "actions_reused": "actions skipped after a restore because their completion was journaled; their memory "
+                      "updates and events re-applied",
+    "calls_executed": "calls through `ctx.call` made for real",
+    "calls_reused": "calls answered from the journal instead of being made again",
+    "calls_reused_out_of_order": "reused calls that an action asked for at another place among its calls than "
+                                 "when journaled (a set's iteration order, say)",
+    "calls_in_doubt": "calls found started and never finished after a restore (their `in_doubt` policy decided)",
+    "divergences": "keys whose recorded history was dropped because a different input came at a recorded seq",
+    "fingerprint_mismatches": "journaled completions written by other action code (`fingerprint_policy` decided)",
+    "journal_records_pruned": "journal records deleted after completed checkpoints",
+    "child_calls_executed": "sub-agent calls run",
+    "child_calls_reused": "sub-agent calls answered from the journal",
+    "order_restore_timeouts": "keys that stopped waiting for a recorded input after `order_restore_timeout_s`",
+    "inputs_reordered": "inputs run out of arrival order to follow the journal's recorded order",
+    "calls_recorded": "replay: calls answered from production's recorded calls",
+    "calls_blocked": "replay: calls not made (`CallBlocked`)",
+    "replay_inputs_skipped": "replay: captured inputs the savepoint already held",
+    "replay_capture_records_skipped": "replay: capture records that did not verify, skipped",
+    "replay_runs_failed": "replay: runs that failed (reported in the diff, not fatal)",
+    "calls_retried_after_failure": "calls made again, under a new call id, because their failure ended the action",
+    "runs_abandoned": "runs still calling when the operator closed after `close_timeout_s`; their calls are in doubt",
+    "earlier_attempt_records_ignored": "journal records of an earlier attempt (a zombie) ignored at a restore",
+    "histories_expired": "keys whose recovered history expired after `recovered_history_expiry_s`",
+    "runs_woken": "runs applied when their completion woke their key",
+    "runs_checked": "runs applied by their key's check timer (polling, or the fallback behind wake-ups)",
+    "runs_drained": "runs waited for at the end of a bounded input",
+}
+
+#: Counters that hold a value instead of counting.
+VALUES: dict[str, str] = {
+    "last_restore_duration_ms": "how long the last restore took to read the journal, in ms",
+    "run_pool_size": "`max_concurrent_runs`: runs that may execute at once in the subtask",
+    "child_pool_size": "`max_concurrent_child_calls`: the sub-agent pool's threads",
+}
