@@ -53,7 +53,7 @@ try:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import Response as HTTPResponse
     from starlette.routing import Route
 except ImportError as missing:  # the dev extra's: the package itself never needs them
@@ -280,60 +280,87 @@ def _reply(response: Response) -> HTTPResponse:
 
 def _application(state: _State) -> Starlette:
     """The service's routes over ``state``; unknown routes and methods answer in OpenAI's error format."""
-
-    async def models(request: Request) -> HTTPResponse:
-        return _reply(MODELS)
-
-    async def stats(request: Request) -> HTTPResponse:
-        if request.method == "POST":
-            state.reset()
-        return _reply(Response(200, json_bytes(state.stats().to_dict())))
-
-    async def order(request: Request) -> HTTPResponse:
-        order_id = request.path_params.get("order_id", "")
-        if not order_id:
-            return _reply(error(404, "no order id: GET /orders/<order_id>"))
-        return await _executed(request, state, "orders", order_id,
-                               lambda: Response(200, json_bytes(order_details(order_id))))
-
-    async def chat(request: Request) -> HTTPResponse:
-        try:
-            parsed = parse_chat(await request.body())
-            canonical = json_bytes(parsed).decode()
-            # A pure function of the request: made now, so that a bad tool or schema is a 400, not executed.
-            reply = chat_completion(parsed, canonical)
-        except BadRequest as exc:
-            return _reply(error(400, str(exc)))
-        return await _executed(request, state, "chat", canonical, lambda: reply)
-
-    async def embedding(request: Request) -> HTTPResponse:
-        try:
-            texts, dimensions, model, as_base64 = parse_embeddings(await request.body())
-        except BadRequest as exc:
-            return _reply(error(400, str(exc)))
-        return await _executed(request, state, "embeddings", json_bytes([texts, dimensions, as_base64]).decode(),
-                               lambda: embeddings(texts, dimensions, model, as_base64), delayed=False)
-
-    async def no_route(request: Request, exc: Exception) -> HTTPResponse:
-        reply = _reply(error(getattr(exc, "status_code", 404), f"no route {request.method} {request.url.path}"))
-        reply.headers.update(getattr(exc, "headers", None) or {})  # a 405's Allow
-        return reply
-
-    return Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/stats", stats, methods=["GET"]),
-        Route("/stats/reset", stats, methods=["POST"]),
-        Route("/orders", order, methods=["GET"]),
-        Route("/orders/{order_id:path}", order, methods=["GET"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/embeddings", embedding, methods=["POST"]),
-    ], exception_handlers={HTTPException: no_route})
+    app = Starlette(routes=[
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/stats", _stats, methods=["GET"]),
+        Route("/stats/reset", _stats, methods=["POST"]),
+        Route("/orders", _order, methods=["GET"]),
+        Route("/orders/{order_id:path}", _order, methods=["GET"]),
+        Route("/v1/chat/completions", _chat, methods=["POST"]),
+        Route("/v1/embeddings", _embedding, methods=["POST"]),
+    ], exception_handlers={HTTPException: _no_route})
+    app.state.counters = state
+    return app
 
 
-async def _executed(request: Request, state: _State, endpoint: str, canonical: str,
-                    produce: Callable[[], Response], *, delayed: bool = True) -> HTTPResponse:
+def _state(request: Request) -> _State:
+    return request.app.state.counters
+
+
+async def _models(request: Request) -> HTTPResponse:
+    return _reply(MODELS)
+
+
+async def _stats(request: Request) -> HTTPResponse:
+    if request.method == "POST":
+        _state(request).reset()
+    return _reply(Response(200, json_bytes(_state(request).stats().to_dict())))
+
+
+async def _order(request: Request) -> HTTPResponse:
+    order_id = request.path_params.get("order_id", "")
+    if not order_id:
+        return _reply(error(404, "no order id: GET /orders/<order_id>"))
+    return await _executed(request, "orders", order_id, lambda: Response(200, json_bytes(order_details(order_id))))
+
+
+async def _chat(request: Request) -> HTTPResponse:
+    raw = await _body(request)
+    if raw is None:
+        return _reply(error(400, "the request's body did not arrive"))  # not sent: its caller is gone
+    try:
+        parsed = parse_chat(raw)
+        canonical = json_bytes(parsed).decode()
+        # A pure function of the request: made now, so that a bad tool or schema is a 400, not executed.
+        reply = chat_completion(parsed, canonical)
+    except BadRequest as exc:
+        return _reply(error(400, str(exc)))
+    return await _executed(request, "chat", canonical, lambda: reply)
+
+
+async def _embedding(request: Request) -> HTTPResponse:
+    raw = await _body(request)
+    if raw is None:
+        return _reply(error(400, "the request's body did not arrive"))  # not sent: its caller is gone
+    try:
+        texts, dimensions, model, as_base64 = parse_embeddings(raw)
+    except BadRequest as exc:
+        return _reply(error(400, str(exc)))
+    return await _executed(request, "embeddings", json_bytes([texts, dimensions, as_base64]).decode(),
+                           lambda: embeddings(texts, dimensions, model, as_base64), delayed=False)
+
+
+async def _no_route(request: Request, exc: Exception) -> HTTPResponse:
+    reply = _reply(error(getattr(exc, "status_code", 404), f"no route {request.method} {request.url.path}"))
+    reply.headers.update(getattr(exc, "headers", None) or {})  # a 405's Allow
+    return reply
+
+
+async def _body(request: Request) -> bytes | None:
+    """The request's body, or ``None`` if its caller went away while sending it (a killed TaskManager): one log
+    line, not the server's traceback."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        log.info("the client of %s %s went away before its request arrived", request.method, request.url.path)
+        return None
+
+
+async def _executed(request: Request, endpoint: str, canonical: str, produce: Callable[[], Response], *,
+                    delayed: bool = True) -> HTTPResponse:
     """Execute the request (or replay it by its idempotency key), after its delay; a chat request during an
     outage is a 503. A caller gone before its reply (a killed TaskManager) is one log line."""
+    state = _state(request)
     header = request.headers.get(DELAY_HEADER)
     try:
         delay_ms = state.delay_ms if header is None or not delayed else float(header)

@@ -705,3 +705,18 @@ def test_a_method_a_route_does_not_take_is_405_with_its_allow_header(server):
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 405 and "GET" in refused.value.headers["Allow"]
     assert json.loads(refused.value.read())["error"]["message"] == "no route DELETE /stats"
+
+
+def test_a_caller_gone_while_sending_its_body_is_one_log_line_not_a_traceback(server, caplog):
+    caplog.set_level(logging.INFO)
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{\"input\": ")  # the body is cut short: a TaskManager killed mid-send
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.sendall(head)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    client.close()
+    _wait_until(lambda: any("went away" in r.getMessage() for r in caplog.records), "the cut-short request is seen")
+    assert [r.getMessage() for r in caplog.records if "went away" in r.getMessage()] == [
+        "the client of POST /v1/embeddings went away before its request arrived"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no ASGI traceback"
+    assert _chat(server, "still serving")
