@@ -366,6 +366,7 @@ def test_the_demo_runs_from_the_wheel(clean):
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     table = dict(re.findall(r"^(\w[\w -]+?)\s{2,}(.+)$", result.stdout, re.MULTILINE))
     assert table["verdict"] == "OK: every effect once", result.stdout[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr, "the demo's terminal shows one line per fault, not traces"
     assert "with SIGKILL" in table["TaskManager killed"]
     assert int(table["journal read at restore"].split()[0]) > 0 and int(table["actions reused"].split()[0]) > 0
     assert int(re.search(r"(\d+) pruned", table["journal records"]).group(1)) > 0
