@@ -62,8 +62,7 @@ def _kind(name: str) -> str:
     choices = {"durability": Durability, "fingerprint_policy": FingerprintPolicy}.get(name)
     if choices is not None:
         return " or ".join(f"`{choice.value}`" for choice in choices)
-    return {"signing_key": "a string or bytes, at least 16 characters", "verification_keys": "a list of keys",
-            "replay": "set by the replay job"}[name]
+    return {"replay": "set by the replay job"}[name]
 
 
 def settings_page() -> str:

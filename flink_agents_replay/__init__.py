@@ -120,9 +120,13 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     # Lazy: importing the package (e.g. for key groups or the CLI) does not start PyFlink.
+    import importlib
+
+    from flink_agents_replay.core.moved import MOVED_IN_0_6_0
+
+    if name in MOVED_IN_0_6_0:  # a 0.5.1 module as an attribute (flink_agents_replay.agent): its old path
+        return importlib.import_module(f"flink_agents_replay.{name}")
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'flink_agents_replay' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module_name), name)

@@ -312,7 +312,8 @@ def _setting(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
-    parser = argparse.ArgumentParser(prog="flink-agents-replay", description=__doc__.split("\n")[0].strip("`: "))
+    parser = argparse.ArgumentParser(
+        prog="flink-agents-replay", description="Local services, the demo, journal tools, replays and their diffs.")
     commands = parser.add_subparsers(dest="command", required=True)
     for add_commands in (_add_local_commands, _add_inspect_command, _add_demo_command, _add_tickets_command,
                          _add_diff_command, _add_memory_commands, _add_journal_commands):

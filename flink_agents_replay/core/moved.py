@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 import warnings
@@ -103,6 +104,12 @@ MOVED_IN_0_6_0: dict[str, str] = {
     "tools":                            "api.tools",
 }
 
+#: Modules that left a package which moved as a whole, under the package's new name: ``from
+#: flink_agents_replay.capture import observer`` asks the import system for ``storage.capture.observer``.
+_LEFT_THEIR_PACKAGE = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": new
+                       for old, new in MOVED_IN_0_6_0.items() if old.rpartition(".")[0] in MOVED_IN_0_6_0
+                       and not new.startswith(MOVED_IN_0_6_0[old.rpartition(".")[0]] + ".")}
+
 #: Names a 0.5.1 module offered that now live in another module than the rest of it.
 _ALSO_FROM: dict[str, tuple[str, tuple[str, ...]]] = {"resources": ("api.chat_model", ("ChatModel",))}
 #: 0.5.1 modules whose code went into a module that holds other code too: no reverse mapping.
@@ -125,6 +132,8 @@ def _moved_to(old: str) -> str | None:
     no module is ever loaded twice under two names."""
     if old in MOVED_IN_0_6_0:
         return MOVED_IN_0_6_0[old]
+    if old in _LEFT_THEIR_PACKAGE:
+        return _LEFT_THEIR_PACKAGE[old]
     parent, _, leaf = old.rpartition(".")
     return f"{MOVED_IN_0_6_0[parent]}.{leaf}" if parent in MOVED_IN_0_6_0 else None
 
@@ -140,6 +149,14 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None  # a placeholder: exec_module puts the real module in its place in sys.modules
 
+    def get_code(self, fullname: str) -> Any:
+        """The new module's code, for ``python -m <old path>`` (runpy runs it as ``__main__``)."""
+        new = f"{PACKAGE}.{_moved_to(fullname[len(PACKAGE) + 1:])}"
+        return importlib.util.find_spec(new).loader.get_code(new)
+
+    def is_package(self, fullname: str) -> bool:
+        return False
+
     def exec_module(self, module: types.ModuleType) -> None:
         old = module.__name__[len(PACKAGE) + 1:]
         new = f"{PACKAGE}.{_moved_to(old)}"
@@ -152,21 +169,34 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 class _Alias(types.ModuleType):
     """An old module whose names now live in two modules: reads come from ``real``, or from ``other`` for
-    ``names``. The one old path that is not the real module: a name set on it (a test's monkeypatch) stays on
-    the alias, so patch the module that holds the code (``flink_agents_replay.api.resources``)."""
+    ``names``. The one old path that is not the real module, so it refuses writes (a monkeypatch through it would
+    change nothing): set the name on the module that holds it. It pickles as its import path."""
 
     def __init__(self, name: str, real: types.ModuleType, other: str, names: tuple[str, ...]):
         super().__init__(name, real.__doc__)
-        self.__all__ = [*getattr(real, "__all__", ()), *names]
-        self._places = (real, f"{PACKAGE}.{other}", frozenset(names))
+        fields = {"__all__": [*getattr(real, "__all__", ()), *names], "_places": (real, f"{PACKAGE}.{other}",
+                  frozenset(names)), "__spec__": importlib.machinery.ModuleSpec(name, None, origin=real.__file__)}
+        self.__dict__.update(fields)
+
+    def _holder(self, name: str) -> types.ModuleType:
+        real, other, names = self.__dict__["_places"]
+        return importlib.import_module(other) if name in names else real
 
     def __getattr__(self, name: str) -> Any:  # every name not set on the alias itself
-        real, other, names = self.__dict__["_places"]
-        return getattr(importlib.import_module(other) if name in names else real, name)
+        return getattr(self._holder(name), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self.__name__} is an alias since 0.6.0: set {name} on "
+                             f"{self._holder(name).__name__} instead")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
 
     def __dir__(self) -> list[str]:
         real, _, names = self.__dict__["_places"]
         return sorted({*dir(real), *names})
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, (self.__name__,)
 
 
 def install_old_paths() -> None:

@@ -183,6 +183,9 @@ class AgentConfig:
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
         """Build from a plain dict; unknown names are an error that lists the known ones."""
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"the agent config must be an AgentConfig or a dict of its settings, got "
+                              f"{type(settings).__name__}: {settings!r:.100}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
@@ -300,20 +303,28 @@ def _plain(value: Any) -> Any:
     return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 
-def _not_nan(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        raise ValueError("not a number")  # reported as not a number of seconds, before any limit
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("not finite")  # reported as not a number of seconds, before any limit
     return value
+
+
+#: The longest time any timeout or interval may be: Kafka's clients and Flink's timers take milliseconds as a
+#: 32-bit integer (about 24.8 days).
+_MAX_MS = 2**31 - 1
 
 
 _Plain = BeforeValidator(_plain)
 _Text = Annotated[str, Strict()]
 _Whole = Annotated[int, _Plain, Strict()]
-_Seconds = Annotated[float, BeforeValidator(_not_nan), _Plain, Strict()]
+_Seconds = Annotated[float, BeforeValidator(_finite), _Plain, Strict()]
+_Key = Annotated[str, Strict()] | Annotated[bytes, Strict()]
 _Flag = Annotated[bool, _Plain, Strict()]
 _Texts = Annotated[Sequence[_Text], AfterValidator(tuple)]  # a list or tuple, not a set (its order varies)
 _Settings = Mapping[Any, Any]  # any mapping, kept as a dict
 _AtLeastOne = Field(ge=1, description="a whole number")
+_Interval = Field(ge=1, le=_MAX_MS, description="a whole number of milliseconds")
+_Timeout = Field(gt=0, le=_MAX_MS // 1000, description="a number of seconds")
 
 
 class _TypedSettings(pydantic.BaseModel):
@@ -324,22 +335,25 @@ class _TypedSettings(pydantic.BaseModel):
     max_parallelism: _Whole = Field(ge=1, le=32768, description="a whole number")
     max_concurrent_runs: _Whole = _AtLeastOne
     max_concurrent_child_calls: _Whole = _AtLeastOne
-    poll_interval_ms: _Whole = _AtLeastOne
-    fallback_check_ms: _Whole = _AtLeastOne
+    poll_interval_ms: _Whole = _Interval
+    fallback_check_ms: _Whole = _Interval
     max_waiting_inputs: _Whole | None = Field(ge=1, description="a whole number or None")
     replication_factor: _Whole | None = Field(description="a whole number or None")
-    slot_wait_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
-    close_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
-    ack_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
-    kafka_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
-    order_restore_timeout_s: _Seconds = Field(gt=0, description="a number of seconds")
-    recovered_history_expiry_s: _Seconds = Field(gt=0, description="a number of seconds")
+    slot_wait_timeout_s: _Seconds = _Timeout
+    close_timeout_s: _Seconds = _Timeout
+    ack_timeout_s: _Seconds = _Timeout
+    kafka_timeout_s: _Seconds = _Timeout
+    order_restore_timeout_s: _Seconds = _Timeout
+    recovered_history_expiry_s: _Seconds = _Timeout
     journal_enabled: _Flag = Field(description="True or False")
     accept_reexecution_after_gap: _Flag = Field(description="True or False")
     create_topic: _Flag = Field(description="True or False")
     wake_on_completion: _Flag = Field(description="True or False")
     restore_input_order: _Flag = Field(description="True or False")
     capture: _Flag = Field(description="True or False")
+    signing_key: _Key | None = Field(description="a string or bytes, or None")
+    verification_keys: Annotated[Sequence[_Key], AfterValidator(tuple)] = Field(
+        description="a list of keys (strings or bytes)")
     journal_topic: _Text | None = Field(description="a string or None")
     uid: _Text | None = Field(description="a string or None")
     continue_job: _Text | None = Field(description="a string or None")

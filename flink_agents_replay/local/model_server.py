@@ -107,6 +107,7 @@ log = logging.getLogger(__name__)
 
 DELAY_HEADER = "X-Stub-Delay-Ms"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+_MAX_DELAY_MS = 600_000  # a slow model, not a request that never ends
 
 
 # --- counters ---------------------------------------------------------------------------------------------
@@ -364,10 +365,11 @@ async def _executed(request: Request, endpoint: str, canonical: str, produce: Ca
     header = request.headers.get(DELAY_HEADER)
     try:
         delay_ms = state.delay_ms if header is None or not delayed else float(header)
-        if not math.isfinite(delay_ms) or delay_ms < 0:
+        if not 0 <= delay_ms <= _MAX_DELAY_MS:
             raise ValueError
     except ValueError:
-        return _reply(error(400, f"{DELAY_HEADER} must be a number of milliseconds >= 0, got {header!r}"))
+        return _reply(error(400, f"{DELAY_HEADER} must be a number of milliseconds from 0 to {_MAX_DELAY_MS}, "
+                                 f"got {header!r}"))
     if state.refuse_now(endpoint):
         return _reply(error(503, "the model is unavailable (a scheduled outage)"))
     key = request.headers.get(IDEMPOTENCY_HEADER) or None

@@ -210,7 +210,11 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 def claim_port(port: int, *, what: str = "", option: str = "--port", exclude: set[int] = frozenset()) -> int:
-    """``port``, or a free one for ``0``; a :class:`LocalServiceError` naming the fix when it is taken."""
+    """``port``, or a free one for ``0``; a :class:`LocalServiceError` naming the fix when it is taken or not a
+    port."""
+    if not 0 <= port <= 65535:
+        raise LocalServiceError(f"{f'the {what} port' if what else 'port'} {port} is not a TCP port: give {option} N "
+                                f"with N from 1 to 65535, or {option} 0 for any free port")
     if not port:
         return free_port(exclude=set(exclude))
     if port_in_use(port) or port in exclude:

@@ -57,6 +57,8 @@ class FailOver:
     after_outputs: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.after_outputs, int) or isinstance(self.after_outputs, bool):
+            raise TypeError(f"FailOver(after_outputs=...) must be a whole number, got {self.after_outputs!r}")
         if self.after_outputs < 1:
             raise ValueError(f"FailOver(after_outputs=...) must be at least 1, got {self.after_outputs}")
 
@@ -273,7 +275,7 @@ class AgentTestEnvironment:
         producer = Producer({"bootstrap.servers": self.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER,
                              "enable.idempotence": True})
         for record in inputs:
-            producer.produce(topics["input"], json.dumps(record).encode(), key=key(record).encode())
+            producer.produce(topics["input"], json.dumps(record).encode(), key=_key_of(key, record).encode())
         if producer.flush(60):
             raise RuntimeError(f"the inputs were not acknowledged by {self.bootstrap_servers}")
 
@@ -315,3 +317,11 @@ class AgentTestEnvironment:
         with CommittedReader(self.bootstrap_servers, topic, _decode_output) as reader:
             return list(reader.read_to_committed_end(timeout_s))
 
+
+def _key_of(key: Callable[[Any], str], record: Any) -> str:
+    """An input's key, which the job keys by as a string."""
+    found = key(record)
+    if not isinstance(found, str):
+        raise TypeError(f"run(key=...) must return a str for every input (the job keys by Types.STRING()), got "
+                        f"{found!r} ({type(found).__name__}) for {record!r:.100}")
+    return found

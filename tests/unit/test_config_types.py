@@ -56,9 +56,24 @@ def test_a_setting_out_of_its_limits_is_named_with_its_limits(setting, message):
     assert str(raised.value) == message
 
 
-def test_an_endless_timeout_is_a_number_of_seconds():
-    assert AgentConfig.from_mapping({**BASE, "slot_wait_timeout_s": float("inf")}).resolved("a").slot_wait_timeout_s \
-        == float("inf")
+@pytest.mark.parametrize(("setting", "message"), [
+    # Each passed the checks before and then failed inside the running job (an int32 of milliseconds, int(inf)).
+    ({"slot_wait_timeout_s": float("inf")}, "slot_wait_timeout_s must be a number of seconds, got inf (float)"),
+    ({"ack_timeout_s": 1e12}, "ack_timeout_s must be at most 2147483, got 1000000000000.0"),
+    ({"fallback_check_ms": 2**70}, f"fallback_check_ms must be between 1 and 2147483647, got {2**70}"),
+    ({"signing_key": 1234567890123456789}, "signing_key must be a string or bytes, or None, got 1234567890123456789"),
+    ({"verification_keys": None}, "verification_keys must be a list of keys (strings or bytes), got None"),
+])
+def test_a_value_a_running_job_could_not_take_is_refused_up_front(setting, message):
+    with pytest.raises(ConfigError) as raised:
+        AgentConfig.from_mapping({**BASE, **setting}).resolved("agent")
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize("config", ["bootstrap.servers=x", [], None])
+def test_a_config_that_is_not_a_mapping_is_named_as_such(config):
+    with pytest.raises(ConfigError, match="^the agent config must be an AgentConfig or a dict of its settings"):
+        AgentConfig.from_mapping(config)
 
 
 def test_a_set_of_topics_is_refused_and_any_mapping_is_taken():

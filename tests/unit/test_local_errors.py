@@ -44,3 +44,10 @@ def test_cluster_ids_never_start_with_a_dash():
 
     ids = [_cluster_id() for _ in range(3000)]
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_a_port_number_out_of_range_is_one_line_naming_the_range():
+    from flink_agents_replay.local.processes import claim_port
+
+    with pytest.raises(LocalServiceError, match=r"^port 70000 is not a TCP port: give --port N with N from 1 to 65535"):
+        claim_port(70000)

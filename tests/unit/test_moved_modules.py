@@ -4,6 +4,7 @@ holds the code now, with a warning naming the new path, and every persisted name
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -78,13 +79,26 @@ def test_a_module_0_5_1_did_not_have_inside_a_moved_package_is_not_loaded_twice(
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_patching_through_the_old_resources_path_leaves_the_real_module_whole(monkeypatch):
+def test_the_old_resources_path_refuses_a_patch_it_could_not_apply_and_pickles_as_its_path(monkeypatch):
+    import cloudpickle
+
     from flink_agents_replay.api import resources
 
     real = resources.current_call_id
     alias = importlib.import_module(f"{PACKAGE}.resources")
-    with monkeypatch.context() as patch:
-        patch.setattr(alias, "current_call_id", lambda: "patched")
-        assert alias.current_call_id() == "patched"
-    assert resources.current_call_id is real and alias.current_call_id is real  # undone, nothing deleted
+    with pytest.raises(AttributeError, match="set current_call_id on flink_agents_replay.api.resources instead"):
+        monkeypatch.setattr(alias, "current_call_id", lambda: "patched")
+    assert resources.current_call_id is real and alias.current_call_id is real  # nothing changed or deleted
     assert {"ChatModel", "Tool"} <= set(dir(alias))
+    assert cloudpickle.loads(cloudpickle.dumps(alias)) is alias  # a 0.5.1 job script's global: by its import path
+    assert importlib.util.find_spec(f"{PACKAGE}.resources").name == f"{PACKAGE}.resources"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_old_modules_as_package_attributes_and_from_imports_of_modules_that_left_their_package():
+    import flink_agents_replay
+    from flink_agents_replay.api import agent
+    from flink_agents_replay.capture import observer  # noqa: F401 - capture moved, observer left it
+    from flink_agents_replay.flink import capture_observer
+
+    assert flink_agents_replay.agent is agent and observer is capture_observer
