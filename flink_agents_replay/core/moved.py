@@ -109,6 +109,8 @@ MOVED_IN_0_6_0: dict[str, str] = {
 _LEFT_THEIR_PACKAGE = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": new
                        for old, new in MOVED_IN_0_6_0.items() if old.rpartition(".")[0] in MOVED_IN_0_6_0
                        and not new.startswith(MOVED_IN_0_6_0[old.rpartition(".")[0]] + ".")}
+_LEFT_FROM = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": old
+              for old in MOVED_IN_0_6_0 if old.rpartition(".")[0] in MOVED_IN_0_6_0}
 
 #: Names a 0.5.1 module offered that now live in another module than the rest of it.
 _ALSO_FROM: dict[str, tuple[str, tuple[str, ...]]] = {"resources": ("api.chat_model", ("ChatModel",))}
@@ -142,9 +144,11 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a 0.5.1 module path as the module that holds its code now (see the module docstring)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.startswith(PACKAGE + ".") and _moved_to(fullname[len(PACKAGE) + 1:]) is not None:
-            return importlib.machinery.ModuleSpec(fullname, self)
-        return None
+        moved = _moved_to(fullname[len(PACKAGE) + 1:]) if fullname.startswith(PACKAGE + ".") else None
+        if moved is None:
+            return None
+        found = importlib.util.find_spec(f"{PACKAGE}.{moved}")  # its file, for python -m (runpy sets __file__)
+        return importlib.machinery.ModuleSpec(fullname, self, origin=found.origin if found else None)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None  # a placeholder: exec_module puts the real module in its place in sys.modules
@@ -152,6 +156,7 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def get_code(self, fullname: str) -> Any:
         """The new module's code, for ``python -m <old path>`` (runpy runs it as ``__main__``)."""
         new = f"{PACKAGE}.{_moved_to(fullname[len(PACKAGE) + 1:])}"
+        _warn(fullname, new, stacklevel=2)
         return importlib.util.find_spec(new).loader.get_code(new)
 
     def is_package(self, fullname: str) -> bool:
@@ -161,10 +166,17 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         old = module.__name__[len(PACKAGE) + 1:]
         new = f"{PACKAGE}.{_moved_to(old)}"
         real = importlib.import_module(new)  # a name that exists in neither place fails here, as it should
-        warnings.warn(f"{module.__name__} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
-                      DeprecationWarning, stacklevel=2)
+        _warn(module.__name__, new, stacklevel=3)
         sys.modules[module.__name__] = _Alias(module.__name__, real, *_ALSO_FROM[old]) if old in _ALSO_FROM \
             else real
+
+
+def _warn(old: str, new: str, *, stacklevel: int) -> None:
+    """The deprecation of an old path, naming the 0.5.1 name even when it is reached through a new package."""
+    below = old[len(PACKAGE) + 1:]
+    shown = f"{PACKAGE}.{_LEFT_FROM[below]}" if below in _LEFT_THEIR_PACKAGE else old
+    warnings.warn(f"{shown} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
+                  DeprecationWarning, stacklevel=stacklevel)
 
 
 class _Alias(types.ModuleType):
@@ -186,10 +198,15 @@ class _Alias(types.ModuleType):
         return getattr(self._holder(name), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("__") and name.endswith("__"):  # the import system's own (__spec__, __loader__...)
+            self.__dict__[name] = value
+            return
         raise AttributeError(f"{self.__name__} is an alias since 0.6.0: set {name} on "
                              f"{self._holder(name).__name__} instead")
 
-    __delattr__ = __setattr__  # type: ignore[assignment]
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{self.__name__} is an alias since 0.6.0: delete {name} on "
+                             f"{self._holder(name).__name__} instead")
 
     def __dir__(self) -> list[str]:
         real, _, names = self.__dict__["_places"]

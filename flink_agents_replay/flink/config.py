@@ -183,6 +183,8 @@ class AgentConfig:
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AgentConfig:
         """Build from a plain dict; unknown names are an error that lists the known ones."""
+        if isinstance(settings, AgentConfig):
+            return settings
         if not isinstance(settings, Mapping):
             raise ConfigError(f"the agent config must be an AgentConfig or a dict of its settings, got "
                               f"{type(settings).__name__}: {settings!r:.100}")
@@ -309,22 +311,32 @@ def _finite(value: Any) -> Any:
     return value
 
 
-#: The longest time any timeout or interval may be: Kafka's clients and Flink's timers take milliseconds as a
-#: 32-bit integer (about 24.8 days).
+#: The longest Kafka timeout and the longest interval: Kafka's clients take milliseconds as a 32-bit integer
+#: (about 24.8 days), and a check interval longer than that is of no use.
 _MAX_MS = 2**31 - 1
+#: The longest other timeout: Python's waits refuse longer ones (``threading.TIMEOUT_MAX`` is larger).
+_MAX_WAIT_S = 10**9
+
+
+def _not_nan(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("not a number")
+    return value
 
 
 _Plain = BeforeValidator(_plain)
 _Text = Annotated[str, Strict()]
 _Whole = Annotated[int, _Plain, Strict()]
 _Seconds = Annotated[float, BeforeValidator(_finite), _Plain, Strict()]
-_Key = Annotated[str, Strict()] | Annotated[bytes, Strict()]
+_Duration = Annotated[float, BeforeValidator(_not_nan), _Plain, Strict()]  # inf: never
+_Key = Annotated[str, Strict()] | Annotated[bytes, Strict()] | bytearray
 _Flag = Annotated[bool, _Plain, Strict()]
 _Texts = Annotated[Sequence[_Text], AfterValidator(tuple)]  # a list or tuple, not a set (its order varies)
 _Settings = Mapping[Any, Any]  # any mapping, kept as a dict
 _AtLeastOne = Field(ge=1, description="a whole number")
 _Interval = Field(ge=1, le=_MAX_MS, description="a whole number of milliseconds")
-_Timeout = Field(gt=0, le=_MAX_MS // 1000, description="a number of seconds")
+_KafkaTimeout = Field(gt=0, le=_MAX_MS // 1000, description="a finite number of seconds")
+_Timeout = Field(gt=0, le=_MAX_WAIT_S, description="a finite number of seconds")
 
 
 class _TypedSettings(pydantic.BaseModel):
@@ -341,10 +353,10 @@ class _TypedSettings(pydantic.BaseModel):
     replication_factor: _Whole | None = Field(description="a whole number or None")
     slot_wait_timeout_s: _Seconds = _Timeout
     close_timeout_s: _Seconds = _Timeout
-    ack_timeout_s: _Seconds = _Timeout
-    kafka_timeout_s: _Seconds = _Timeout
+    ack_timeout_s: _Seconds = _KafkaTimeout
+    kafka_timeout_s: _Seconds = _KafkaTimeout
     order_restore_timeout_s: _Seconds = _Timeout
-    recovered_history_expiry_s: _Seconds = _Timeout
+    recovered_history_expiry_s: _Duration = Field(gt=0, description="a number of seconds (inf: never)")
     journal_enabled: _Flag = Field(description="True or False")
     accept_reexecution_after_gap: _Flag = Field(description="True or False")
     create_topic: _Flag = Field(description="True or False")

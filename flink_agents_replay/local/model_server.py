@@ -32,7 +32,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -364,8 +363,8 @@ async def _executed(request: Request, endpoint: str, canonical: str, produce: Ca
     state = _state(request)
     header = request.headers.get(DELAY_HEADER)
     try:
-        delay_ms = state.delay_ms if header is None or not delayed else float(header)
-        if not 0 <= delay_ms <= _MAX_DELAY_MS:
+        delay_ms = float(header) if header is not None and delayed else state.delay_ms
+        if header is not None and delayed and not 0 <= delay_ms <= _MAX_DELAY_MS:
             raise ValueError
     except ValueError:
         return _reply(error(400, f"{DELAY_HEADER} must be a number of milliseconds from 0 to {_MAX_DELAY_MS}, "
@@ -393,8 +392,8 @@ class StubModelServer:
     """
 
     def __init__(self, port: int = 0, delay_ms: float = 0, *, host: str = "127.0.0.1"):
-        if not 0 <= delay_ms < math.inf:
-            raise ValueError(f"delay_ms must be a finite number >= 0, got {delay_ms}")
+        if not 0 <= delay_ms <= _MAX_DELAY_MS:
+            raise ValueError(f"delay_ms must be a number of milliseconds from 0 to {_MAX_DELAY_MS}, got {delay_ms}")
         self.host = host
         self._requested_port = port
         self._state = _State(delay_ms)

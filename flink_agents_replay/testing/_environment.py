@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import re
 import secrets
@@ -57,7 +58,7 @@ class FailOver:
     after_outputs: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.after_outputs, int) or isinstance(self.after_outputs, bool):
+        if not isinstance(self.after_outputs, numbers.Integral) or isinstance(self.after_outputs, bool):
             raise TypeError(f"FailOver(after_outputs=...) must be a whole number, got {self.after_outputs!r}")
         if self.after_outputs < 1:
             raise ValueError(f"FailOver(after_outputs=...) must be at least 1, got {self.after_outputs}")

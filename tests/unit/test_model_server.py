@@ -720,3 +720,8 @@ def test_a_caller_gone_while_sending_its_body_is_one_log_line_not_a_traceback(se
         "the client of POST /v1/embeddings went away before its request arrived"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no ASGI traceback"
     assert _chat(server, "still serving")
+
+
+def test_a_delay_beyond_ten_minutes_is_refused_when_the_server_is_made():
+    with pytest.raises(ValueError, match="delay_ms must be a number of milliseconds from 0 to 600000"):
+        StubModelServer(delay_ms=700_000)

@@ -102,3 +102,17 @@ def test_old_modules_as_package_attributes_and_from_imports_of_modules_that_left
     from flink_agents_replay.flink import capture_observer
 
     assert flink_agents_replay.agent is agent and observer is capture_observer
+
+
+def test_python_m_on_an_old_path_runs_the_module_where_it_lives_now_with_a_warning():
+    shown = subprocess.run([sys.executable, "-W", "default", "-m", "flink_agents_replay.checkpoint_bridge.build"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr  # the module reads its __file__: it must be set
+    assert "checkpoint_bridge.build moved to flink_agents_replay.flink.checkpoint_bridge.build" in shown.stderr
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_deleting_through_the_old_resources_path_is_refused_by_name():
+    alias = importlib.import_module(f"{PACKAGE}.resources")
+    with pytest.raises(AttributeError, match="delete Tool on flink_agents_replay.api.resources instead"):
+        del alias.Tool
