@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +18,19 @@ from flink_agents_replay.core.errors import ConfigError
 __all__ = ["OpenAIClientMixin"]
 
 _log = logging.getLogger(__name__)
+
+#: Held while a client is made and the SDK's lazily imported resources are loaded. Run threads of a freshly
+#: restored TaskManager make their first calls at once; two of them importing ``openai.resources.chat`` and
+#: ``openai.resources.embeddings`` at the same time can deadlock on Python's module locks, which Python reports
+#: as a ``_DeadlockError`` raised into one of the calls (seen in the demo: the action failed and its call was
+#: made again under a new id).
+_SDK_IMPORT = threading.Lock()
+
+
+def _load_lazy_resources(client: Any) -> None:
+    """Import what the SDK loads on first attribute access, now, under :data:`_SDK_IMPORT`."""
+    client.chat.completions  # noqa: B018 - the attribute access is the import
+    client.embeddings  # noqa: B018
 
 
 class OpenAIClientMixin:
@@ -48,16 +62,19 @@ class OpenAIClientMixin:
 
     def _sdk(self) -> Any:
         if self._client is None:
-            import openai
-
             key = self._api_key or os.environ.get("OPENAI_API_KEY")
             if key is None and _openais_own(self.base_url):
                 raise ConfigError(f"{type(self).__name__} for OpenAI's API has no key: give api_key=... or set "
                                   "$OPENAI_API_KEY where the job runs (for another OpenAI-compatible service, give "
                                   "its base_url=...)")
-            self._client = openai.OpenAI(
-                base_url=self.base_url, api_key=key or "unused",
-                timeout=self.timeout_s, max_retries=self.max_retries, default_headers=self.default_headers or None)
+            with _SDK_IMPORT:
+                import openai
+
+                client = openai.OpenAI(
+                    base_url=self.base_url, api_key=key or "unused", timeout=self.timeout_s,
+                    max_retries=self.max_retries, default_headers=self.default_headers or None)
+                _load_lazy_resources(client)
+                self._client = client
         return self._client
 
 

@@ -4,6 +4,8 @@ journal, and the SDK's exceptions through the journal; the tool loop on the run 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from enum import Enum
 from typing import Literal
@@ -398,3 +400,13 @@ def test_tool_answers_reach_the_model_as_the_same_text_in_every_process_or_are_r
 
     with pytest.raises(TypeError, match="must be JSON-like data"):
         _as_text({"order": Opaque()})
+
+
+def test_the_sdk_client_loads_its_lazy_resources_while_made_so_run_threads_never_import_them_at_once():
+    # Two run threads importing openai.resources.chat and .embeddings at once can deadlock on module locks
+    # (a _DeadlockError raised into a call, seen after a TaskManager restore in the demo).
+    script = ("import sys\nfrom flink_agents_replay.api.chat_model import ChatModel\n"
+              "ChatModel('m', base_url='http://127.0.0.1:9/v1', api_key='k')._sdk()\n"
+              "print(all(m in sys.modules for m in ('openai.resources.chat', 'openai.resources.embeddings')))\n")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert shown.stdout.strip() == "True", shown.stderr
