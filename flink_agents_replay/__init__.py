@@ -122,7 +122,7 @@ def __getattr__(name: str):
     # Lazy: importing the package (e.g. for key groups or the CLI) does not start PyFlink.
     import importlib
 
-    from flink_agents_replay.core.moved import MOVED_IN_0_6_0
+    from flink_agents_replay.core.moved import MOVED_IN_0_6_0, warn_moved
 
     if name in MOVED_IN_0_6_0:  # a 0.5.1 module as an attribute (flink_agents_replay.agent): its old path
         import warnings
@@ -130,8 +130,7 @@ def __getattr__(name: str):
         with warnings.catch_warnings():  # said once, below, at the caller's line
             warnings.simplefilter("ignore", DeprecationWarning)
             module = importlib.import_module(f"flink_agents_replay.{name}")
-        warnings.warn(f"flink_agents_replay.{name} moved to flink_agents_replay.{MOVED_IN_0_6_0[name]} in "
-                      "flink-agents-replay 0.6.0; the old path goes in 0.7.0", DeprecationWarning, stacklevel=2)
+        warn_moved(f"flink_agents_replay.{name}", f"flink_agents_replay.{MOVED_IN_0_6_0[name]}", stacklevel=3)
         return module
     module_name = _EXPORTS.get(name)
     if module_name is None:

@@ -27,7 +27,7 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MOVED_IN_0_6_0", "OldPathFinder", "install_old_paths", "module_in_0_5_1"]
+__all__ = ["MOVED_IN_0_6_0", "OldPathFinder", "install_old_paths", "module_in_0_5_1", "warn_moved"]
 
 PACKAGE = "flink_agents_replay"
 
@@ -106,11 +106,9 @@ MOVED_IN_0_6_0: dict[str, str] = {
 
 #: Modules that left a package which moved as a whole, under the package's new name: ``from
 #: flink_agents_replay.capture import observer`` asks the import system for ``storage.capture.observer``.
-_LEFT_THEIR_PACKAGE = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": new
+_LEFT_THEIR_PACKAGE = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": old
                        for old, new in MOVED_IN_0_6_0.items() if old.rpartition(".")[0] in MOVED_IN_0_6_0
                        and not new.startswith(MOVED_IN_0_6_0[old.rpartition(".")[0]] + ".")}
-_LEFT_FROM = {f"{MOVED_IN_0_6_0[old.rpartition('.')[0]]}.{old.rpartition('.')[2]}": old
-              for old in MOVED_IN_0_6_0 if old.rpartition(".")[0] in MOVED_IN_0_6_0}
 
 #: Names a 0.5.1 module offered that now live in another module than the rest of it.
 _ALSO_FROM: dict[str, tuple[str, tuple[str, ...]]] = {"resources": ("api.chat_model", ("ChatModel",))}
@@ -135,7 +133,7 @@ def _moved_to(old: str) -> str | None:
     if old in MOVED_IN_0_6_0:
         return MOVED_IN_0_6_0[old]
     if old in _LEFT_THEIR_PACKAGE:
-        return _LEFT_THEIR_PACKAGE[old]
+        return MOVED_IN_0_6_0[_LEFT_THEIR_PACKAGE[old]]
     parent, _, leaf = old.rpartition(".")
     return f"{MOVED_IN_0_6_0[parent]}.{leaf}" if parent in MOVED_IN_0_6_0 else None
 
@@ -156,7 +154,7 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def get_code(self, fullname: str) -> Any:
         """The new module's code, for ``python -m <old path>`` (runpy runs it as ``__main__``)."""
         new = f"{PACKAGE}.{_moved_to(fullname[len(PACKAGE) + 1:])}"
-        _warn(fullname, new, stacklevel=2)
+        warn_moved(fullname, new, stacklevel=2)
         return importlib.util.find_spec(new).loader.get_code(new)
 
     def is_package(self, fullname: str) -> bool:
@@ -166,15 +164,15 @@ class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         old = module.__name__[len(PACKAGE) + 1:]
         new = f"{PACKAGE}.{_moved_to(old)}"
         real = importlib.import_module(new)  # a name that exists in neither place fails here, as it should
-        _warn(module.__name__, new, stacklevel=3)
+        warn_moved(module.__name__, new, stacklevel=3)
         sys.modules[module.__name__] = _Alias(module.__name__, real, *_ALSO_FROM[old]) if old in _ALSO_FROM \
             else real
 
 
-def _warn(old: str, new: str, *, stacklevel: int) -> None:
+def warn_moved(old: str, new: str, *, stacklevel: int) -> None:
     """The deprecation of an old path, naming the 0.5.1 name even when it is reached through a new package."""
     below = old[len(PACKAGE) + 1:]
-    shown = f"{PACKAGE}.{_LEFT_FROM[below]}" if below in _LEFT_THEIR_PACKAGE else old
+    shown = f"{PACKAGE}.{_LEFT_THEIR_PACKAGE[below]}" if below in _LEFT_THEIR_PACKAGE else old
     warnings.warn(f"{shown} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
                   DeprecationWarning, stacklevel=stacklevel)
 
