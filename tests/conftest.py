@@ -92,12 +92,15 @@ def operator_log():
     """Read the operator log lines written from now on (a callable returning them)."""
     start = os.path.getsize(_OPERATOR_LOG) if os.path.exists(_OPERATOR_LOG) else 0
 
-    def lines() -> list[str]:
+    def lines(closing_of: str | None = None) -> list[str]:
+        """Every line, or with ``closing_of`` only that agent's closing summaries: a job of an earlier test may
+        close after this test began (its cancellation is asynchronous) and log its own summary here."""
         if not os.path.exists(_OPERATOR_LOG):
             return []
         with open(_OPERATOR_LOG, encoding="utf-8") as log_file:
             log_file.seek(start)
-            return log_file.read().splitlines()
+            read = log_file.read().splitlines()
+        return read if closing_of is None else [line for line in read if f"agent {closing_of} subtask " in line]
 
     return lines
 

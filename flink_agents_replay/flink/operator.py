@@ -164,8 +164,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
         try:
             if getattr(self, "runs", None) is not None:
                 self.runs.close()
-                log.info("subtask %d closing: %s; runs applied: %s; inputs waiting at most %d, input held %d times",
-                         self.subtask, describe_stats(self.totals),
+                # Named by agent: on a shared TaskManager several jobs' operators close into one log.
+                log.info("agent %s subtask %d closing: %s; runs applied: %s; inputs waiting at most %d, input held "
+                         "%d times", self.agent.name, self.subtask, describe_stats(self.totals),
                          ", ".join(f"{name.removeprefix('runs_')} {n}" for name, n in self.applied.items()),
                          self.hold.most, self.hold.holds)
         finally:

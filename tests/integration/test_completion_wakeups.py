@@ -39,7 +39,8 @@ def test_every_run_is_applied_by_its_wake_up_not_by_polling(kafka_bootstrap, inv
     outputs = run_agent_job(kafka_bootstrap, topic, agent, config, until_outputs=len(inputs), timeout_s=90)
 
     assert Counter(outputs) == reference_outputs(agent, inputs)
-    applied = [tuple(map(int, match.groups())) for line in operator_log() if (match := _APPLIED.search(line))]
+    applied = [tuple(map(int, match.groups())) for line in operator_log(closing_of=agent.name)
+               if (match := _APPLIED.search(line))]
     assert applied, "no closing line with the runs applied"
     woken, checked, drained = (sum(column) for column in zip(*applied, strict=True))
     assert (checked, drained) == (0, 0) and woken >= len(inputs), applied
@@ -78,7 +79,8 @@ def test_runs_whose_wake_ups_are_lost_are_applied_by_their_keys_checks(kafka_boo
     outputs = run_agent_job(kafka_bootstrap, topic, agent, config, until_outputs=len(inputs), timeout_s=90)
 
     assert Counter(outputs) == reference_outputs(agent, inputs)
-    applied = [tuple(map(int, match.groups())) for line in operator_log() if (match := _APPLIED.search(line))]
+    applied = [tuple(map(int, match.groups())) for line in operator_log(closing_of=agent.name)
+               if (match := _APPLIED.search(line))]
     assert applied, "no closing line with the runs applied"
     woken, checked, drained = (sum(column) for column in zip(*applied, strict=True))
     # The fault hit: about half the runs were applied by checks (the runs submitted before the first action

@@ -32,7 +32,8 @@ def test_a_backlog_waits_in_the_source_not_in_keyed_state(kafka_bootstrap, invoc
     outputs = run_agent_job(kafka_bootstrap, topic, agent, config, until_outputs=len(inputs), timeout_s=120)
 
     assert Counter(outputs) == reference_outputs(agent, inputs)
-    closing = [tuple(map(int, match.groups())) for line in operator_log() if (match := _HOLD.search(line))]
+    closing = [tuple(map(int, match.groups())) for line in operator_log(closing_of=agent.name)
+               if (match := _HOLD.search(line))]
     assert closing, "no closing line"
     most, holds = max(most for most, _ in closing), sum(holds for _, holds in closing)
     assert most == BOUND and holds > 0, closing
