@@ -29,11 +29,13 @@ separators (:attr:`Agent.name`).
 
 **Action fingerprints.** Every journaled action completion carries the fingerprint of the action's code
 (:attr:`ActionSpec.fingerprint`); a restore or a replay that finds a completion written with another
-fingerprint applies ``fingerprint_policy``. The same code gives the same fingerprint in every Python
-process of the same Python version: nothing that differs between processes counts (hash seed, memory
-addresses, set and dict iteration order), and neither do line numbers, the file, or the action's
-function name (the action's name and triggering event types count separately, as the agent's wiring).
-What counts as the action's code:
+fingerprint applies ``fingerprint_policy``. A fingerprint is the action's own: adding, removing or
+changing another action of the agent leaves it unchanged (a deploy that adds a notification action must not
+make an unchanged action that charges a card run again under ``fingerprint_policy="re-execute"``). It covers
+the action's name, its triggering event types and its code. The same code gives the same fingerprint in every
+Python process of the same Python version: nothing that differs between processes counts (hash seed, memory
+addresses, set and dict iteration order), and neither do line numbers, the file, or the action's function
+name. What counts as the action's code:
 
 - the function's bytecode, names, variable names (local, free, cell), argument counts, exception table
   and constants, and every nested code object (lambdas, comprehensions, inner functions) the same way;
@@ -101,18 +103,25 @@ def action(*event_types: type[Event]) -> Callable[[Callable], staticmethod]:
 class ActionSpec:
     """One action of an agent: its name, function, triggering event types and code fingerprint.
 
-    ``fingerprint`` identifies the action's code and the agent's action wiring, the same in every process
-    running the same code (see *Action fingerprints* in :mod:`flink_agents_replay.api.agent`).
+    ``fingerprint`` identifies the action's code, name and triggering event types, the same in every process
+    running the same code (see *Action fingerprints* in :mod:`flink_agents_replay.api.agent`); the other
+    actions of the agent do not count. ``whole_agent_fingerprint`` is the fingerprint 0.5.1 and earlier gave
+    it, which also covered every other action's name and triggers: completions they journaled still match.
     """
 
     name: str
     function: Callable
     event_types: tuple[type[Event], ...]
     fingerprint: str
+    whole_agent_fingerprint: str = ""
 
     def handles(self, event: Event) -> bool:
         """Whether ``event`` triggers this action."""
         return isinstance(event, self.event_types)
+
+    def wrote(self, fingerprint: str) -> bool:
+        """Whether a record journaled with ``fingerprint`` was written by this action's code."""
+        return fingerprint == self.fingerprint or fingerprint == self.whole_agent_fingerprint
 
 
 class Agent:
@@ -363,16 +372,15 @@ def _collect_actions(agent_type: type) -> tuple[ActionSpec, ...]:
                                                "start with '_' (reserved for the journal's own records)")
                 found.pop(attribute, None)  # an override keeps its own place at the end
                 found[attribute] = function
-    wiring = "|".join(
-        f"{name}:{','.join(t.__qualname__ for t in getattr(fn, _ACTION_ATTRIBUTE))}" for name, fn in found.items()
-    )
-    return tuple(
-        ActionSpec(name, fn, getattr(fn, _ACTION_ATTRIBUTE), _fingerprint(fn, wiring)) for name, fn in found.items()
-    )
+    wiring = {name: f"{name}:{','.join(t.__qualname__ for t in getattr(fn, _ACTION_ATTRIBUTE))}"
+              for name, fn in found.items()}
+    whole_agent = "|".join(wiring.values())  # how 0.5.1 and earlier fingerprinted every action
+    return tuple(ActionSpec(name, fn, getattr(fn, _ACTION_ATTRIBUTE), _fingerprint(fn, wiring[name]),
+                            _fingerprint(fn, whole_agent)) for name, fn in found.items())
 
 
 def _fingerprint(function: Callable, wiring: str) -> str:
-    """The action's fingerprint: a hash of the agent's action wiring and of the action's code.
+    """The action's fingerprint: a hash of its wiring (name and triggering event types) and of its code.
 
     What counts as the action's code (see the module docstring): the function's bytecode, names, variable
     names, argument counts, exception table and constants, its nested code objects, its default values and

@@ -163,6 +163,8 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
     run = context.run
     tasks: deque[tuple[Event, ActionSpec]] = deque(_deliveries(first, scope.agent.actions_for(first)))
     outputs: list[OutputEvent] = []
+    # Events the recorded run had too: the journaled input, and what reused completions sent.
+    recorded_events = {first.id} if _input_recorded(context, scope) else set()
     order = 0
     while tasks:
         event, spec = tasks.popleft()
@@ -172,8 +174,10 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
                           order=scope.parent_order if scope.is_child else order,
                           record_key=journal_key(run.key_group, run.seq, event.id, action, context.digest_of_key))
         sent = _reused(context, site, state, stats)
-        if sent is None:
-            sent = _executed(context, scope, site, state, stats)
+        if sent is not None:
+            recorded_events.update(emitted.id for emitted in sent)
+        else:
+            sent = _executed(context, scope, site, state, stats, site.event.id in recorded_events)
         for emitted in sent:
             if isinstance(emitted, OutputEvent):
                 outputs.append(emitted)
@@ -189,7 +193,7 @@ def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStat
     if history is None:
         return None
     completion = history.completion(run.seq, site.event.id, site.action)
-    if completion is not None and completion.fingerprint != site.spec.fingerprint:
+    if completion is not None and not site.spec.wrote(completion.fingerprint):
         completion = _check_fingerprint(completion, site.spec, run, context.fingerprint_policy, stats)
     if completion is None:
         return None
@@ -204,23 +208,43 @@ def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStat
     return sent
 
 
-def _executed(context: RunContext, scope: Scope, site: ActionSite, state: Memory, stats: RunStats) -> list[Event]:
+def _input_recorded(context: RunContext, scope: Scope) -> bool:
+    history = context.history
+    return not scope.is_child and history is not None and history.recorded_input(context.run.seq) is not None
+
+
+def _executed(context: RunContext, scope: Scope, site: ActionSite, state: Memory, stats: RunStats,
+              under_recorded_event: bool) -> list[Event]:
     """Execute the action, with the calls an earlier attempt journaled for it; return the events it sent."""
     run, history = context.run, context.history
     recorded: list[CallRecord | None] = []
     retried: dict[int, int] = {}
     if history is not None:
-        position = RunPosition(run.seq, site.order)
-        # A sub-agent's records share its parent action's order: only top-level steps can diverge.
-        if not scope.is_child and history.has_records_after(position) and history.drop_after(position):
-            stats.divergences += 1
-            log.warning("key %r seq %d: action %s has no journaled result but later records exist; "
-                        "the key's history diverged and its later records are dropped", run.key, run.seq, site.action)
         recorded = history.recorded_calls(run.seq, site.event.id, site.action)
         retried = history.retried_positions(run.seq, site.event.id, site.action)
+        # A sub-agent's records share its parent action's order: only top-level steps can diverge. A completion
+        # the fingerprint policy set aside is no divergence either: the action ran there, under other code.
+        completed = history.completion(run.seq, site.event.id, site.action) is not None
+        if not scope.is_child and not completed and not (under_recorded_event and not recorded and not retried):
+            _drop_if_diverged(context, site, stats)
     sent = execute_action(context, scope, site, state, recorded, retried, stats)
     stats.actions_executed += 1
     return sent
+
+
+def _drop_if_diverged(context: RunContext, site: ActionSite, stats: RunStats) -> None:
+    """An action with no completion, yet records after it: the run went another way than the journaled one,
+    whose later records (this run's next actions, the key's next inputs) are not ours.
+
+    Not called for an action with no record at all under an event the recorded run had: the code that ran then
+    had no such action (a deploy added it, or made it handle this event), since every handler of a recorded
+    event ran before anything later was journaled. It runs, and nothing is dropped."""
+    run, history = context.run, context.history
+    position = RunPosition(run.seq, site.order)
+    if history.has_records_after(position) and history.drop_after(position):
+        stats.divergences += 1
+        log.warning("key %r seq %d: action %s has no journaled result but later records exist; "
+                    "the key's history diverged and its later records are dropped", run.key, run.seq, site.action)
 
 
 def _handlers(scope: Scope, spec: ActionSpec, emitted: Event) -> list[ActionSpec]:

@@ -5,9 +5,11 @@
 SIGKILLed mid-stream, so the job fails; a new TaskManager is started and the job is submitted again from its
 latest retained checkpoint (``flink run -s``), by a new client process with another ``PYTHONHASHSEED``. That
 client computes the agent's fingerprints anew (TaskManagers only unpickle them), and the restore compares
-them with those journaled by the first submission for every record it reuses. With fingerprints that depend
-on the hash seed the second job fails with ``FingerprintMismatchError``; with canonical ones it reuses the
-journaled actions and commits exactly the failure-free outputs (then the test cancels it).
+them with those journaled by the first submission for every record it reuses. The second submission is also
+a deploy that adds an action (``audit``) and runs ``fingerprint_policy="re-execute"``: fingerprints that depend
+on the hash seed, or on the agent's other actions (as through 0.5.1), would run completed actions again, the
+external ``sender`` among them; with canonical, per-action ones it reuses the journaled actions, runs only
+the new one, and commits exactly the failure-free outputs (then the test cancels it).
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def test_a_job_resubmitted_from_its_checkpoint_by_another_process_passes_the_fai
     monkeypatch.setenv("PYTHONHASHSEED", SEEDS[1])
     replacement = cluster.start_taskmanager()
     submitted = cluster.flink_command("run", "-d", "-s", checkpoint, "-py", str(JOB), *shared,
-                                      "--report", str(reports[1]), "--call-delay-s", "0.05", check=True)
+                                      "--report", str(reports[1]), "--call-delay-s", "0.05", "--audit",
+                                      "--fingerprint-policy", "re-execute", check=True)
     second = re.search(r"JobID\s+([0-9a-f]{32})", submitted.stdout + submitted.stderr).group(1)
     reader = CommittedReader(kafka_bootstrap, output_topic, decode=_row)
     try:
@@ -140,7 +143,7 @@ def test_a_job_resubmitted_from_its_checkpoint_by_another_process_passes_the_fai
         f"fingerprints {client[0]['fingerprints']} then {client[1]['fingerprints']}; "
         f"{cluster.job_diagnostics(second)}")
     cluster.cancel_job(second)
-    assert client[0]["fingerprints"] == client[1]["fingerprints"]
+    assert client[1]["fingerprints"].pop("audit") and client[0]["fingerprints"] == client[1]["fingerprints"]
     assert Counter(rows) == expected
     # So did the two TaskManager processes (the new one made the calls left after the restore).
     taskmanager_orders = {int(pid): order for pid, order in (
@@ -155,6 +158,8 @@ def test_a_job_resubmitted_from_its_checkpoint_by_another_process_passes_the_fai
     assert len(restored) == 1 and "read 0 journal records" not in restored[0], restored
     assert replayed and replayed[-1][1] > 0, f"no action reused after the restore: {replayed}"
     calls = {name: n for name, n in counter.counts().items() if name.startswith("call:")}
+    audits = {name: n for name, n in counter.counts().items() if name.startswith("audit:")}
+    assert audits and max(audits.values()) == 1, f"the added action ran {audits}"
     assert len(calls) == total_calls
     repeated = repeated_actions_per_key(calls)
     assert all(len(actions) == 1 for actions in repeated.values()), f"completed actions ran again: {repeated}"

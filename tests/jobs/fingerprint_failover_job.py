@@ -12,6 +12,10 @@ journaled one fails the job. No restarts. Used by ``tests/integration/test_finge
 action's set constant, and the actions' fingerprints (JSON), so a test can check that two submissions
 really iterated the set differently. Every call also records, in the counter, the order in which the
 TaskManager process running it iterates the same set (``set-order:<pid>:<order>``).
+
+``--audit`` deploys the agent with one more action, ``audit`` (a call per run, counted as ``audit:<label>``,
+no output), and ``--fingerprint-policy`` sets the policy: a deploy that adds an action must leave the other
+actions' fingerprints as they were (issue 35).
 """
 
 from __future__ import annotations
@@ -59,7 +63,15 @@ class Routing(Agent):
         ctx.send_event(OutputEvent(output={"sent": sent, "urgent": event.urgent, "history": ctx.memory.get("history")}))
 
 
-def routing_agent(counter: InvocationCounter, call_delay_s: float = 0.0) -> Routing:
+class AuditedRouting(Routing):
+    """The next deploy: one more action; ``route`` and ``reply`` unchanged."""
+
+    @action(Routed)
+    def audit(event, ctx):
+        ctx.call("auditor", event.label)
+
+
+def routing_agent(counter: InvocationCounter, call_delay_s: float = 0.0, *, audit: bool = False) -> Routing:
     """The agent, its tools counting every call in ``counter`` (a file that outlives killed TaskManagers)."""
 
     def tool(name: str):
@@ -72,8 +84,12 @@ def routing_agent(counter: InvocationCounter, call_delay_s: float = 0.0) -> Rout
             return f"{name}({argument})"
         return invoke
 
-    return Routing(name="routing", resources={
-        "classifier": Tool(tool("classifier")), "sender": Tool(tool("sender"), side_effects="external")})
+    def auditor(label: str) -> None:
+        counter.increment(f"audit:{label}")
+
+    return (AuditedRouting if audit else Routing)(name="routing", resources={
+        "classifier": Tool(tool("classifier")), "sender": Tool(tool("sender"), side_effects="external"),
+        "auditor": Tool(auditor, side_effects="external")})
 
 
 def set_constant(agent: Agent) -> frozenset:
@@ -94,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--report", required=True, help="JSON file this client process writes (see above)")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=500)
     parser.add_argument("--call-delay-s", type=float, default=0.0, help="how long each tool call takes")
+    parser.add_argument("--audit", action="store_true", help="deploy the agent with its audit action")
+    parser.add_argument("--fingerprint-policy", default="fail")
     return parser.parse_args(argv)
 
 
@@ -106,12 +124,13 @@ def build(args: argparse.Namespace):
     # Unbounded, like a production job (a bounded KafkaSource restored from a retained checkpoint was seen
     # not to end): a test reads the committed outputs and cancels the job.
     keyed = keyed_json_inputs(env, args.bootstrap_servers, args.input_topic)
-    agent = routing_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s)
+    agent = routing_agent(InvocationCounter(args.counter_path), call_delay_s=args.call_delay_s, audit=args.audit)
     with open(args.report, "w", encoding="utf-8") as report:
         json.dump({"hash_seed": os.environ.get("PYTHONHASHSEED"), "set_order": list(set_constant(agent)),
                    "fingerprints": {spec.name: spec.fingerprint for spec in agent.actions}}, report)
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
-              "signing_key": args.signing_key, "max_concurrent_runs": 4, "fingerprint_policy": "fail"}
+              "signing_key": args.signing_key, "max_concurrent_runs": 4,
+              "fingerprint_policy": args.fingerprint_policy}
     outputs = connect_to_agent(keyed, agent, config)
     sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic, args.transactional_id_prefix,
                                     transaction_timeout_ms=120_000)

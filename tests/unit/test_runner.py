@@ -326,6 +326,71 @@ def test_fingerprint_mismatch_policies(policy):
     assert [o.output for o in result.outputs] == [expected]
 
 
+class Charged(Event):
+    pass
+
+
+def _shop(calls: Counter, *, with_notification: bool) -> Agent:
+    """Charges a card (external), then answers; the second version adds a notification action and a changed
+    answer, and leaves ``charge`` as it was."""
+
+    def card(amount):
+        calls["charge"] += 1
+        return f"charged {amount}"
+
+    class Shop(Agent):
+        @action(InputEvent)
+        def charge(event, ctx):
+            ctx.send_event(Charged(receipt=ctx.call("card", event.input)))
+
+        @action(Charged)
+        def answer(event, ctx):
+            ctx.send_event(OutputEvent(output=event.receipt))
+
+    class ShopWithNotification(Shop):
+        @action(Charged)
+        def answer(event, ctx):
+            ctx.send_event(OutputEvent(output=event.receipt.upper()))
+
+        @action(InputEvent)
+        def notify(event, ctx):
+            ctx.call("mail", event.input)
+
+    kind = ShopWithNotification if with_notification else Shop
+    return kind(name="shop", resources={"card": Tool(card, side_effects="external"),
+                                        "mail": Tool(lambda text: calls.update(["mail"]), side_effects="external")})
+
+
+def test_a_deploy_that_adds_an_action_re_executes_only_the_changed_ones_under_re_execute():
+    """Issue 35: fingerprints are per action. Before, adding ``notify`` changed the fingerprint of every action,
+    and ``re-execute`` charged the card again on the unchanged ``charge``. The new action, which has no record
+    under the journaled input, is no divergence either: the key's next input still reuses its charge."""
+    calls, store = Counter(), MemoryJournalStore(4)
+    runs = [RunInput("k", KEY_GROUP, 1, 40), RunInput("k", KEY_GROUP, 2, 7)]
+    for run in runs:
+        execute_run(_shop(calls, with_notification=False), run, {}, journal=writer(store).run_journal(KEY_GROUP))
+    before = {spec.name: spec.fingerprint for spec in _shop(calls, with_notification=False).actions}
+    deployed = _shop(calls, with_notification=True)
+    after = {spec.name: spec.fingerprint for spec in deployed.actions}
+    assert after["charge"] == before["charge"] and after["answer"] != before["answer"]
+
+    history = recover(store).history(key_digest("k"))
+    results = [execute_run(deployed, run, {}, history=history, fingerprint_policy=FingerprintPolicy.RE_EXECUTE)
+               for run in runs]
+    assert calls == Counter({"charge": 2, "mail": 2})  # each card charged once; the new action ran per input
+    assert [o.output for result in results for o in result.outputs] == ["CHARGED 40", "CHARGED 7"]
+    stats = [(r.stats.fingerprint_mismatches, r.stats.actions_reused, r.stats.divergences) for r in results]
+    assert stats == [(1, 1, 0), (1, 1, 0)]  # answer re-executed, charge reused, nothing dropped
+
+
+def test_a_completion_journaled_with_0_6_0s_whole_agent_fingerprint_still_matches_the_same_code():
+    spec = _shop(Counter(), with_notification=False).actions[0]
+    assert spec.whole_agent_fingerprint != spec.fingerprint  # two actions: the wiring of both counted in 0.5.1
+    assert spec.wrote(spec.whole_agent_fingerprint) and spec.wrote(spec.fingerprint)
+    other = _shop(Counter(), with_notification=True).actions[0]  # the same charge, another agent around it
+    assert other.wrote(spec.fingerprint) and not other.wrote(spec.whole_agent_fingerprint)
+
+
 def test_records_of_another_producer_are_rejected():
     store = MemoryJournalStore(8)
     run_inputs(make_agent(Counter()), INPUTS[:1], writer(store, producer="job-a"))
