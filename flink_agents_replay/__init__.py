@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING
 from flink_agents_replay.core.moved import install_old_paths
 from flink_agents_replay.storage.formats import dataclass_sentinels
 
-install_old_paths()  # the module paths of 0.5.1 keep working until 0.7.0
+install_old_paths()  # the module paths of 0.5.1 keep working until 0.8.0
 dataclass_sentinels.install()  # before anything is pickled: a job script's dataclasses keep their fields
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "Agent",

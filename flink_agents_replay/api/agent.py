@@ -67,9 +67,15 @@ from typing import Any
 
 from flink_agents_replay.api.memory import Memory
 from flink_agents_replay.api.resources import Resource, Tool
-from flink_agents_replay.core.errors import AgentDefinitionError, UnknownResourceError, UnknownSubAgentError
+from flink_agents_replay.core.errors import (
+    AgentDefinitionError,
+    UnknownResourceError,
+    UnknownSubAgentError,
+    WaitNotSupportedError,
+)
 from flink_agents_replay.core.events import Event, EventTypes, InputEvent, OutputEvent, with_event_id
 from flink_agents_replay.core.moved import module_in_0_5_1
+from flink_agents_replay.storage.records.waits import RAISE
 
 #: The names a model can call a tool by (OpenAI function names).
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -258,8 +264,10 @@ class RunnerContext:
 
     def __init__(self, *, key: Any, seq: int, memory: Memory, send: Callable[[Event], None],
                  call: Callable[..., Any], call_agents: Callable[..., list[list[Any]]] | None = None,
-                 event_time: int | None = None, resources: Mapping[str, Resource] | None = None):
+                 event_time: int | None = None, resources: Mapping[str, Resource] | None = None,
+                 wait_for: Callable[..., Any] | None = None):
         self._resources = resources or {}
+        self._wait_for = wait_for
         self._key = key
         self._event_time = event_time
         self._seq = seq
@@ -308,6 +316,27 @@ class RunnerContext:
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered resource; journaled, and reused instead of repeated after a failure."""
         return self._call(resource_name, *args, **kwargs)
+
+    def wait_for(self, name: str, payload: Any = None, *, timeout_s: float | None = None,
+                 on_timeout: Any = RAISE) -> Any:
+        """Wait for an outside decision (a person's approval, a signal); return it as a
+        :class:`~flink_agents_replay.storage.records.waits.Decision`.
+
+        The run stops here and waits, holding no thread and no run slot; ``payload`` (JSON data) leaves with
+        the pending wait for whoever decides. When the decision arrives, the action runs again from its start:
+        every call it made before the wait is reused from the journal, not made again, and this time
+        ``wait_for`` returns the decision. Code before the wait therefore runs twice (keep it to ``ctx.call``
+        s and plain computation). The wait's id is derived like a call id (the same after a failover, in every
+        process); the decision is journaled, so a later failure reuses it.
+
+        ``timeout_s`` bounds the wait (its deadline is fixed when the wait first opens); when it passes with no
+        decision, ``wait_for`` returns ``on_timeout`` if given, else raises
+        :class:`~flink_agents_replay.core.errors.WaitTimedOutError`. Only a top-level agent's actions can wait
+        (:class:`~flink_agents_replay.core.errors.WaitNotSupportedError` in a sub-agent).
+        """
+        if self._wait_for is None:
+            raise WaitNotSupportedError("wait_for needs the runtime that runs actions")
+        return self._wait_for(name, payload, timeout_s=timeout_s, on_timeout=on_timeout)
 
     def tool_schemas(self, *names: str) -> list[dict[str, Any]]:
         """The tools registered under ``names`` as a chat model is shown them (OpenAI's ``tools`` format, plain

@@ -177,3 +177,11 @@ class MemoryNotFoundError(FlinkAgentsReplayError, KeyError):
 
     def __str__(self) -> str:  # KeyError's would quote the whole message
         return str(self.args[0]) if self.args else "no such memory"
+
+
+class WaitTimedOutError(FlinkAgentsReplayError, TimeoutError):
+    """``ctx.wait_for`` without ``on_timeout``: no decision came before the wait's deadline."""
+
+
+class WaitNotSupportedError(FlinkAgentsReplayError, RuntimeError):
+    """``ctx.wait_for`` where a run cannot wait: inside a sub-agent, or under a runtime that cannot park runs."""

@@ -1,4 +1,4 @@
-"""Where each module of 0.5.1 lives now: the import paths of 0.5.1 keep working until 0.7.0, and fingerprints
+"""Where each module of 0.5.1 lives now: the import paths of 0.5.1 keep working until 0.8.0, and fingerprints
 keep naming package objects by their 0.5.1 modules for good.
 
 0.6.0 regrouped the package by layer (``core``, ``integrations``, ``storage``, ``api``, ``engine``, ``flink``...;
@@ -173,7 +173,7 @@ def warn_moved(old: str, new: str, *, stacklevel: int) -> None:
     """The deprecation of an old path, naming the 0.5.1 name even when it is reached through a new package."""
     below = old[len(PACKAGE) + 1:]
     shown = f"{PACKAGE}.{_LEFT_THEIR_PACKAGE[below]}" if below in _LEFT_THEIR_PACKAGE else old
-    warnings.warn(f"{shown} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.7.0",
+    warnings.warn(f"{shown} moved to {new} in flink-agents-replay 0.6.0; the old path goes in 0.8.0",
                   DeprecationWarning, stacklevel=stacklevel)
 
 

@@ -54,7 +54,9 @@ def execute_action(context: RunContext, scope: Scope, site: ActionSite, state: M
         site.spec.function(site.event, RunnerContext(
             key=run.key, seq=run.seq, memory=state, send=send, call=calls.call,
             call_agents=functools.partial(call_agents, calls, state), event_time=run.event_time,
-            resources=scope.agent.resources))
+            resources=scope.agent.resources, wait_for=calls.wait_for))
+        if calls.pending_wait is not None:  # the action caught its wait's suspension: it waits all the same
+            raise calls.pending_wait
     except Exception as exc:
         if journal is not None and not isinstance(exc, (RunCancelled, JournalClosedError)):
             journal_action_failed(journal, site.record_key, site.spec, ActionFailedRecord(
@@ -65,15 +67,16 @@ def execute_action(context: RunContext, scope: Scope, site: ActionSite, state: M
     # The events as sent; later changes to objects they shared with memory or each other must not reach them
     # (a reused action's events come from the journal, as they were when it ended).
     copies = [private_copy(sent_event) for sent_event in sent]  # one by one: siblings share nothing either
+    completion = CompletionRecord(context.run.seq, site.order, site.event.id, site.action, site.spec.fingerprint,
+                                  updates, copies, calls.calls_made, context.input_digest)
     if journal is not None:
-        _journal_completion(context, site, updates, copies, calls.calls_made)
+        _journal_completion(context, site, completion)
+    context.completions.append(completion)  # a waiting run resumes from these (no journal needed)
     return copies
 
 
-def _journal_completion(context: RunContext, site: ActionSite, updates: list[MemoryUpdate], sent: list[Event],
-                        calls_made: int) -> None:
-    completion = CompletionRecord(context.run.seq, site.order, site.event.id, site.action, site.spec.fingerprint,
-                                  updates, sent, calls_made, context.input_digest)
+def _journal_completion(context: RunContext, site: ActionSite, completion: CompletionRecord) -> None:
+    updates, sent = completion.memory_updates, completion.sent_events
     try:
         context.journal.write(site.record_key, RecordKind.COMPLETION, completion, fingerprint=site.spec.fingerprint,
                               what=f"the result of action {site.action}")

@@ -25,13 +25,17 @@ decides, in this order:
    An external call's outcome is acknowledged before the run's next call is made (its "started" record's
    wait, or its own): a run that went on past an external call's outcome never finds it in doubt.
 
-Sub-agent calls (:mod:`.children`) are matched and journaled the same way.
+Sub-agent calls (:mod:`.children`) are matched and journaled the same way, and so are waits
+(:meth:`ActionCalls.wait_for`): a wait is a call record of ``@wait`` (its id and deadline, fixed when first
+opened) and one of ``@decision`` (the decision, once the run resumed with it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import re
 import time
 from collections import defaultdict, deque
@@ -41,13 +45,14 @@ from typing import Any
 from flink_agents_replay.api.call_site import _CALL_REPORT, _CALL_SITE, CallSite
 from flink_agents_replay.api.memory import private_copy
 from flink_agents_replay.api.resources import InDoubtPolicy, Resource
-from flink_agents_replay.core.errors import CallInDoubtError, CallTimeoutError
-from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope
+from flink_agents_replay.core.errors import CallInDoubtError, CallTimeoutError, WaitNotSupportedError, WaitTimedOutError
+from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope, WaitPending
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, Live, Recorded
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, WaitOpened
 
 __all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 
@@ -92,6 +97,7 @@ class ActionCalls:
         self._retried: dict[int, int] = dict(retried or {})
         self._taken: set[int] = set()  # positions of this execution's calls so far
         self.steps: list[CallStep] = []  # each ctx.call / ctx.call_agents of this execution, in order
+        self.pending_wait: WaitPending | None = None  # the wait this execution stopped at, if any
 
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
         """``ctx.call``: the journaled outcome of this call if there is one, else the call made and journaled."""
@@ -104,6 +110,47 @@ class ActionCalls:
             raise
         self.steps.append(CallStep(returned=(position,)))
         return result
+
+    def wait_for(self, name: str, payload: Any = None, *, timeout_s: float | None = None,
+                 on_timeout: Any = RAISE) -> Any:
+        """``ctx.wait_for``: the decision this wait got, or :class:`WaitPending` (the run waits for one)."""
+        if self.scope.is_child:
+            raise WaitNotSupportedError(f"action {self.site.action} of sub-agent {' -> '.join(self.scope.path)} "
+                                        f"called wait_for({name!r}): only a top-level agent's actions can wait")
+        _check_wait(name, payload, timeout_s)
+        digest = digest_value((WAIT_RESOURCE, name, payload))
+        wait = self._opened(name, payload, timeout_s, digest)
+        position, record = self.match(DECISION_RESOURCE, digest)
+        if record is not None and record.outcome is CallOutcome.RETURNED:
+            decision = record.result  # decided in an earlier attempt of this resumed run
+            self.context.calls.append(record)
+        else:
+            decision = self.context.run.decisions.get(wait.wait_id)
+            if decision is None:
+                self._taken.discard(position)
+                self.pending_wait = WaitPending(wait, self.site, dict(self._retried))
+                raise self.pending_wait
+            self.write_call(position, DECISION_RESOURCE, digest, CallOutcome.RETURNED, decision)
+        self.steps.append(CallStep(returned=(position,)))
+        if not decision.timed_out:
+            return decision
+        if on_timeout is RAISE:
+            raise WaitTimedOutError(f"no decision for wait {name!r} ({wait.wait_id}) in action {self.site.action} "
+                                    f"within {timeout_s} s: give on_timeout= to carry on without one")
+        return on_timeout
+
+    def _opened(self, name: str, payload: Any, timeout_s: float | None, digest: str) -> WaitOpened:
+        """The wait as first opened (journaled then: its id and deadline never move), or opened now."""
+        position, record = self.match(WAIT_RESOURCE, digest)
+        self.steps.append(CallStep(returned=(position,)))
+        if record is not None and record.outcome is CallOutcome.RETURNED:
+            self.context.calls.append(record)
+            return record.result
+        now_ms = int(time.time() * 1000)
+        wait = WaitOpened(self._call_id(position, WAIT_RESOURCE, digest, retry=0), name, payload,
+                          None if timeout_s is None else now_ms + math.ceil(timeout_s * 1000), now_ms)
+        self.write_call(position, WAIT_RESOURCE, digest, CallOutcome.RETURNED, wait)
+        return wait
 
     @property
     def calls_made(self) -> int:
@@ -256,6 +303,21 @@ class ActionCalls:
         retry = self._retried.get(position, 0) if retry is None else retry
         request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest, retry)
         return call_id(self.scope.path[0], self.site.action, self.context.run.seq, position, request)
+
+
+def _check_wait(name: str, payload: Any, timeout_s: float | None) -> None:
+    """A wait's name, payload and timeout as ``wait_for`` takes them, or a clear error naming what is wrong."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"wait_for takes a non-empty name (str), got {name!r}")
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"wait_for({name!r}): the payload goes to people and tools as JSON, and this one is not "
+                        f"JSON data ({exc})") from None
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not 0 < timeout_s < math.inf):
+        raise ValueError(f"wait_for({name!r}): timeout_s must be a positive number of seconds or None, got "
+                         f"{timeout_s!r}")
 
 
 def _with_latency(meta: dict[str, Any], begun: float) -> dict[str, Any]:

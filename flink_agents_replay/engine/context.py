@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -20,7 +20,8 @@ from flink_agents_replay.core.errors import SubAgentTimeoutError
 from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.gate import CallGate
 from flink_agents_replay.storage.journal.history import KeyHistory
-from flink_agents_replay.storage.records.journal import CallRecord, RecordKind
+from flink_agents_replay.storage.records.journal import CallRecord, CompletionRecord, RecordKind
+from flink_agents_replay.storage.records.waits import Decision, WaitOpened
 
 
 class RunJournal(Protocol):
@@ -39,11 +40,26 @@ class RunJournal(Protocol):
         """Wait until every record written so far is acknowledged."""
 
 __all__ = ["ActionSite", "FingerprintPolicy", "RunCancelled", "RunContext", "RunInput", "RunJournal", "RunStats",
-           "Scope"]
+           "Scope", "WaitPending"]
 
 
 class RunCancelled(Exception):
     """The operator is closing: the run stops at the next action or call boundary (and is not applied)."""
+
+
+class WaitPending(BaseException):
+    """``ctx.wait_for`` found no decision for its wait: the run stops there and waits, holding no thread.
+
+    A ``BaseException``, so an action's ``except Exception:`` does not take it for a failure of its own (and an
+    action that catches it anyway still waits: :func:`~flink_agents_replay.engine.action.execute_action` raises
+    it again). :func:`~flink_agents_replay.engine.run.execute_run` turns it into a waiting result.
+    """
+
+    def __init__(self, wait: WaitOpened, site: ActionSite, retried: dict[int, int]) -> None:
+        super().__init__(f"action {site.action} waits for {wait.name!r} ({wait.wait_id})")
+        self.wait = wait
+        self.site = site
+        self.retried = retried
 
 
 class FingerprintPolicy(str, enum.Enum):
@@ -93,6 +109,10 @@ class RunInput:
     input: Any
     event_time: int | None = None
     epoch: int = 0
+    #: Decisions for this run's waits, by wait id (a resumed run's; a timeout is a decision that timed out).
+    decisions: Mapping[str, Decision] = field(default_factory=dict)
+    #: The run waited before and resumes now: its input was accepted then (no second accepted record).
+    resuming: bool = False
 
 
 #: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.
@@ -116,6 +136,7 @@ class RunContext:
     #: sub-agent runs the same loop as its caller, and the loop is what calls the action that calls it.
     run_events: RunEvents
     calls: list[CallRecord] = field(default_factory=list)  # appended from child threads: list.append is atomic
+    completions: list[CompletionRecord] = field(default_factory=list)  # written or reused, top level and children
     blocked: list[object] = field(default_factory=list)  # the gate's reports of the calls it blocked
 
 

@@ -15,6 +15,11 @@ the key's recovered history (if the job was restored):
 
 A history whose records go on past an action that has none diverged (another path was taken): its later
 records are dropped. Another input than the journaled one at this seq drops everything from the seq on.
+
+An action that calls ``ctx.wait_for`` with no decision yet ends the run as *waiting*
+(:attr:`RunResult.waiting`): nothing is applied, and the run's records so far travel with the result. Run
+again with those records as its history and the decision in :attr:`RunInput.decisions`, it reuses every
+action and call before the wait, and the waiting action gets its decision (:func:`resume_history`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from flink_agents_replay.engine.context import (
     RunJournal,
     RunStats,
     Scope,
+    WaitPending,
 )
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
@@ -55,8 +61,9 @@ from flink_agents_replay.storage.records.journal import (
     journal_key,
     key_digest,
 )
+from flink_agents_replay.storage.records.waits import WaitOpened
 
-__all__ = ["RunResult", "execute_run", "run_events"]
+__all__ = ["RunResult", "WaitingRun", "execute_run", "resume_history", "run_events"]
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +73,46 @@ class RunResult:
     """What a finished run hands back to the operator."""
 
     seq: int
-    memory: dict
+    memory: dict  # the key's memory after the run (of a waiting run: not to be applied)
     outputs: list[OutputEvent]
     stats: RunStats = field(default_factory=RunStats)
     calls: list[CallRecord] = field(default_factory=list)  # every call's outcome, made or reused (for capture)
     blocked: list[object] = field(default_factory=list)  # the call gate's reports of the calls it blocked
     input_digest: str = ""
     error: str | None = None  # with report_failures: the exception that ended the run (memory, outputs untouched)
+    waiting: WaitingRun | None = None  # the run stopped at a wait: nothing of it is applied (memory, outputs)
+
+
+@dataclass(frozen=True)
+class WaitingRun:
+    """A run stopped at ``ctx.wait_for``: the wait, where it was opened, and what the run resumes from."""
+
+    wait: WaitOpened
+    seq: int
+    action: str  # the waiting action's name in the journal
+    event_id: str  # the event it handles
+    order: int  # its step in the run
+    #: The run's finished calls and completions so far (its actions' and the waiting action's): a resumed run
+    #: reuses them (:func:`resume_history`), whether or not the journal still holds them.
+    records: list[CallRecord | CompletionRecord]
+    retried: dict[int, int]  # positions of the waiting action an earlier attempt's failure asks to make again
+
+
+def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> KeyHistory:
+    """The history a waiting run resumes with: its own records (a resumed run then reuses all but the wait),
+    and, after a failure while it ran resumed, what ``recovered`` (the key's recovered history) holds of its
+    seq: the decision it journaled, and the calls it made after it."""
+    history = KeyHistory()
+    for record in waiting.records:
+        if isinstance(record, CompletionRecord):
+            history.add_completion(record)
+        else:
+            history.add_call(record)
+    if waiting.retried:
+        history.retried[(waiting.seq, waiting.event_id, waiting.action)] = dict(waiting.retried)
+    if recovered is not None:
+        history.merge_seq(recovered, waiting.seq)
+    return history
 
 
 def execute_run(
@@ -110,7 +150,9 @@ def execute_run(
     state = Memory(memory)
     _drop_if_another_input(context, stats)
     first = with_event_id(InputEvent(run.input), input_event_id(context.digest_of_key, run.seq))
-    if journal is not None:  # the key's accepted order, before anything the run does (docs/design.md, section 8)
+    # The key's accepted order, before anything the run does (docs/design.md, section 8); a resumed run's input
+    # was accepted when it first ran.
+    if journal is not None and not run.resuming:
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
@@ -118,6 +160,8 @@ def execute_run(
     error = None
     try:
         outputs = run_events(context, Scope(agent, (agent.name,)), first, state, stats)
+    except WaitPending as pending:
+        return _waiting(context, pending, memory, stats, acknowledge)
     except Exception as exc:
         if not report_failures or isinstance(exc, RunCancelled):
             _settle(journal)
@@ -132,6 +176,20 @@ def execute_run(
         journal.acknowledge()  # outputs leave only after their records are acknowledged
     return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
                      list(context.blocked), context.input_digest, error)
+
+
+def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: RunStats,
+             acknowledge: bool) -> RunResult:
+    """The result of a run stopped at a wait: its records so far, nothing to apply."""
+    run, site = context.run, pending.site
+    if context.history is not None:
+        context.history.drop_through_seq(run.seq)  # the records travel with the result now
+    if context.journal is not None and acknowledge:
+        context.journal.acknowledge()
+    records: list[CallRecord | CompletionRecord] = [*context.completions, *context.calls]
+    waiting = WaitingRun(pending.wait, run.seq, site.action, site.event.id, site.order, records, pending.retried)
+    return RunResult(run.seq, memory, [], stats, list(context.calls), list(context.blocked), context.input_digest,
+                     waiting=waiting)
 
 
 def _settle(journal: RunJournal | None) -> None:
@@ -199,6 +257,7 @@ def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStat
         return None
     state.apply(completion.memory_updates)
     state.take_updates()
+    context.completions.append(completion)
     sent = [private_copy(sent_event) for sent_event in completion.sent_events]  # as executed ones are
     stats.actions_reused += 1
     # The run's calls include those of reused actions: a capture of this run must hold every call a replay

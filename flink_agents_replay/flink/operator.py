@@ -48,6 +48,7 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.api.agent import Agent
+from flink_agents_replay.core.errors import WaitNotSupportedError
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.flink import metrics as metrics_table
@@ -373,6 +374,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self.wakeups.settle(token)
 
     def _apply(self, key, result: RunResult, ctx):
+        if result.waiting is not None:  # issue 35 in progress: the engine can wait, this operator cannot park yet
+            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: action {result.waiting.action} called "
+                                        f"wait_for({result.waiting.wait.name!r}), which this version of the "
+                                        "operator does not support yet")
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
                                                                   f"{result.seq}"))
         self.in_flight_state.clear()

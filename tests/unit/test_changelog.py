@@ -22,7 +22,7 @@ from flink_agents_replay.storage.formats.state import STATE_VERSION
 from flink_agents_replay.storage.journal.fencing import FENCING_MARKER_VERSION
 from flink_agents_replay.storage.journal.markers import MARKER_VERSION
 from flink_agents_replay.storage.journal.transfer import DUMP_VERSION
-from flink_agents_replay.storage.records import chat, raised
+from flink_agents_replay.storage.records import chat, raised, waits
 from flink_agents_replay.storage.records.codec import FORMAT_VERSION, READABLE_VERSIONS
 from flink_agents_replay.storage.records.schemas import JOURNAL_SCHEMAS
 
@@ -44,6 +44,7 @@ FORMAT_VERSIONS = {
     # Module-private, but persisted inside call records all the same.
     "chat._SCHEMA": chat._SCHEMA,  # a chat model's answer
     "raised._VERSION": raised._VERSION,  # an exception kept as its parts
+    "waits._SCHEMA": waits._SCHEMA,  # a wait and its decision
 }
 
 

@@ -1,4 +1,4 @@
-"""The 0.5.1 module paths keep working until 0.7.0 (core/moved.py): each old path imports as the very module that
+"""The 0.5.1 module paths keep working until 0.8.0 (core/moved.py): each old path imports as the very module that
 holds the code now, with a warning naming the new path, and every persisted name resolves to where the code lives."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_the_first_import_of_an_old_path_warns_with_the_new_one_and_old_submodul
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines() == [
         "flink_agents_replay.journal moved to flink_agents_replay.storage.journal in flink-agents-replay 0.6.0; "
-        "the old path goes in 0.7.0", "True True"]
+        "the old path goes in 0.8.0", "True True"]
 
 
 def test_a_path_that_never_existed_still_fails_to_import():

@@ -48,6 +48,7 @@ from flink_agents_replay.storage.records.journal import (
 )
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.storage.records.waits import Decision, WaitOpened
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 KEY = b"k" * 32
@@ -235,6 +236,12 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
         assert (chat.content, chat.parsed, chat.usage.total_tokens, chat.finish_reason) == (
             None, {"category": "refund", "urgent": True}, 15, "tool_calls")
         assert chat.tool_calls[0].name == "orders" and chat.tool_calls[0].arguments == {"order_id": "O-1"}
+    if version >= "v0_7_0":  # a wait and its decision, as call records
+        assert records["call_wait"].resource == "@wait" and records["call_wait"].result == WaitOpened(
+            "triage:refund:1:6:0123456789abcdef01234567", "refund-approval",
+            {"order": "O-1", "amount": 120.5, "lines": [1, 2]}, 1_700_000_360_000, 1_700_000_000_000)
+        assert records["call_decision"].result == Decision(approved=False, value={"amount": 60}, reason="half only",
+                                                           by="ana", decided_at_ms=1_700_000_100_000)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -129,6 +129,19 @@ class KeyHistory:
         self._rebuild_input_digests()
         return dropped
 
+    def merge_seq(self, other: KeyHistory, seq: int) -> None:
+        """Add what ``other`` holds of ``seq`` (completions, calls, retried positions) to this history."""
+        self.completions.update({slot: record for slot, record in other.completions.items() if slot[0] == seq})
+        for slot, calls in other.calls.items():
+            if slot[0] == seq:
+                for record in calls.values():
+                    self.add_call(record)
+        for slot, positions in other.retried.items():
+            if slot[0] == seq:
+                self.retried[slot].update(positions)
+        if seq in other.input_digests:
+            self._note_input(seq, other.input_digests[seq])
+
     def drop_through_seq(self, seq: int) -> None:
         """Forget everything at or before ``seq`` (those inputs are done)."""
         for slot in [s for s in self.completions if s[0] <= seq]:

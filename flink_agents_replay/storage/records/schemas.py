@@ -1,4 +1,4 @@
-"""The journal's records as plain data (schema version 1 of each kind, 2 of ``call``; see
+"""The journal's records as plain data (schema version 1 of each kind, 3 of ``call``; see
 :mod:`flink_agents_replay.storage.formats`).
 
 =============  ==========================================================================================
@@ -7,7 +7,9 @@ kind           plain payload (``bytes`` fields are user values, pickled)
 ``accepted``   ``seq``, ``input_digest``, ``event_time``
 ``call``       ``seq``, ``order``, ``event_id``, ``action``, ``position``, ``resource``, ``args_digest``,
                ``outcome`` (``started``/``returned``/``raised``), ``result`` (``None``; the return value as
-               bytes; a chat model's answer as ``{"chat": ...}``, :mod:`flink_agents_replay.storage.records.chat`; or an
+               bytes; a chat model's answer as ``{"chat": ...}``, :mod:`flink_agents_replay.storage.records.chat`; a
+               wait as ``{"wait": ...}`` or its decision as ``{"decision": ...}``,
+               :mod:`flink_agents_replay.storage.records.waits`; or an
                exception, :mod:`flink_agents_replay.storage.formats.exceptions`), ``input_digest``, ``meta`` (how the
                call went: ``latency_ms`` and what the resource reported, e.g. a model's tokens)
 ``completion`` ``seq``, ``order``, ``event_id``, ``action``, ``fingerprint``, ``memory`` (a list of
@@ -18,7 +20,8 @@ kind           plain payload (``bytes`` fields are user values, pickled)
 =============  ==========================================================================================
 
 ``call`` version 2 (0.5) added ``meta`` and the ``chat`` form of results; version 1 records read with
-``meta == {}``.
+``meta == {}``. Version 3 (0.7) added the ``wait`` and ``decision`` forms (an older reader, which would take
+any mapping for a chat answer, refuses the version).
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ from flink_agents_replay.storage.records.journal import (
     MemoryUpdate,
     RecordKind,
 )
+from flink_agents_replay.storage.records.waits import (
+    Decision,
+    WaitOpened,
+    decision_from_plain,
+    decision_to_plain,
+    wait_from_plain,
+    wait_to_plain,
+)
 
 __all__ = ["JOURNAL_SCHEMAS", "call_from_plain", "call_to_plain"]
 
@@ -57,8 +68,9 @@ def _accepted_from_plain(plain: dict[str, Any], _: EventTypes) -> AcceptedRecord
 
 def call_to_plain(record: CallRecord) -> dict[str, Any]:
     """The plain form of a call record (capture runs hold them too)."""
-    if record.outcome is CallOutcome.RETURNED and isinstance(record.result, ChatResult):
-        result = {"chat": chat_result_to_plain(record.result)}  # plain data, not a class of this package
+    if record.outcome is CallOutcome.RETURNED and type(record.result) in _PLAIN_RESULTS:
+        form, to_plain = _PLAIN_RESULTS[type(record.result)]
+        result = {form: to_plain(record.result)}  # plain data, not a class of this package
     elif record.outcome is CallOutcome.RETURNED:
         result = dump_user(record.result, what=f"the result of call {record.position} to {record.resource!r}")
     elif record.outcome is CallOutcome.RAISED:
@@ -75,12 +87,24 @@ def call_from_plain(plain: dict[str, Any], _: EventTypes | None = None) -> CallR
     outcome = CallOutcome(plain["outcome"])
     result = plain["result"]
     if outcome is CallOutcome.RETURNED:
-        result = chat_result_from_plain(result["chat"]) if isinstance(result, dict) else load_user(result)
+        result = _result_from_plain(result) if isinstance(result, dict) else load_user(result)
     elif outcome is CallOutcome.RAISED:
         result = exception_from_plain(result)
     return CallRecord(*(plain[name] for name in _POSITION), position=plain["position"], resource=plain["resource"],
                       args_digest=plain["args_digest"], outcome=outcome, result=result,
                       input_digest=plain["input_digest"], meta=dict(plain.get("meta") or {}))
+
+
+#: Call results kept in a plain form of their own, by type: the form's name and its writer.
+_PLAIN_RESULTS: dict[type, tuple[str, Any]] = {
+    ChatResult: ("chat", chat_result_to_plain), WaitOpened: ("wait", wait_to_plain),
+    Decision: ("decision", decision_to_plain)}
+_RESULT_READERS = {"chat": chat_result_from_plain, "wait": wait_from_plain, "decision": decision_from_plain}
+
+
+def _result_from_plain(plain: dict[str, Any]) -> Any:
+    [(form, value)] = plain.items()
+    return _RESULT_READERS[form](value)
 
 
 def _update_to_plain(update: MemoryUpdate) -> list[Any]:
@@ -124,7 +148,7 @@ def _attempt_from_plain(plain: dict[str, Any], _: EventTypes) -> dict[str, Any]:
 #: The journal's record kinds, by header kind.
 JOURNAL_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(RecordKind.ACCEPTED.value, 1, _accepted_to_plain, _accepted_from_plain, AcceptedRecord),
-    RecordSchema(RecordKind.CALL.value, 2, call_to_plain, call_from_plain, CallRecord),
+    RecordSchema(RecordKind.CALL.value, 3, call_to_plain, call_from_plain, CallRecord),
     RecordSchema(RecordKind.COMPLETION.value, 1, _completion_to_plain, _completion_from_plain, CompletionRecord),
     RecordSchema(RecordKind.ACTION_FAILED.value, 1, _failed_to_plain, _failed_from_plain, ActionFailedRecord),
     RecordSchema(RecordKind.ATTEMPT.value, 1, _attempt_to_plain, _attempt_from_plain, dict),
