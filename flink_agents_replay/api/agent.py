@@ -189,6 +189,8 @@ class Agent:
         """Register ``resource`` (a :class:`Resource`, or a callable as a tool) under ``name``."""
         if not isinstance(name, str) or not name:
             raise AgentDefinitionError(f"resource name must be a non-empty string, got {name!r}")
+        if name.startswith("@"):  # the journal's own calls: a wait (@wait) and its decision (@decision)
+            raise AgentDefinitionError(f"resource name {name!r}: names starting with '@' are reserved for waits")
         if not isinstance(resource, Resource):
             if not callable(resource):
                 raise AgentDefinitionError(f"resource {name!r} must be a Resource or a callable, got {resource!r}")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextvars
 import copy
 import enum
+import inspect
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -99,16 +101,35 @@ class Tool(Resource):
             (default) waits as long as the function runs.
         name, description, schema: how a model sees the tool (:mod:`flink_agents_replay.api.tools`): by default
             the function's name, its docstring's summary and the JSON schema of its signature.
+        needs_approval: ``True`` to have every call approved first, or a function of the call's arguments (a
+            dict by parameter name) that says whether this call needs approval; it must decide the same way in
+            every attempt (no clock, no randomness). A call that needs it waits
+            (:meth:`~flink_agents_replay.api.agent.RunnerContext.wait_for`, named ``approve:<resource name>``,
+            with ``{"tool": <resource name>, "arguments": {...}}`` as payload; the arguments must be JSON data).
+            Approved, the tool is called once; denied or not decided within ``approval_timeout_s``, it is not
+            called and :class:`~flink_agents_replay.core.errors.ToolCallDeniedError` is raised (a tool loop
+            tells the model the call was denied, and why).
+        approval_timeout_s: how long a call waits for its approval (``None``: as long as it takes).
     """
 
     def __init__(self, function: Callable[..., Any], *, side_effects: SideEffects | str = SideEffects.EXTERNAL,
                  in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None,
                  name: str | None = None, description: str | None = None,
-                 schema: Mapping[str, Any] | None = None):
+                 schema: Mapping[str, Any] | None = None,
+                 needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+                 approval_timeout_s: float | None = None):
         if not callable(function):
             raise TypeError(f"Tool needs a callable, got {function!r}")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"Tool timeout_s must be positive, got {timeout_s!r}")
+        if not isinstance(needs_approval, bool) and not callable(needs_approval):
+            raise TypeError(f"Tool needs_approval takes True, False or a function of the arguments, got "
+                            f"{needs_approval!r}")
+        if approval_timeout_s is not None and not 0 < approval_timeout_s < math.inf:
+            raise ValueError(f"Tool approval_timeout_s must be a positive number of seconds, got "
+                             f"{approval_timeout_s!r}")
+        self.needs_approval = needs_approval
+        self.approval_timeout_s = approval_timeout_s
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.function = function
         self.timeout_s = timeout_s
@@ -140,6 +161,19 @@ class Tool(Resource):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_validator": None}
+
+    def approval_needed(self, args: tuple, kwargs: dict) -> bool:
+        """Whether this call must be approved before it is made (``needs_approval``)."""
+        if isinstance(self.needs_approval, bool):
+            return self.needs_approval
+        return bool(self.needs_approval(self.arguments_by_name(args, kwargs)))
+
+    def arguments_by_name(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The call's arguments by parameter name (positional ones bound to the signature when it has one)."""
+        try:
+            return dict(inspect.signature(self.function).bind_partial(*args, **kwargs).arguments)
+        except (TypeError, ValueError):  # no signature to bind to (a builtin), or arguments that do not fit it
+            return {**{str(index): value for index, value in enumerate(args)}, **kwargs}
 
     def openai_schema(self) -> dict[str, Any]:
         """The tool as a chat model is shown it (OpenAI's ``tools`` format)."""

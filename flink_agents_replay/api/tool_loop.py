@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_agents_replay.api.agent import RunnerContext
-from flink_agents_replay.core.errors import ToolLoopLimitError
+from flink_agents_replay.core.errors import ToolCallDeniedError, ToolLoopLimitError
 from flink_agents_replay.storage.records.chat import ChatResult, ToolCall
 
 __all__ = ["ToolLoopResult", "run_tool_loop"]
@@ -100,7 +100,11 @@ def _call_tool(ctx: RunnerContext, call: ToolCall, tools: Sequence[str]) -> Any:
         arguments = ctx.tool_arguments(call.name, call.arguments)
     except ValueError as exc:
         return f"error: the arguments of {call.name!r} do not fit its parameters: {exc}"
-    return ctx.call(call.name, **arguments)
+    try:
+        return ctx.call(call.name, **arguments)
+    except ToolCallDeniedError as denied:  # the tool was not called: the model decides what to do instead
+        return f"error: the call to {call.name!r} was denied by a reviewer" + (
+            f": {denied.reason}" if denied.reason else " (no reason given)")
 
 
 def _as_text(answer: Any) -> str:

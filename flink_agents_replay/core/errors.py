@@ -185,3 +185,18 @@ class WaitTimedOutError(FlinkAgentsReplayError, TimeoutError):
 
 class WaitNotSupportedError(FlinkAgentsReplayError, RuntimeError):
     """``ctx.wait_for`` where a run cannot wait: inside a sub-agent, or under a runtime that cannot park runs."""
+
+
+class ToolCallDeniedError(FlinkAgentsReplayError, RuntimeError):
+    """A call to a tool that needs approval was denied (or its approval timed out): the tool was not called.
+
+    ``run_tool_loop`` tells the model so, with the reason; a direct ``ctx.call`` raises it into the action.
+    """
+
+    def __init__(self, tool: str, reason: str | None = None):
+        super().__init__(f"the call to {tool!r} was denied" + (f": {reason}" if reason else ""))
+        self.tool = tool
+        self.reason = reason
+
+    def __reduce__(self):  # pickles (journaled, captured) with both arguments
+        return type(self), (self.tool, self.reason)

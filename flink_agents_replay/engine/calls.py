@@ -44,15 +44,21 @@ from typing import Any
 
 from flink_agents_replay.api.call_site import _CALL_REPORT, _CALL_SITE, CallSite
 from flink_agents_replay.api.memory import private_copy
-from flink_agents_replay.api.resources import InDoubtPolicy, Resource
-from flink_agents_replay.core.errors import CallInDoubtError, CallTimeoutError, WaitNotSupportedError, WaitTimedOutError
+from flink_agents_replay.api.resources import InDoubtPolicy, Resource, Tool
+from flink_agents_replay.core.errors import (
+    CallInDoubtError,
+    CallTimeoutError,
+    ToolCallDeniedError,
+    WaitNotSupportedError,
+    WaitTimedOutError,
+)
 from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope, WaitPending
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, Live, Recorded
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
-from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, WaitOpened
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, Decision, WaitOpened
 
 __all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
 
@@ -100,7 +106,12 @@ class ActionCalls:
         self.pending_wait: WaitPending | None = None  # the wait this execution stopped at, if any
 
     def call(self, resource_name: str, *args: Any, **kwargs: Any) -> Any:
-        """``ctx.call``: the journaled outcome of this call if there is one, else the call made and journaled."""
+        """``ctx.call``: the journaled outcome of this call if there is one, else the call made and journaled.
+
+        A tool that needs approval for these arguments is called only once its wait is approved."""
+        resource = self.scope.agent.resource(resource_name)
+        if isinstance(resource, Tool) and resource.approval_needed(args, kwargs):
+            self._approve(resource_name, resource, args, kwargs)
         args_digest = digest_value((args, kwargs))
         position, record = self.match(resource_name, args_digest)
         try:
@@ -138,6 +149,19 @@ class ActionCalls:
             raise WaitTimedOutError(f"no decision for wait {name!r} ({wait.wait_id}) in action {self.site.action} "
                                     f"within {timeout_s} s: give on_timeout= to carry on without one")
         return on_timeout
+
+    def _approve(self, resource_name: str, tool: Tool, args: tuple, kwargs: dict) -> None:
+        """Wait for the approval of a call to ``tool``; raise :class:`ToolCallDeniedError` unless approved."""
+        payload = {"tool": resource_name, "arguments": tool.arguments_by_name(args, kwargs)}
+        try:
+            json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"tool {resource_name!r} needs approval, so its arguments go to the approver as JSON, "
+                            f"and these are not JSON data ({exc})") from None
+        decision = self.wait_for(f"approve:{resource_name}", payload, timeout_s=tool.approval_timeout_s,
+                                 on_timeout=Decision(approved=False, reason="no decision in time", timed_out=True))
+        if not decision.approved:
+            raise ToolCallDeniedError(resource_name, decision.reason)
 
     def _opened(self, name: str, payload: Any, timeout_s: float | None, digest: str) -> WaitOpened:
         """The wait as first opened (journaled then: its id and deadline never move), or opened now."""

@@ -14,9 +14,10 @@ from collections import Counter
 
 import pytest
 
+from flink_agents_replay import ChatResult, ToolCall, run_tool_loop
 from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.api.resources import Tool
-from flink_agents_replay.core.errors import WaitNotSupportedError, WaitTimedOutError
+from flink_agents_replay.api.resources import Resource, SideEffects, Tool
+from flink_agents_replay.core.errors import AgentDefinitionError, WaitNotSupportedError, WaitTimedOutError
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.engine.run import WaitingRun, resume_history
 from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
@@ -239,3 +240,85 @@ def test_the_wait_id_is_the_same_in_every_process_and_hash_seed():
     assert all(shown.returncode == 0 for shown in ids.values()), {s: r.stderr[-500:] for s, r in ids.items()}
     assert len({shown.stdout for shown in ids.values()}) == 1, {s: r.stdout for s, r in ids.items()}
     assert json.dumps(ids["1"].stdout.strip()).startswith('"refunds:refund:1:')
+
+
+# -- tools that need approval ----------------------------------------------------------------------------
+class ScriptedModel(Resource):
+    """A chat model answering from a script: the tool calls of each turn, then text."""
+
+    def __init__(self, turns):
+        super().__init__(side_effects=SideEffects.NONE)
+        self.turns = list(turns)
+
+    def invoke(self, **kwargs):
+        calls = self.turns.pop(0) if self.turns else ()
+        return ChatResult(content=None if calls else "done", tool_calls=tuple(calls),
+                          finish_reason="tool_calls" if calls else "stop")
+
+
+def support_agent(refunds: list, amount: int, needs_approval=True) -> Agent:
+    def refund(order_id: str, amount: int) -> str:
+        refunds.append((order_id, amount))
+        return f"refunded {amount} on {order_id}"
+
+    asked = ToolCall.from_json("c1", "refund", json.dumps({"order_id": "O-1", "amount": amount}))
+
+    class Support(Agent):
+        @action(InputEvent)
+        def answer(event, ctx):
+            done = run_tool_loop(ctx, "llm", messages=[{"role": "user", "content": event.input}], tools=["refund"])
+            ctx.send_event(OutputEvent(output=[m["content"] for m in done.messages if m["role"] == "tool"]))
+
+    return Support(name="support", resources={
+        "llm": ScriptedModel([[asked]]),
+        "refund": Tool(refund, needs_approval=needs_approval, approval_timeout_s=600)})
+
+
+SUPPORT_RUN = RunInput("k", KEY_GROUP, 1, "refund my order")
+
+
+def _tool_loop_waits_then(decision: Decision, amount: int = 120):
+    refunds: list = []
+    agent, store = support_agent(refunds, amount), MemoryJournalStore(8)
+    waiting = execute_run(agent, SUPPORT_RUN, {}, journal=journal(store)).waiting
+    assert waiting is not None and refunds == []
+    assert (waiting.wait.name, waiting.wait.payload) == (
+        "approve:refund", {"tool": "refund", "arguments": {"order_id": "O-1", "amount": amount}})
+    assert waiting.wait.deadline_ms - waiting.wait.opened_at_ms == 600_000
+    run = RunInput("k", KEY_GROUP, 1, SUPPORT_RUN.input, decisions={waiting.wait.wait_id: decision}, resuming=True)
+    result = execute_run(agent, run, {}, journal=journal(store), history=resume_history(waiting))
+    return refunds, result.outputs[0].output
+
+
+def test_a_tool_that_needs_approval_runs_once_approved():
+    refunds, answers = _tool_loop_waits_then(Decision.approve())
+    assert refunds == [("O-1", 120)] and answers == ["refunded 120 on O-1"]
+
+
+def test_a_denied_tool_call_is_not_made_and_the_model_is_told_why():
+    refunds, answers = _tool_loop_waits_then(Decision.deny("over the limit"))
+    assert refunds == [] and answers == ["error: the call to 'refund' was denied by a reviewer: over the limit"]
+
+
+def test_an_approval_that_times_out_is_a_denial():
+    refunds, answers = _tool_loop_waits_then(Decision(timed_out=True))
+    assert refunds == [] and answers == ["error: the call to 'refund' was denied by a reviewer: no decision in time"]
+
+
+def test_a_predicate_decides_which_calls_need_approval():
+    refunds: list = []
+    agent = support_agent(refunds, 20, needs_approval=lambda arguments: arguments["amount"] > 100)
+    result = execute_run(agent, SUPPORT_RUN, {})
+    assert result.waiting is None and refunds == [("O-1", 20)]
+
+
+def test_resource_names_of_waits_are_reserved():
+    with pytest.raises(AgentDefinitionError, match="reserved for waits"):
+        support_agent([], 1).add_resource("@wait", lambda: None)
+
+
+def test_needs_approval_takes_a_bool_or_a_function_and_a_positive_timeout():
+    with pytest.raises(TypeError, match="needs_approval takes True, False or a function"):
+        Tool(len, needs_approval="yes")
+    with pytest.raises(ValueError, match="approval_timeout_s must be a positive number"):
+        Tool(len, needs_approval=True, approval_timeout_s=0)

@@ -71,7 +71,7 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "ReplayConfigError",
         "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
         "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
-        "WaitNotSupportedError", "WaitTimedOutError",
+        "ToolCallDeniedError", "WaitNotSupportedError", "WaitTimedOutError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }
