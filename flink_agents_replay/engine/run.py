@@ -61,7 +61,7 @@ from flink_agents_replay.storage.records.journal import (
     journal_key,
     key_digest,
 )
-from flink_agents_replay.storage.records.waits import WaitOpened
+from flink_agents_replay.storage.records.parked import WaitingRun
 
 __all__ = ["RunResult", "WaitingRun", "execute_run", "resume_history", "run_events"]
 
@@ -81,21 +81,6 @@ class RunResult:
     input_digest: str = ""
     error: str | None = None  # with report_failures: the exception that ended the run (memory, outputs untouched)
     waiting: WaitingRun | None = None  # the run stopped at a wait: nothing of it is applied (memory, outputs)
-
-
-@dataclass(frozen=True)
-class WaitingRun:
-    """A run stopped at ``ctx.wait_for``: the wait, where it was opened, and what the run resumes from."""
-
-    wait: WaitOpened
-    seq: int
-    action: str  # the waiting action's name in the journal
-    event_id: str  # the event it handles
-    order: int  # its step in the run
-    #: The run's finished calls and completions so far (its actions' and the waiting action's): a resumed run
-    #: reuses them (:func:`resume_history`), whether or not the journal still holds them.
-    records: list[CallRecord | CompletionRecord]
-    retried: dict[int, int]  # positions of the waiting action an earlier attempt's failure asks to make again
 
 
 def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> KeyHistory:

@@ -48,6 +48,7 @@ from flink_agents_replay.storage.records.journal import (
 )
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.storage.records.parked import decode_decision, decode_waiting_run
 from flink_agents_replay.storage.records.waits import Decision, WaitOpened
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
@@ -263,6 +264,21 @@ def test_keyed_state_written_by_earlier_versions_still_reads(version):
     epoch = 5 if version >= "v0_4_0" else None  # kept with the run since 0.4.0
     assert decode_in_flight(state["in_flight"]) == InFlightInput(4, {"text": "now"}, 1_700_000_000_400, epoch)
     assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if "waiting_run" in _fixture(v)["state"]])
+def test_waiting_runs_and_decisions_written_by_earlier_versions_still_read(version):
+    state = {name: base64.b64decode(raw) for name, raw in _fixture(version)["state"].items()}
+    assert PACKAGE not in state["waiting_run"] and PACKAGE not in state["decision"]
+    run = decode_waiting_run(state["waiting_run"], EventTypes([Classified]))
+    assert (run.wait.wait_id, run.wait.payload, run.seq, run.action, run.order, run.retried) == (
+        "triage:refund:4:1:0123456789abcdef01234567", {"amount": 120}, 4, "refund", 1, {0: 1})
+    completion, lookup, opened = run.records
+    assert completion.memory_updates[0].value == 3 and type(completion.sent_events[0]).__name__ == "Classified"
+    assert lookup.result == {"total": 120} and opened.result == run.wait
+    received = decode_decision(state["decision"])
+    assert (received.decision.approved, received.decision.by, received.status.value, received.signal_id) == (
+        True, "ana", "early", "sig-1")
 
 
 @pytest.mark.parametrize("version", [v for v in VERSIONS if "memory_package_objects" in _fixture(v)["state"]])

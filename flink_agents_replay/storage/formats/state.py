@@ -18,10 +18,13 @@ from typing import Any
 from flink_agents_replay.storage.formats.legacy import load_v1
 from flink_agents_replay.storage.formats.plain import dump_user, load_user, pack, unpack
 
-__all__ = ["STATE_VERSION", "InFlightInput", "WaitingInput", "decode_in_flight", "decode_memory", "decode_waiting",
-           "encode_in_flight", "encode_memory", "encode_waiting"]
+__all__ = ["STATE_VERSION", "InFlightInput", "WaitingInput", "decode_entry", "decode_in_flight", "decode_memory",
+           "decode_waiting", "encode_entry", "encode_in_flight", "encode_memory", "encode_waiting"]
 
-STATE_VERSION = 2
+#: Version 3 (0.7) added the entries of waiting runs and of decisions (``storage/records/parked.py``); the
+#: entries of version 2 read unchanged.
+STATE_VERSION = 3
+_READABLE = (2, 3)
 _PREFIX = struct.Struct(">4sB")
 _MAGIC = b"FARS"
 
@@ -48,8 +51,20 @@ class InFlightInput:
     epoch: int | None = None
 
 
-def _encode(plain: dict[str, Any]) -> bytes:
+def encode_entry(plain: dict[str, Any]) -> bytes:
+    """State bytes of a plain entry, with this version's prefix."""
     return _PREFIX.pack(_MAGIC, STATE_VERSION) + pack(plain)
+
+
+def decode_entry(raw: bytes, what: str) -> dict[str, Any]:
+    """The plain entry :func:`encode_entry` wrote (of a kind version 1 never wrote)."""
+    plain = _decode(raw, what)
+    if plain is None:
+        raise ValueError(f"{what} in keyed state has no format prefix")
+    return plain
+
+
+_encode = encode_entry
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any] | None:
@@ -57,7 +72,7 @@ def _decode(raw: bytes, what: str) -> dict[str, Any] | None:
     if raw[:4] != _MAGIC:
         return None
     _, version = _PREFIX.unpack_from(raw)
-    if version != STATE_VERSION:
+    if version not in _READABLE:
         raise ValueError(f"{what} in keyed state has format version {version}; this version reads up to "
                          f"{STATE_VERSION}")
     return unpack(raw[_PREFIX.size:], what=what)

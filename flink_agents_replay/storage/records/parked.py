@@ -1,0 +1,102 @@
+"""A run waiting for a decision, and the decisions a key received, as keyed state entries.
+
+A run that stops at ``ctx.wait_for`` is *parked* in its key's state until its decision comes: the wait, where
+in the run it was opened, and the run's records so far (its finished calls and completions, as the journal
+keeps them: :mod:`.schemas`), from which the resumed run reuses everything before the wait. Keyed state, not
+the journal, carries them: a run may wait for days, and checkpoints keep pruning the journal meanwhile.
+
+A key's decisions are kept by wait id (:class:`ReceivedDecision`): one that came before its wait was reached
+(*early*), one applied to a parked run, one whose run finished (*closed*, kept a while so that a duplicate is
+recognised). Both entries are state format version 3 (:mod:`flink_agents_replay.storage.formats.state`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from flink_agents_replay.core.events import EventTypes
+from flink_agents_replay.storage.formats.state import decode_entry, encode_entry
+from flink_agents_replay.storage.records.journal import CallRecord, CompletionRecord, RecordKind
+from flink_agents_replay.storage.records.schemas import JOURNAL_SCHEMAS, call_from_plain, call_to_plain
+from flink_agents_replay.storage.records.waits import (
+    Decision,
+    WaitOpened,
+    decision_from_plain,
+    decision_to_plain,
+    wait_from_plain,
+    wait_to_plain,
+)
+
+__all__ = ["DecisionStatus", "ReceivedDecision", "WaitingRun", "decode_decision", "decode_waiting_run",
+           "encode_decision", "encode_waiting_run"]
+
+_COMPLETION = JOURNAL_SCHEMAS[RecordKind.COMPLETION.value]
+
+
+@dataclass(frozen=True)
+class WaitingRun:
+    """A run stopped at ``ctx.wait_for``: the wait, where it was opened, and what the run resumes from."""
+
+    wait: WaitOpened
+    seq: int
+    action: str  # the waiting action's name in the journal
+    event_id: str  # the event it handles
+    order: int  # its step in the run
+    #: The run's finished calls and completions so far: a resumed run reuses them, whether or not the journal
+    #: still holds them.
+    records: list[CallRecord | CompletionRecord]
+    retried: dict[int, int]  # positions of the waiting action an earlier attempt's failure asks to make again
+
+
+def encode_waiting_run(run: WaitingRun) -> bytes:
+    """State bytes of a waiting run."""
+    records = [["completion", _COMPLETION.to_plain(record)] if isinstance(record, CompletionRecord)
+               else ["call", call_to_plain(record)] for record in run.records]
+    return encode_entry({"wait": wait_to_plain(run.wait), "seq": run.seq, "action": run.action,
+                         "event_id": run.event_id, "order": run.order, "records": records,
+                         "retried": [[position, count] for position, count in run.retried.items()]})
+
+
+def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
+    """The waiting run :func:`encode_waiting_run` wrote (``event_types`` resolve its completions' events)."""
+    plain = decode_entry(raw, "a waiting run")
+    records = [_COMPLETION.from_plain(record, event_types) if kind == "completion" else call_from_plain(record)
+               for kind, record in plain["records"]]
+    return WaitingRun(wait_from_plain(plain["wait"]), plain["seq"], plain["action"], plain["event_id"],
+                      plain["order"], records, {position: count for position, count in plain["retried"]})
+
+
+class DecisionStatus(str, enum.Enum):
+    """Where a received decision stands."""
+
+    EARLY = "early"  # no wait of the key had its id when it came
+    APPLIED = "applied"  # given to the key's parked run
+    CLOSED = "closed"  # its run finished: kept to recognise a duplicate
+
+
+@dataclass(frozen=True)
+class ReceivedDecision:
+    """A decision a key received: the decision, its status, when it came and until when it is kept (epoch ms),
+    and the id the sender gave it (duplicates of one decision share it)."""
+
+    decision: Decision
+    status: DecisionStatus
+    received_at_ms: int
+    keep_until_ms: int | None
+    signal_id: str | None = None
+
+
+def encode_decision(received: ReceivedDecision) -> bytes:
+    """State bytes of a received decision."""
+    return encode_entry({"decision": decision_to_plain(received.decision), "status": received.status.value,
+                         "received_at_ms": received.received_at_ms, "keep_until_ms": received.keep_until_ms,
+                         "signal_id": received.signal_id})
+
+
+def decode_decision(raw: bytes) -> ReceivedDecision:
+    """The received decision :func:`encode_decision` wrote."""
+    plain: dict[str, Any] = decode_entry(raw, "a received decision")
+    return ReceivedDecision(decision_from_plain(plain["decision"]), DecisionStatus(plain["status"]),
+                            plain["received_at_ms"], plain["keep_until_ms"], plain.get("signal_id"))
