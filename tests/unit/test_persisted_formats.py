@@ -46,9 +46,9 @@ from flink_agents_replay.storage.records.journal import (
     journal_key,
     key_digest,
 )
+from flink_agents_replay.storage.records.parked import decode_decision, decode_waiting_run
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
-from flink_agents_replay.storage.records.parked import decode_decision, decode_waiting_run
 from flink_agents_replay.storage.records.waits import Decision, WaitOpened
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
