@@ -119,6 +119,9 @@ class AgentConfig:
             changed filter, a processing-time window upstream). Then it expires: counted
             (``histories_expired``), logged, and its records no longer hold pruning back; such an input that
             still comes back later runs again. The wait counts across further restores. Default 30 minutes.
+        early_decision_ttl_s: how long a decision for no wait of its key is kept (one read again after a
+            failover comes before its run re-opens the wait), and how long a finished wait's decision is kept
+            to recognise a duplicate. Default one hour.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
             a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
@@ -158,6 +161,7 @@ class AgentConfig:
     restore_input_order: bool = True
     order_restore_timeout_s: float = 30.0
     recovered_history_expiry_s: float = 1800.0
+    early_decision_ttl_s: float = 3600.0
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
@@ -356,6 +360,7 @@ class _TypedSettings(pydantic.BaseModel):
     ack_timeout_s: _Seconds = _KafkaTimeout
     kafka_timeout_s: _Seconds = _KafkaTimeout
     order_restore_timeout_s: _Seconds = _Timeout
+    early_decision_ttl_s: _Seconds = _Timeout
     recovered_history_expiry_s: _Duration = Field(gt=0, description="a number of seconds (inf: never)")
     journal_enabled: _Flag = Field(description="True or False")
     accept_reexecution_after_gap: _Flag = Field(description="True or False")

@@ -41,6 +41,13 @@ COUNTERS: dict[str, str] = {
     "runs_woken": "runs applied when their completion woke their key",
     "runs_checked": "runs applied by their key's check timer (polling, or the fallback behind wake-ups)",
     "runs_drained": "runs waited for at the end of a bounded input",
+    "waits_opened": "runs that stopped at `ctx.wait_for` and were parked until their decision",
+    "waits_timed_out": "waits whose deadline passed with no decision (their run resumed with the timeout)",
+    "decisions_applied": "decisions that resumed their waiting run",
+    "decisions_early": "decisions for no wait of their key yet, kept for `early_decision_ttl_s`",
+    "decisions_ignored": "decisions for a wait that already had one (duplicates)",
+    "decisions_unmatched": "early decisions whose wait never came within `early_decision_ttl_s`",
+    "decisions_rejected": "decisions that could not be read (reported as `decision_rejected` events)",
 }
 
 #: Counters that hold a value instead of counting.

@@ -51,6 +51,7 @@ from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.core.errors import WaitNotSupportedError
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink import metrics as metrics_table
 from flink_agents_replay.flink import parts
 from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
@@ -61,6 +62,8 @@ from flink_agents_replay.flink.logs import LOG_FILE_ENV, configure_logging, desc
 from flink_agents_replay.flink.order import DRAIN_TIMER, OrderRestoration
 from flink_agents_replay.flink.runs import RunPool
 from flink_agents_replay.flink.runtime_info import subtask_info
+from flink_agents_replay.flink.signals import KeyedInput, MalformedSignal, Signal
+from flink_agents_replay.flink.waits import OperatorWaits, WaitEvent
 from flink_agents_replay.storage.formats.state import (
     InFlightInput,
     WaitingInput,
@@ -74,7 +77,20 @@ from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 from flink_agents_replay.storage.journal.markers import checkpoint_time
 from flink_agents_replay.storage.records.journal import key_digest
 
-__all__ = ["LOG_FILE_ENV", "ActionExecutionOperator", "AgentOutput"]
+__all__ = ["LOG_FILE_ENV", "WAIT_EVENTS", "ActionExecutionOperator", "AgentOutput", "WaitEvent"]
+
+#: The side output of the operator's :class:`WaitEvent` s (``wait_events(outputs)`` in the pipeline).
+WAIT_EVENTS_TAG_NAME = "flink-agents-replay-wait-events"
+
+
+def _wait_events_tag():
+    from pyflink.common import Types
+    from pyflink.datastream import OutputTag
+
+    return OutputTag(WAIT_EVENTS_TAG_NAME, Types.PICKLED_BYTE_ARRAY())
+
+
+WAIT_EVENTS = WAIT_EVENTS_TAG_NAME
 
 log = logging.getLogger("flink_agents_replay.operator")
 
@@ -132,6 +148,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                          mode=self.mode)
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
+        self.waits = OperatorWaits(agent_name=self.agent.name, event_types=self.agent.event_types(),
+                                   runtime_context=runtime_context, counters=self.counters,
+                                   ttl_s=self.config.early_decision_ttl_s, resume=self._resume)
+        self._resumed: set = set()  # keys whose run under way was resumed from a wait
+        self._events_tag = _wait_events_tag()
         self.order = OrderRestoration(
             seq_state=self.seq_state, pending_state=self.pending_state, wait_state=self.order_wait_state,
             journal=self.journal, enabled=self.config.restore_input_order and self.mode.restores_input_order,
@@ -237,12 +258,18 @@ class ActionExecutionOperator(KeyedProcessFunction):
     # -- records and timers ------------------------------------------------------------------------
     def process_element(self, value, ctx):
         key = ctx.get_current_key()
+        if isinstance(value, KeyedInput):  # inputs keyed next to decisions (connect_to_agent(signals=...))
+            value = value.value
+        elif isinstance(value, (Signal, MalformedSignal)):
+            yield from self._emit(self.waits.on_signal(value, ctx))
+            return
         waiting = self.mode.admit(value, ctx.timestamp(), self._accepted_seq)
         if waiting is None:  # the restored state already holds this input
             return
         if self.in_flight_state.value() is not None:
             self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
-            self.hold.queued(key)
+            if self.waits.run_state.value() is None:  # behind a wait, it must not hold back the decision
+                self.hold.queued(key)
             return
         if self.order.recorded_next_input(key) is not None:
             # The recorded order decides which input is next.
@@ -260,18 +287,17 @@ class ActionExecutionOperator(KeyedProcessFunction):
             # Fired: forgotten, so the key's next check is registered anew. A timer may fire while time.time()
             # still reads below its timestamp, and the entry would make _schedule_check skip the registration.
             del self._checks[key]
-        raw = self.in_flight_state.value()
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
+        if not draining:
+            yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
+        raw = self.in_flight_state.value()
         if raw is None:
             if self.order.wait_over(timestamp, draining):
                 self.order.give_up(key, "the input ended" if draining else "timed out")
                 self._start_next(key, ctx)
             return
-        if not self.runs.has(key):  # restored from a checkpoint with this run in flight: submit it again
-            in_flight = decode_in_flight(raw)
-            # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
-            epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
-            self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
+        if not self.runs.has(key) and not self._resubmit(key, raw, ctx):
+            return  # parked: its decision or its deadline resumes it
         # At the end of a bounded input (draining), wait for the run, so no output is lost.
         if not self.runs.done(key, wait_for_it=draining):
             if own_check:
@@ -279,12 +305,29 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         self._count_applied("runs_drained" if draining else "runs_checked" if own_check else "runs_woken")
         self._settle(key)
-        yield from self._apply(key, self.runs.finished(key), ctx)
+        result = self.runs.finished(key)
+        if result.waiting is not None:
+            yield from self._park(key, result, ctx)
+            if not self.runs.has(key):
+                self._drop_check(key, ctx)
+            return
+        yield from self._apply(key, result, ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same
         # final-watermark pass (Flink re-reads its timer queue), so keys keep running concurrently.
         self._start_next(key, ctx)
         if not self.runs.has(key):
             self._drop_check(key, ctx)  # the key is idle: its check would only fire to find nothing
+
+    def _resubmit(self, key, raw: bytes, ctx) -> bool:
+        """The key has a run in flight in state and none under way (restored from a checkpoint): submit it again,
+        resumed if it was parked with its decision; ``False`` if it stays parked, waiting for one."""
+        if self.waits.resume_if_decided(key, ctx):
+            return self.runs.has(key)
+        in_flight = decode_in_flight(raw)
+        # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
+        epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
+        self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
+        return True
 
     # -- runs --------------------------------------------------------------------------------------
     def _start_next(self, key, ctx) -> None:
@@ -314,7 +357,18 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                     event_time=waiting.event_time)
         self._submit(key, seq, waiting, ctx, epoch)
 
-    def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int) -> None:
+    def _resume(self, key, waiting_run, decision, ctx) -> None:
+        """Submit the key's parked run again with its decision (:mod:`flink_agents_replay.flink.waits`)."""
+        in_flight = decode_in_flight(self.in_flight_state.value())
+        epoch = self.epochs.current  # what it does from now on belongs after the last checkpoint
+        self.in_flight_state.update(encode_in_flight(InFlightInput(in_flight.seq, in_flight.value,
+                                                                   in_flight.event_time, epoch)))
+        ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
+        self._resumed.add(key)
+        self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch,
+                     resume=(waiting_run, decision))
+
+    def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int, resume=None) -> None:
         raw_memory = self.memory_state.value()
         memory = decode_memory(raw_memory) if raw_memory is not None else {}
         group = key_group(key, self.key_type, self.max_parallelism)
@@ -322,6 +376,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
         history = self.journal.history(digest)
         journal = self.journal.run_journal(group)
         run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch)
+        if resume is not None:
+            waiting_run, decision = resume
+            history = resume_history(waiting_run, history)
+            run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch,
+                           decisions={waiting_run.wait.wait_id: decision}, resuming=True)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:
@@ -373,24 +432,43 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if token is not None:
             self.wakeups.settle(token)
 
+    def _emit(self, events):
+        """The wait events, to the side output (``wait_events(outputs)``)."""
+        for event in events:
+            yield self._events_tag, event
+
+    def _count(self, result: RunResult) -> None:
+        for name, value in result.stats.as_dict().items():
+            if value and name in self.counters:
+                self.counters[name].inc(value)
+        self.totals.add(result.stats)
+
+    def _park(self, key, result: RunResult, ctx):
+        """The run stopped at a wait: nothing of it is applied; the key stays busy until its decision."""
+        if self.mode.report_failures:  # a replay: not yet (issue 35)
+            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: a replay cannot run an action that "
+                                        "waits (wait_for) yet")
+        ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
+        self._resumed.discard(key)
+        self._count(result)
+        self.hold.left(key, 0)  # the inputs behind it wait for the decision, uncounted
+        self.journal.run_applied(key_digest(key))
+        yield from self._emit(self.waits.park(key, result, ctx))
+
     def _apply(self, key, result: RunResult, ctx):
-        if result.waiting is not None:  # issue 35 in progress: the engine can wait, this operator cannot park yet
-            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: action {result.waiting.action} called "
-                                        f"wait_for({result.waiting.wait.name!r}), which this version of the "
-                                        "operator does not support yet")
+        if key in self._resumed:
+            self._resumed.discard(key)
+            yield from self._emit(self.waits.finished(key))
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
                                                                   f"{result.seq}"))
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)
-        for name, value in result.stats.as_dict().items():
-            if value and name in self.counters:
-                self.counters[name].inc(value)
+        self._count(result)
         if result.error is not None:  # only a mode that reports failures hands back a failed run
             self.counters["replay_runs_failed"].inc()
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.run_applied(key=key, group=group, result=result)
-        self.totals.add(result.stats)
         if self.journal.run_applied(key_digest(key)):
             log.info("subtask %d: recovered journal fully replayed; so far %s", self.subtask,
                      describe_stats(self.totals))

@@ -22,7 +22,7 @@ from flink_agents_replay.core.keygroups import JAVA_KEY_TYPES, UnsupportedKeyTyp
 from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.operator import ActionExecutionOperator, AgentOutput
 
-__all__ = ["AgentOutput", "check_embedded_python_path", "connect_to_agent", "key_type_of"]
+__all__ = ["AgentOutput", "check_embedded_python_path", "connect_to_agent", "key_type_of", "wait_events"]
 
 
 
@@ -67,22 +67,53 @@ def check_embedded_python_path(keyed_stream) -> None:
 
 
 def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None = None, *,
-                     check_journal: bool = True):
+                     signals=None, check_journal: bool = True):
     """Run ``agent`` on every input of ``keyed_stream``; return the DataStream of its :class:`AgentOutput` s.
 
     Args:
         keyed_stream: ``stream.key_by(selector, key_type=Types.STRING() | Types.LONG() | Types.INT())``.
         agent: the agent instance (its actions and resources are shipped with the job).
         config: an :class:`AgentConfig` or a dict of its fields (``{"kafka": {...}, ...}``).
+        signals: the decisions for runs waiting at ``ctx.wait_for``, keyed like ``keyed_stream`` (the same
+            key type; a decision goes to the key of the run that waits), each a mapping or its JSON
+            (:mod:`flink_agents_replay.flink.signals`). Without it a run that waits can only time out. What
+            happens to waits leaves on the side output :func:`wait_events`.
         check_journal: reach the journal topic now (creating or validating it), so a wrong topic or an
             unreachable broker fails here with a clear error instead of inside the running job.
     """
-    return _connect_to_agent(keyed_stream, agent, config, check_journal=check_journal,
+    return _connect_to_agent(keyed_stream, agent, config, signals=signals, check_journal=check_journal,
                              make_operator=ActionExecutionOperator)
 
 
+def wait_events(outputs):
+    """The :class:`~flink_agents_replay.flink.waits.WaitEvent` s of the agent whose outputs are ``outputs`` (what
+    :func:`connect_to_agent` returned): a wait opened (what it asks, for whom to decide), resumed, closed, and
+    decisions early, ignored, unmatched or rejected."""
+    from pyflink.common import Types
+    from pyflink.datastream import OutputTag
+
+    from flink_agents_replay.flink.operator import WAIT_EVENTS
+
+    return outputs.get_side_output(OutputTag(WAIT_EVENTS, Types.PICKLED_BYTE_ARRAY()))
+
+
+def _with_signals(keyed_stream, signals, key_type: str, uid: str):
+    """Inputs and decisions on one stream, keyed again by the inputs' key (:mod:`.signals`)."""
+    from pyflink.common import Types
+
+    from flink_agents_replay.flink.signals import inputs_with_signals
+
+    signals_key_type = key_type_of(signals)
+    if signals_key_type != key_type:
+        raise ConfigError(f"signals are keyed by {signals_key_type} and the inputs by {key_type}: key both alike, "
+                          "a decision goes to the key of the run that waits")
+    key_type_info = {"STRING": Types.STRING(), "LONG": Types.LONG(), "INT": Types.INT()}[key_type]
+    return inputs_with_signals(keyed_stream, signals, key_type_info, uid=uid)
+
+
 def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[str, Any] | None, *,
-                      check_journal: bool, make_operator: Callable[[Agent, AgentConfig, str], ActionExecutionOperator]):
+                      check_journal: bool, make_operator: Callable[[Agent, AgentConfig, str], ActionExecutionOperator],
+                      signals=None):
     """:func:`connect_to_agent` with the operator built by ``make_operator(agent, resolved config, key type)``.
 
     Not public API: the project's own test harness (``tests/harness/upstreams.py``) records what the operator
@@ -107,6 +138,8 @@ def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[
         KafkaJournalStore(config.kafka_settings(), config.journal_topic, config.max_parallelism,
                           create_topic=config.create_topic, replication_factor=config.replication_factor,
                           topic_config=config.topic_config, timeout_s=config.kafka_timeout_s).close()
+    if signals is not None:
+        keyed_stream = _with_signals(keyed_stream, signals, key_type, config.uid)
     operator = make_operator(agent, config, key_type)
     outputs = process_with_checkpoint_hooks(keyed_stream, operator, output_type=Types.PICKLED_BYTE_ARRAY(),
                                             name=f"agent {agent.name}")

@@ -152,7 +152,7 @@ def exactly_once_string_sink(bootstrap_servers: str, topic: str, transactional_i
 
 
 def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool = False,
-                      source_uid: str = "inputs"):
+                      source_uid: str = "inputs", parse_uid: str = "parse"):
     """The inputs of ``topic`` (JSON records ``{"key": ...}``), from its earliest offset, keyed by ``key``.
 
     The source and the parsing run at parallelism 1, so the agent has one upstream instance and a key's
@@ -173,7 +173,7 @@ def keyed_json_inputs(env, bootstrap_servers: str, topic: str, *, bounded: bool 
         builder = builder.set_bounded(KafkaOffsetsInitializer.latest())
     records = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "inputs")
     records = records.uid(source_uid).set_parallelism(1)
-    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid("parse").set_parallelism(1)
+    parsed = records.map(json.loads, output_type=Types.PICKLED_BYTE_ARRAY()).uid(parse_uid).set_parallelism(1)
     return parsed.key_by(lambda record: record["key"], key_type=Types.STRING())
 
 

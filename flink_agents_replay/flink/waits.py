@@ -1,0 +1,218 @@
+"""The operator's waiting runs: parked in keyed state, resumed by their decision or their deadline.
+
+A run that stops at ``ctx.wait_for`` comes back from the engine as *waiting*
+(:attr:`flink_agents_replay.engine.RunResult.waiting`). The operator then **parks** it: the run's records so
+far go to the key's ``waiting_run`` state, its input stays the key's run in flight (the key's later inputs wait
+behind it, in order, without counting toward the input hold: they could otherwise hold back the very decision
+that frees them), a processing-time timer is set at the wait's deadline, and the run's slot and thread are
+free. Nothing of the run is applied: no memory update, no output.
+
+Decisions arrive as :class:`~flink_agents_replay.flink.signals.Signal` s on the key. Each received decision
+is kept in the key's ``decisions`` map state by wait id (:class:`~flink_agents_replay.storage.records.parked.
+ReceivedDecision`):
+
+- one for the parked run's wait is *applied*: the run is resumed with it;
+- one for no wait of the key is *early* (the wait is not reached yet: normal after a failover, when a
+  decision is read again before its run re-opens the wait); it is applied when the wait opens, or dropped
+  after ``early_decision_ttl_s`` and reported as unmatched;
+- a second one for a wait already decided is a *duplicate*: ignored and reported. The first decision wins,
+  and a finished wait's is kept (*closed*) for ``early_decision_ttl_s`` to recognise late duplicates.
+
+A deadline that passes with no decision is a decision too (``timed_out``), applied the same way. Timers and
+state are checkpointed, so all of this survives failover, savepoints and rescaling; a deadline that passed
+while the job was down fires right after the restore.
+
+Resuming submits the input again with the parked records as its history (and what the journal holds of the
+seq, after a failure of an earlier resumed attempt) and the decision: every action and call before the wait is
+reused, the waiting action gets its decision. A resumed run that waits again (a second wait) is parked again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from flink_agents_replay.engine import RunResult
+from flink_agents_replay.flink.signals import MalformedSignal, Signal
+from flink_agents_replay.storage.records.parked import (
+    DecisionStatus,
+    ReceivedDecision,
+    WaitingRun,
+    decode_decision,
+    decode_waiting_run,
+    encode_decision,
+    encode_waiting_run,
+)
+from flink_agents_replay.storage.records.waits import Decision
+
+__all__ = ["OperatorWaits", "WaitEvent"]
+
+log = logging.getLogger("flink_agents_replay.operator")
+
+
+@dataclass(frozen=True)
+class WaitEvent:
+    """What happened to a wait, for people and systems that decide (a chat, a ticket system).
+
+    ``kind``: ``opened`` (a run waits: ``name``, ``payload`` and ``deadline_ms`` say for what), ``resumed`` (its
+    decision was applied; ``timed_out`` ones say so in ``decision``), ``closed`` (its run finished),
+    ``decision_early`` (a decision for no wait of the key yet: kept for ``early_decision_ttl_s``),
+    ``decision_ignored`` (a duplicate: the wait has its decision), ``decision_unmatched`` (an early decision
+    whose wait never came), ``decision_rejected`` (a decision that could not be read: ``reason``).
+    """
+
+    kind: str
+    key: Any
+    wait_id: str | None
+    agent: str
+    action: str | None = None
+    seq: int | None = None
+    name: str | None = None
+    payload: Any = None
+    deadline_ms: int | None = None
+    opened_at_ms: int | None = None
+    decision: Decision | None = None
+    reason: str | None = None
+
+
+class OperatorWaits:
+    """Parking, deciding and resuming the waiting runs of one subtask (see the module docstring).
+
+    ``resume(key, waiting_run, decision, ctx)`` is the operator's: it submits the run again.
+    """
+
+    def __init__(self, *, agent_name: str, event_types, runtime_context, counters, ttl_s: float, resume) -> None:
+        from pyflink.common import Types
+        from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+        self.agent_name = agent_name
+        self.event_types = event_types
+        self.counters = counters
+        self.ttl_ms = int(ttl_s * 1000)
+        self._resume = resume
+        # Keyed state names are part of every savepoint: never change them.
+        self.run_state = runtime_context.get_state(ValueStateDescriptor("waiting_run", Types.PICKLED_BYTE_ARRAY()))
+        self.decisions = runtime_context.get_map_state(
+            MapStateDescriptor("decisions", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        self.parked_now = 0  # runs parked by this attempt and not resumed yet
+
+    # -- the key's state ------------------------------------------------------------------------------
+    def parked(self) -> WaitingRun | None:
+        """The current key's parked run, if it has one."""
+        raw = self.run_state.value()
+        return None if raw is None else decode_waiting_run(raw, self.event_types)
+
+    def _decision(self, wait_id: str) -> ReceivedDecision | None:
+        raw = self.decisions.get(wait_id)
+        return None if raw is None else decode_decision(raw)
+
+    def _keep(self, wait_id: str, received: ReceivedDecision) -> None:
+        self.decisions.put(wait_id, encode_decision(received))
+
+    # -- a run stopped at a wait -----------------------------------------------------------------------
+    def park(self, key: Any, result: RunResult, ctx) -> Iterator[WaitEvent]:
+        """Keep the waiting run of ``result``; resume it at once if its decision came early."""
+        waiting = result.waiting
+        self.run_state.update(encode_waiting_run(waiting))
+        self.parked_now += 1
+        self.counters["waits_opened"].inc()
+        if waiting.wait.deadline_ms is not None:
+            ctx.timer_service().register_processing_time_timer(waiting.wait.deadline_ms)
+        yield self._event("opened", key, waiting)
+        received = self._decision(waiting.wait.wait_id)
+        if received is not None and received.status is DecisionStatus.EARLY:
+            yield from self._apply(key, waiting, received, ctx)
+
+    def finished(self, key: Any) -> Iterator[WaitEvent]:
+        """The key's resumed run finished: its wait is closed (its decision kept a while for duplicates)."""
+        waiting = self.parked()
+        if waiting is None:
+            return
+        self.run_state.clear()
+        self.parked_now -= 1
+        received = self._decision(waiting.wait.wait_id)
+        if received is not None:
+            now = _now_ms()
+            self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.CLOSED,
+                                                     keep_until_ms=now + self.ttl_ms))
+        yield self._event("closed", key, waiting)
+
+    def resume_if_decided(self, key: Any, ctx) -> bool:
+        """Resume the key's parked run if it has its decision (after a restore); whether it is parked."""
+        waiting = self.parked()
+        if waiting is None:
+            return False
+        received = self._decision(waiting.wait.wait_id)
+        if received is not None and received.status is DecisionStatus.APPLIED:
+            self._resume(key, waiting, received.decision, ctx)
+        return True
+
+    # -- decisions -------------------------------------------------------------------------------------
+    def on_signal(self, signal: Signal | MalformedSignal, ctx) -> Iterator[WaitEvent]:
+        """A decision for the current key: applied, kept as early, or ignored as a duplicate. Never raises on
+        bad data: a decision that cannot be read is reported."""
+        if isinstance(signal, MalformedSignal):
+            self.counters["decisions_rejected"].inc()
+            log.warning("agent %s key %r: a decision was refused (%s): %s", self.agent_name, signal.key,
+                        signal.reason, signal.raw[:200])
+            yield WaitEvent("decision_rejected", signal.key, None, self.agent_name, payload=signal.raw,
+                            reason=signal.reason)
+            return
+        if self.decisions.contains(signal.wait_id):
+            self.counters["decisions_ignored"].inc()
+            yield WaitEvent("decision_ignored", signal.key, signal.wait_id, self.agent_name,
+                            decision=signal.decision, reason="the wait already has a decision")
+            return
+        now = _now_ms()
+        waiting = self.parked()
+        if waiting is not None and waiting.wait.wait_id == signal.wait_id:
+            received = ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, None, signal.signal_id)
+            yield from self._apply(signal.key, waiting, received, ctx)
+            return
+        self._keep(signal.wait_id, ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, now + self.ttl_ms,
+                                                    signal.signal_id))
+        ctx.timer_service().register_processing_time_timer(now + self.ttl_ms)
+        self.counters["decisions_early"].inc()
+        yield WaitEvent("decision_early", signal.key, signal.wait_id, self.agent_name, decision=signal.decision)
+
+    def _apply(self, key: Any, waiting: WaitingRun, received: ReceivedDecision, ctx) -> Iterator[WaitEvent]:
+        self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.APPLIED, keep_until_ms=None))
+        self.counters["waits_timed_out" if received.decision.timed_out else "decisions_applied"].inc()
+        yield self._event("resumed", key, waiting, decision=received.decision)
+        self._resume(key, waiting, received.decision, ctx)
+
+    # -- timers ----------------------------------------------------------------------------------------
+    def on_timer(self, key: Any, timestamp: int, ctx) -> Iterator[WaitEvent]:
+        """A processing-time timer of the key: drop the decisions kept long enough, time out a parked run's wait
+        whose deadline passed."""
+        yield from self._expire(key, timestamp)
+        waiting = self.parked()
+        if (waiting is not None and waiting.wait.deadline_ms is not None and waiting.wait.deadline_ms <= timestamp
+                and not self.decisions.contains(waiting.wait.wait_id)):
+            timeout = Decision(timed_out=True, by="timeout", decided_at_ms=timestamp)
+            yield from self._apply(key, waiting, ReceivedDecision(timeout, DecisionStatus.EARLY, timestamp, None), ctx)
+
+    def _expire(self, key: Any, timestamp: int) -> Iterator[WaitEvent]:
+        expired = []
+        for wait_id, raw in self.decisions.items():
+            received = decode_decision(raw)
+            if received.keep_until_ms is not None and received.keep_until_ms <= timestamp:
+                expired.append(wait_id)
+                if received.status is DecisionStatus.EARLY:
+                    self.counters["decisions_unmatched"].inc()
+                    yield WaitEvent("decision_unmatched", key, wait_id, self.agent_name, decision=received.decision,
+                                    reason="no wait of the key had this id within early_decision_ttl_s")
+        for wait_id in expired:
+            self.decisions.remove(wait_id)
+
+    def _event(self, kind: str, key: Any, waiting: WaitingRun, *, decision: Decision | None = None) -> WaitEvent:
+        wait = waiting.wait
+        return WaitEvent(kind, key, wait.wait_id, self.agent_name, waiting.action, waiting.seq, wait.name,
+                         wait.payload, wait.deadline_ms, wait.opened_at_ms, decision)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
