@@ -307,9 +307,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._settle(key)
         result = self.runs.finished(key)
         if result.waiting is not None:
+            # Before the park registers the wait's deadline: Flink keeps one timer per key and time, and
+            # deleting a check that fell on the deadline's millisecond would delete the deadline too.
+            self._drop_check(key, ctx)
             yield from self._park(key, result, ctx)
-            if not self.runs.has(key):
-                self._drop_check(key, ctx)
             return
         yield from self._apply(key, result, ctx)
         # Also when draining: _start re-registers the drain timer, which fires later in the same

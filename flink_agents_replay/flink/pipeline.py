@@ -143,4 +143,8 @@ def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[
     operator = make_operator(agent, config, key_type)
     outputs = process_with_checkpoint_hooks(keyed_stream, operator, output_type=Types.PICKLED_BYTE_ARRAY(),
                                             name=f"agent {agent.name}")
-    return outputs.uid(config.uid).set_max_parallelism(config.max_parallelism)
+    outputs = outputs.uid(config.uid).set_max_parallelism(config.max_parallelism)
+    # Declared whether or not it is read: PyFlink sends an undeclared tag's (tag, event) pairs down the main
+    # output, among the AgentOutputs. (The outputs are not fused downstream either way: other max parallelism.)
+    wait_events(outputs)
+    return outputs

@@ -142,3 +142,23 @@ def _decide(bootstrap: str, topic: str, waits: dict[str, tuple[str, dict]]) -> N
 def _reported(seen: list[tuple]) -> bool:
     kinds = {r[1] for r in seen if r[0] == "event"}
     return {"decision_ignored", "decision_early", "decision_rejected"} <= kinds
+
+
+def test_a_wait_times_out_through_a_timer_and_its_events_stay_off_the_main_output(kafka_bootstrap, tmp_path):
+    """No signals and nobody reading the wait events: each run waits, times out after 1 s and answers with its
+    ``on_timeout``; the outputs hold only the agent's outputs."""
+    from flink_agents_replay.testing.jobs import run_agent_job
+
+    class Impatient(Agent):
+        @action(InputEvent)
+        def ask(event, ctx):
+            decision = ctx.wait_for("ok?", {"n": event.input["n"]}, timeout_s=1, on_timeout="nobody answered")
+            ctx.send_event(OutputEvent(output=[event.input["n"], decision]))
+
+    inputs = make_inputs(keys=3, per_key=2)
+    topic = produce_inputs(kafka_bootstrap, inputs)
+    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY}
+    outputs = run_agent_job(kafka_bootstrap, topic, Impatient(name="impatient"), config, until_outputs=len(inputs),
+                            timeout_s=120)
+    assert Counter(outputs) == Counter((r["key"], r["n"] + 1, json.dumps([r["n"], "nobody answered"]))
+                                       for r in inputs)
