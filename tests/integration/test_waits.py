@@ -1,6 +1,6 @@
-"""Runs that wait for people, in a Flink job with real Kafka (issue 35): parked without holding a run slot,
-resumed by decisions read from a topic, every call before the wait made once; early, duplicate and malformed
-decisions reported as events while the job keeps running.
+"""Runs that wait for people, in a Flink job with real Kafka (issue 35): parked without holding a run slot or the
+journal's pruning, resumed by decisions read from a topic, every call before the wait made once; early, duplicate
+and malformed decisions reported as events while the job keeps running.
 
 The test plays the people: it reads the job's wait events as they come (``wait_events`` united with the
 outputs, collected) and answers each opened wait on the signals topic.
@@ -18,6 +18,7 @@ from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.flink.env import create_environment
 from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events
+from flink_agents_replay.testing.committed import poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
     canonical_output,
@@ -66,7 +67,20 @@ def _row(item):
     return ("output", *canonical_output(item))
 
 
-def test_waiting_runs_free_their_slot_and_resume_with_decisions_from_a_topic(kafka_bootstrap, tmp_path):
+def journal_records(admin, topic: str) -> tuple[int, int]:
+    """Records ever written to the journal topic, and records in it now (its partitions' watermarks)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    partitions = [TopicPartition(topic, p) for p in range(128)]
+    lows = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=10)
+    highs = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
+    written = sum(highs[tp].result().offset for tp in partitions)
+    return written, written - sum(lows[tp].result().offset for tp in partitions)
+
+
+def test_waiting_runs_free_their_slot_and_the_journal_and_resume_with_decisions_from_a_topic(
+        kafka_bootstrap, kafka_admin, tmp_path):
     from pyflink.common import Types
 
     keys, per_key = 4, 2
@@ -80,7 +94,9 @@ def test_waiting_runs_free_their_slot_and_resume_with_decisions_from_a_topic(kaf
     keyed = keyed_json_inputs(env, kafka_bootstrap, topic)
     signals = keyed_json_inputs(env, kafka_bootstrap, signals_topic, source_uid="signals", parse_uid="parse-signals")
     # One run slot: four keys wait at once only if a waiting run holds none.
-    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY, "max_concurrent_runs": 1}
+    journal_topic = f"waits-journal-{tmp_path.name}"
+    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY, "max_concurrent_runs": 1,
+              "journal_topic": journal_topic}
     outputs = connect_to_agent(keyed, agent, config, signals=signals)
     rows = outputs.map(_row, output_type=Types.PICKLED_BYTE_ARRAY()).union(
         wait_events(outputs).map(_row, output_type=Types.PICKLED_BYTE_ARRAY()))
@@ -98,10 +114,14 @@ def test_waiting_runs_free_their_slot_and_resume_with_decisions_from_a_topic(kaf
                     opened[row[3]] = (row[2], json.loads(row[4]))
                 if not answered and len(opened) == keys:  # every key's first input waits at once
                     answered = True
+                    # The parked runs' records are in keyed state: checkpoints prune the journal meanwhile.
+                    poll_until(lambda: journal_records(kafka_admin, journal_topic)[1] == 0, 60,
+                               lambda: f"journal (written, left): {journal_records(kafka_admin, journal_topic)}")
+                    written, _ = journal_records(kafka_admin, journal_topic)
                     _decide(kafka_bootstrap, signals_topic, opened)
                 elif answered and row[:2] == ("event", "opened"):
                     _decide(kafka_bootstrap, signals_topic, {row[3]: opened[row[3]]})
-                if sum(r[0] == "output" for r in seen) == len(inputs) and _reported(seen):
+                if sum(r[0] == "output" for r in seen) == len(inputs) and _reported(seen, len(inputs)):
                     break
         finally:
             timer.cancel()
@@ -122,6 +142,7 @@ def test_waiting_runs_free_their_slot_and_resume_with_decisions_from_a_topic(kaf
     kinds = Counter(r[1] for r in seen if r[0] == "event")
     assert kinds["opened"] == kinds["resumed"] == kinds["closed"] == len(inputs), kinds
     assert (kinds["decision_ignored"], kinds["decision_early"], kinds["decision_rejected"]) == (1, 1, 1), kinds
+    assert written > 0  # the runs had journaled their calls and waits before they were pruned
 
 
 def _decide(bootstrap: str, topic: str, waits: dict[str, tuple[str, dict]]) -> None:
@@ -139,9 +160,11 @@ def _decide(bootstrap: str, topic: str, waits: dict[str, tuple[str, dict]]) -> N
     produce_json(bootstrap, topic, decisions)
 
 
-def _reported(seen: list[tuple]) -> bool:
-    kinds = {r[1] for r in seen if r[0] == "event"}
-    return {"decision_ignored", "decision_early", "decision_rejected"} <= kinds
+def _reported(seen: list[tuple], runs: int) -> bool:
+    """Whether every run's wait was closed and the odd decisions were reported (events and outputs arrive apart)."""
+    kinds = Counter(r[1] for r in seen if r[0] == "event")
+    return kinds["closed"] == runs and all(kinds[kind] for kind in
+                                          ("decision_ignored", "decision_early", "decision_rejected"))
 
 
 def test_a_wait_times_out_through_a_timer_and_its_events_stay_off_the_main_output(kafka_bootstrap, tmp_path):
