@@ -122,6 +122,8 @@ class AgentConfig:
         early_decision_ttl_s: how long a decision for no wait of its key is kept (one read again after a
             failover comes before its run re-opens the wait), and how long a finished wait's decision is kept
             to recognise a duplicate. Default one hour.
+        max_early_decisions_per_key: how many decisions for waits it has not reached yet a key keeps; one more
+            is refused (reported as a ``decision_rejected`` event).
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
             a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
@@ -162,6 +164,7 @@ class AgentConfig:
     order_restore_timeout_s: float = 30.0
     recovered_history_expiry_s: float = 1800.0
     early_decision_ttl_s: float = 3600.0
+    max_early_decisions_per_key: int = 16
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
@@ -361,6 +364,7 @@ class _TypedSettings(pydantic.BaseModel):
     kafka_timeout_s: _Seconds = _KafkaTimeout
     order_restore_timeout_s: _Seconds = _Timeout
     early_decision_ttl_s: _Seconds = _Timeout
+    max_early_decisions_per_key: _Whole = _AtLeastOne
     recovered_history_expiry_s: _Duration = Field(gt=0, description="a number of seconds (inf: never)")
     journal_enabled: _Flag = Field(description="True or False")
     accept_reexecution_after_gap: _Flag = Field(description="True or False")

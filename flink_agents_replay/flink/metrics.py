@@ -55,4 +55,6 @@ VALUES: dict[str, str] = {
     "last_restore_duration_ms": "how long the last restore took to read the journal, in ms",
     "run_pool_size": "`max_concurrent_runs`: runs that may execute at once in the subtask",
     "child_pool_size": "`max_concurrent_child_calls`: the sub-agent pool's threads",
+    "runs_waiting": "runs parked at `ctx.wait_for` now, waiting for their decision or deadline (kept across restores "
+                    "in the checkpoint markers)",
 }

@@ -74,7 +74,7 @@ from flink_agents_replay.storage.formats.state import (
     encode_waiting,
 )
 from flink_agents_replay.storage.journal.checkpoints import RunInFlight
-from flink_agents_replay.storage.journal.markers import checkpoint_time
+from flink_agents_replay.storage.journal.markers import checkpoint_time, waits_open
 from flink_agents_replay.storage.records.journal import key_digest
 
 __all__ = ["LOG_FILE_ENV", "WAIT_EVENTS", "ActionExecutionOperator", "AgentOutput", "WaitEvent"]
@@ -150,7 +150,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
         self.waits = OperatorWaits(agent_name=self.agent.name, event_types=self.agent.event_types(),
                                    runtime_context=runtime_context, counters=self.counters,
-                                   ttl_s=self.config.early_decision_ttl_s, resume=self._resume)
+                                   ttl_s=self.config.early_decision_ttl_s,
+                                   max_early=self.config.max_early_decisions_per_key, resume=self._resume)
         self._resumed: set = set()  # keys whose run under way was resumed from a wait
         self._events_tag = _wait_events_tag()
         self.order = OrderRestoration(
@@ -175,6 +176,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.restore_gauge = metrics.counter("last_restore_duration_ms")
         metrics.counter("run_pool_size").inc(self.config.max_concurrent_runs)
         metrics.counter("child_pool_size").inc(self.config.max_concurrent_child_calls)
+        self.counters["runs_waiting"] = metrics.counter("runs_waiting")  # a value: up at a park, down at the end
 
     def close(self) -> None:
         """Stop the runs (:meth:`RunPool.close`: bounded, hung calls abandoned), then release the clients.
@@ -229,6 +231,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             self.mode.restored(checkpoint_id=self.restored_from, checkpoint_time_ms=restored_time)
             self.epochs.restored(self.restored_from, restored_time)
         self.journal.restore(values, job_id=self.job_id)
+        self.waits.restored(waits_open(values, self.owned))
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
         if self.journal.last_restore_ms is not None:
             self.restore_gauge.inc(int(self.journal.last_restore_ms))  # set: it starts at 0 in every attempt
@@ -243,7 +246,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         expired = self.journal.expire_histories(in_flight)  # before the marker: expired records are not kept
         if expired:
             self.counters["histories_expired"].inc(expired)
-        return self.journal.snapshot(checkpoint_id, in_flight, checkpoint_time_ms=timestamp_ms)
+        return self.journal.snapshot(checkpoint_id, in_flight, checkpoint_time_ms=timestamp_ms,
+                                     waits_open=self.waits.open_by_group)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
@@ -454,12 +458,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._count(result)
         self.hold.left(key, 0)  # the inputs behind it wait for the decision, uncounted
         self.journal.run_applied(key_digest(key))
-        yield from self._emit(self.waits.park(key, result, ctx))
+        yield from self._emit(self.waits.park(key, key_group(key, self.key_type, self.max_parallelism), result, ctx))
 
     def _apply(self, key, result: RunResult, ctx):
         if key in self._resumed:
             self._resumed.discard(key)
-            yield from self._emit(self.waits.finished(key))
+            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism)))
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
                                                                   f"{result.seq}"))
         self.in_flight_state.clear()

@@ -84,7 +84,8 @@ class OperatorWaits:
     ``resume(key, waiting_run, decision, ctx)`` is the operator's: it submits the run again.
     """
 
-    def __init__(self, *, agent_name: str, event_types, runtime_context, counters, ttl_s: float, resume) -> None:
+    def __init__(self, *, agent_name: str, event_types, runtime_context, counters, ttl_s: float, max_early: int,
+                 resume) -> None:
         from pyflink.common import Types
         from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -97,7 +98,18 @@ class OperatorWaits:
         self.run_state = runtime_context.get_state(ValueStateDescriptor("waiting_run", Types.PICKLED_BYTE_ARRAY()))
         self.decisions = runtime_context.get_map_state(
             MapStateDescriptor("decisions", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
-        self.parked_now = 0  # runs parked by this attempt and not resumed yet
+        #: Per key group, the runs parked now (kept in the checkpoint markers: keyed state cannot be counted).
+        self.open_by_group: dict[int, int] = {}
+        self.max_early = max_early
+
+    def restored(self, open_by_group: dict[int, int]) -> None:
+        """The parked runs of this subtask's key groups at the restored checkpoint."""
+        self.open_by_group = dict(open_by_group)
+        self.counters["runs_waiting"].inc(sum(open_by_group.values()))
+
+    def _opened(self, group: int, change: int) -> None:
+        self.open_by_group[group] = self.open_by_group.get(group, 0) + change
+        self.counters["runs_waiting"].inc(change)
 
     # -- the key's state ------------------------------------------------------------------------------
     def parked(self) -> WaitingRun | None:
@@ -113,11 +125,12 @@ class OperatorWaits:
         self.decisions.put(wait_id, encode_decision(received))
 
     # -- a run stopped at a wait -----------------------------------------------------------------------
-    def park(self, key: Any, result: RunResult, ctx) -> Iterator[WaitEvent]:
+    def park(self, key: Any, group: int, result: RunResult, ctx) -> Iterator[WaitEvent]:
         """Keep the waiting run of ``result``; resume it at once if its decision came early."""
         waiting = result.waiting
+        if self.run_state.value() is None:  # not one that waits again after its resume
+            self._opened(group, 1)
         self.run_state.update(encode_waiting_run(waiting))
-        self.parked_now += 1
         self.counters["waits_opened"].inc()
         if waiting.wait.deadline_ms is not None:
             ctx.timer_service().register_processing_time_timer(waiting.wait.deadline_ms)
@@ -126,13 +139,13 @@ class OperatorWaits:
         if received is not None and received.status is DecisionStatus.EARLY:
             yield from self._apply(key, waiting, received, ctx)
 
-    def finished(self, key: Any) -> Iterator[WaitEvent]:
+    def finished(self, key: Any, group: int) -> Iterator[WaitEvent]:
         """The key's resumed run finished: its wait is closed (its decision kept a while for duplicates)."""
         waiting = self.parked()
         if waiting is None:
             return
         self.run_state.clear()
-        self.parked_now -= 1
+        self._opened(group, -1)
         received = self._decision(waiting.wait.wait_id)
         if received is not None:
             now = _now_ms()
@@ -172,11 +185,20 @@ class OperatorWaits:
             received = ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, None, signal.signal_id)
             yield from self._apply(signal.key, waiting, received, ctx)
             return
+        if self._early_count() >= self.max_early:
+            self.counters["decisions_rejected"].inc()
+            yield WaitEvent("decision_rejected", signal.key, signal.wait_id, self.agent_name, decision=signal.decision,
+                            reason=f"the key already keeps {self.max_early} decisions for waits it has not reached "
+                                   "(max_early_decisions_per_key)")
+            return
         self._keep(signal.wait_id, ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, now + self.ttl_ms,
                                                     signal.signal_id))
         ctx.timer_service().register_processing_time_timer(now + self.ttl_ms)
         self.counters["decisions_early"].inc()
         yield WaitEvent("decision_early", signal.key, signal.wait_id, self.agent_name, decision=signal.decision)
+
+    def _early_count(self) -> int:
+        return sum(decode_decision(raw).status is DecisionStatus.EARLY for raw in self.decisions.values())
 
     def _apply(self, key: Any, waiting: WaitingRun, received: ReceivedDecision, ctx) -> Iterator[WaitEvent]:
         self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.APPLIED, keep_until_ms=None))

@@ -74,3 +74,15 @@ def test_never_prunes_backwards_or_below_what_is_already_deleted():
     tracker.pruned(deletions)
     tracker.remember(2, {0: 9, 1: 7})  # a run in flight holds partition 0 back
     assert tracker.complete(2) == {}
+
+
+def test_markers_carry_the_runs_parked_per_key_group_and_a_restore_sums_its_own():
+    from flink_agents_replay.storage.journal.markers import encode_marker, waits_open
+
+    first = encode_marker("topic-id", 0, {0: 5, 1: 7}, {0: 5, 1: 7}, {}, waits_open={0: 2, 1: 1, 5: 0})
+    second = encode_marker("topic-id", 1, {2: 3}, {2: 3}, {}, waits_open={2: 4})
+    version_1 = b'{"version": 1, "topic_id": "topic-id", "subtask": 2, "offsets": {"3": 0}, "ends": {"3": 0}, ' \
+                b'"in_flight": {}}'
+    assert waits_open([first, second, version_1, b""], range(0, 2)) == {0: 2, 1: 1}
+    assert waits_open([first, second, version_1], range(1, 3)) == {1: 1, 2: 4}
+    assert plan_restore([first, version_1], range(0, 4)).offsets == {0: 5, 1: 7, 3: 0}  # both versions read

@@ -18,6 +18,9 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
   (:mod:`.checkpoints`) counts across further restores.
 * ``checkpoint_time_ms`` (optional, added in 0.5) — the checkpoint's trigger time, so that a restore goes on
   counting run epochs from it (:mod:`flink_agents_replay.flink.epochs`).
+* ``waits_open`` (version 2, 0.7) — per key group, how many runs were parked at a wait
+  (:mod:`flink_agents_replay.flink.waits`): keyed state cannot be counted, and a restore at any parallelism
+  sums its own key groups' (:func:`waits_open`). Version 1 markers read as none.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -33,9 +36,10 @@ from dataclasses import dataclass, field
 from flink_agents_replay.core.errors import JournalError
 
 __all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "checkpoint_time", "encode_marker",
-           "plan_restore"]
+           "plan_restore", "waits_open"]
 
-MARKER_VERSION = 1
+MARKER_VERSION = 2
+_READABLE = (1, 2)
 _NEVER = float("inf")
 
 
@@ -62,7 +66,8 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
                   in_flight: Mapping[int, list[tuple[str, int]]],
                   replaying: Mapping[int, list[tuple[str, int]]] | None = None,
                   fences: Mapping[int, int] | None = None,
-                  replaying_since: Mapping[str, float] | None = None, checkpoint_time_ms: int | None = None) -> bytes:
+                  replaying_since: Mapping[str, float] | None = None, checkpoint_time_ms: int | None = None,
+                  waits_open: Mapping[int, int] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -73,6 +78,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "fences": {str(p): fence for p, fence in (fences or {}).items()},
         "replaying_since": dict(replaying_since or {}),
         **({} if checkpoint_time_ms is None else {"checkpoint_time_ms": checkpoint_time_ms}),
+        "waits_open": {str(group): n for group, n in (waits_open or {}).items() if n},
     }).encode()
 
 
@@ -80,6 +86,17 @@ def checkpoint_time(values: Iterable[bytes]) -> int | None:
     """The restored checkpoint's trigger time, from its markers (``None``: no marker kept it)."""
     times = [json.loads(value).get("checkpoint_time_ms") for value in values if value]
     return max((t for t in times if t is not None), default=None)
+
+
+def waits_open(values: Iterable[bytes], owned: range) -> dict[int, int]:
+    """Per owned key group, the runs parked at a wait at the restored checkpoint (from its markers)."""
+    found: dict[int, int] = {}
+    for value in values:
+        if value:
+            for group, count in json.loads(value).get("waits_open", {}).items():
+                if int(group) in owned:
+                    found[int(group)] = found.get(int(group), 0) + count
+    return found
 
 
 @dataclass
@@ -126,9 +143,9 @@ def plan_restore(values: Iterable[bytes], owned: range) -> RestorePlan:
         if not value:
             continue
         marker = json.loads(value)
-        if marker.get("version") != MARKER_VERSION:
+        if marker.get("version") not in _READABLE:
             raise JournalError(f"recovery marker version {marker.get('version')} is not supported by this version "
-                              f"of flink-agents-replay (it reads version {MARKER_VERSION})")
+                              f"of flink-agents-replay (it reads versions {', '.join(map(str, _READABLE))})")
         plan.topic_ids.add(marker["topic_id"])
         for name, offset in marker["offsets"].items():
             partition = int(name)

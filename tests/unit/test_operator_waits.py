@@ -1,0 +1,174 @@
+"""The operator's bookkeeping of waits (``flink/waits.py``) on fake keyed state and timers: parking, decisions
+applied, early, duplicate, unmatched, rejected and bounded, deadlines, and the per-group count of parked runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.flink.signals import MalformedSignal, Signal, parse_signal
+from flink_agents_replay.flink.waits import OperatorWaits
+from flink_agents_replay.storage.records.waits import Decision
+
+
+class _Value:
+    def __init__(self):
+        self.stored = None
+
+    def value(self):
+        return self.stored
+
+    def update(self, value):
+        self.stored = value
+
+    def clear(self):
+        self.stored = None
+
+
+class _Map(dict):
+    def get(self, key):
+        return super().get(key)
+
+    def put(self, key, value):
+        self[key] = value
+
+    def contains(self, key):
+        return key in self
+
+    def remove(self, key):
+        del self[key]
+
+
+class _Context:
+    def __init__(self):
+        self.timers: list[int] = []
+
+    def get_state(self, descriptor):
+        return _Value()
+
+    def get_map_state(self, descriptor):
+        return _Map()
+
+    def timer_service(self):
+        return self
+
+    def register_processing_time_timer(self, when):
+        self.timers.append(when)
+
+
+class _Counter:
+    def __init__(self):
+        self.count = 0
+
+    def inc(self, n=1):
+        self.count += n
+
+
+class Asks(Agent):
+    @action(InputEvent)
+    def ask(event, ctx):
+        ctx.send_event(OutputEvent(output=ctx.wait_for("ok?", {"n": event.input}, timeout_s=60)))
+
+
+def waits(max_early: int = 3):
+    counters = {name: _Counter() for name in ("waits_opened", "waits_timed_out", "decisions_applied",
+                                              "decisions_early", "decisions_ignored", "decisions_unmatched",
+                                              "decisions_rejected", "runs_waiting")}
+    resumed = []
+    context = _Context()
+    operator_waits = OperatorWaits(agent_name="asks", event_types=Asks().event_types(), runtime_context=context,
+                                   counters=counters, ttl_s=10, max_early=max_early,
+                                   resume=lambda key, run, decision, ctx: resumed.append((key, run.seq, decision)))
+    return operator_waits, counters, resumed, context
+
+
+def parked(operator_waits, context, seq=1):
+    result = execute_run(Asks(), RunInput("k", 3, seq, seq), {})
+    events = list(operator_waits.park("k", 3, result, context))
+    return result.waiting, events
+
+
+def kinds(events) -> list[str]:
+    return [event.kind for event in events]
+
+
+def test_a_parked_run_is_resumed_once_by_its_decision_and_a_duplicate_is_ignored():
+    operator_waits, counters, resumed, context = waits()
+    waiting, events = parked(operator_waits, context)
+    assert kinds(events) == ["opened"] and events[0].payload == {"n": 1} and events[0].name == "ok?"
+    assert context.timers == [waiting.wait.deadline_ms] and counters["runs_waiting"].count == 1
+    signal = Signal("k", waiting.wait.wait_id, Decision.approve(by="ana"))
+    assert kinds(operator_waits.on_signal(signal, context)) == ["resumed"]
+    assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]
+    assert resumed == [("k", 1, Decision.approve(by="ana"))]
+    assert kinds(operator_waits.finished("k", 3)) == ["closed"]
+    assert counters["runs_waiting"].count == 0 and operator_waits.open_by_group == {3: 0}
+    assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]  # still known once closed
+    assert (counters["decisions_applied"].count, counters["decisions_ignored"].count) == (1, 2)
+
+
+def test_an_early_decision_is_kept_and_applied_when_its_wait_opens():
+    operator_waits, counters, resumed, context = waits()
+    wait_id = execute_run(Asks(), RunInput("k", 3, 1, 1), {}).waiting.wait.wait_id  # the id it will have
+    assert kinds(operator_waits.on_signal(Signal("k", wait_id, Decision.deny("no")), context)) == ["decision_early"]
+    _, events = parked(operator_waits, context)
+    assert kinds(events) == ["opened", "resumed"] and resumed[0][2] == Decision.deny("no")
+    assert counters["decisions_early"].count == 1
+
+
+def test_early_decisions_expire_as_unmatched_and_are_bounded_per_key():
+    operator_waits, counters, _, context = waits(max_early=2)
+    for n in range(2):
+        assert kinds(operator_waits.on_signal(Signal("k", f"w{n}", Decision.approve()), context)) == [
+            "decision_early"]
+    refused = list(operator_waits.on_signal(Signal("k", "w2", Decision.approve()), context))
+    assert kinds(refused) == ["decision_rejected"] and "max_early_decisions_per_key" in refused[0].reason
+    expiry = max(context.timers)
+    assert kinds(operator_waits.on_timer("k", expiry - 1, context)) == []
+    assert kinds(operator_waits.on_timer("k", expiry, context)) == ["decision_unmatched", "decision_unmatched"]
+    assert len(operator_waits.decisions) == 0 and counters["decisions_unmatched"].count == 2
+
+
+def test_a_deadline_resumes_the_run_with_a_timeout_and_a_later_decision_is_a_duplicate():
+    operator_waits, counters, resumed, context = waits()
+    waiting, _ = parked(operator_waits, context)
+    assert kinds(operator_waits.on_timer("k", waiting.wait.deadline_ms - 1, context)) == []
+    assert kinds(operator_waits.on_timer("k", waiting.wait.deadline_ms, context)) == ["resumed"]
+    assert resumed[0][2].timed_out and counters["waits_timed_out"].count == 1
+    late = Signal("k", waiting.wait.wait_id, Decision.approve())
+    assert kinds(operator_waits.on_signal(late, context)) == ["decision_ignored"]
+
+
+def test_a_malformed_decision_is_reported_not_raised():
+    operator_waits, counters, _, context = waits()
+    events = list(operator_waits.on_signal(parse_signal("k", b'{"approved": true}'), context))
+    assert kinds(events) == ["decision_rejected"] and "needs a wait_id" in events[0].reason
+    assert counters["decisions_rejected"].count == 1
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b"not json", "Expecting value"),
+    (b"[1, 2]", "a decision is a JSON object, not list"),
+    ({"wait_id": "w", "approved": "yes"}, "approved is true, false or absent"),
+    ({"wait_id": "w", "v": 9}, "decision format version 9"),
+    ({"wait_id": "w", "value": float("nan")}, "Out of range float values"),
+    ({"wait_id": "w", "sent_at_ms": "today"}, "sent_at_ms is a number"),
+])
+def test_decisions_that_cannot_be_read_say_why(raw, reason):
+    parsed = parse_signal("k", raw)
+    assert isinstance(parsed, MalformedSignal) and reason in parsed.reason
+
+
+def test_a_decision_reads_from_json_with_every_field():
+    parsed = parse_signal("k", '{"wait_id": "w", "approved": false, "reason": "no", "by": "ana", "value": [1], '
+                               '"signal_id": "s1", "sent_at_ms": 5}')
+    assert parsed == Signal("k", "w", Decision(approved=False, value=[1], reason="no", by="ana", decided_at_ms=5), "s1")
+
+
+def test_the_parked_count_restores_per_key_group():
+    operator_waits, counters, _, _ = waits()
+    operator_waits.restored({3: 2, 9: 1})
+    assert counters["runs_waiting"].count == 3 and Counter(operator_waits.open_by_group) == Counter({3: 2, 9: 1})
