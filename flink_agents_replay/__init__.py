@@ -62,6 +62,7 @@ __all__ = [
     "CallBlocked",
     "ChatModel",
     "ChatResult",
+    "Decision",
     "Event",
     "InDoubtPolicy",
     "InputEvent",
@@ -70,14 +71,17 @@ __all__ = [
     "SideEffects",
     "Tool",
     "ToolCall",
+    "ToolCallDeniedError",
     "ToolLoopLimitError",
     "ToolLoopResult",
     "Usage",
+    "WaitTimedOutError",
     "action",
     "connect_to_agent",
     "current_call_id",
     "run_tool_loop",
     "tool",
+    "wait_events",
 ]
 
 _EXPORTS = {
@@ -94,6 +98,10 @@ _EXPORTS = {
     "ToolCall": "flink_agents_replay.storage.records.chat",
     "Usage": "flink_agents_replay.storage.records.chat",
     "ToolLoopLimitError": "flink_agents_replay.core.errors",
+    "ToolCallDeniedError": "flink_agents_replay.core.errors",
+    "WaitTimedOutError": "flink_agents_replay.core.errors",
+    "Decision": "flink_agents_replay.storage.records.waits",
+    "wait_events": "flink_agents_replay.flink.pipeline",
     "ToolLoopResult": "flink_agents_replay.api.tool_loop",
     "run_tool_loop": "flink_agents_replay.api.tool_loop",
     "tool": "flink_agents_replay.api.tools",
@@ -111,11 +119,12 @@ if TYPE_CHECKING:
     from flink_agents_replay.api.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
     from flink_agents_replay.api.tool_loop import ToolLoopResult, run_tool_loop
     from flink_agents_replay.api.tools import tool
-    from flink_agents_replay.core.errors import CallBlocked, ToolLoopLimitError
+    from flink_agents_replay.core.errors import CallBlocked, ToolCallDeniedError, ToolLoopLimitError, WaitTimedOutError
     from flink_agents_replay.flink.config import AgentConfig
     from flink_agents_replay.flink.operator import AgentOutput
-    from flink_agents_replay.flink.pipeline import connect_to_agent
+    from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events
     from flink_agents_replay.storage.records.chat import ChatResult, ToolCall, Usage
+    from flink_agents_replay.storage.records.waits import Decision
 
 
 def __getattr__(name: str):

@@ -48,6 +48,7 @@ PERSISTED_CLASSES: dict[str, str] = {
     "Argument": "flink_agents_replay.api.tool_schema:Argument",
     "ChatModel": "flink_agents_replay.api.chat_model:ChatModel",
     "ChatResult": "flink_agents_replay.storage.records.chat:ChatResult",
+    "Decision": "flink_agents_replay.storage.records.waits:Decision",
     "Event": "flink_agents_replay.core.events:Event",
     "InDoubtPolicy": "flink_agents_replay.api.resources:InDoubtPolicy",
     "InputEvent": "flink_agents_replay.core.events:InputEvent",
