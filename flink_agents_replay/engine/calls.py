@@ -55,7 +55,7 @@ from flink_agents_replay.core.errors import (
 from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope, WaitPending
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
-from flink_agents_replay.engine.gate import Blocked, GatedCall, Live, Recorded
+from flink_agents_replay.engine.gate import Blocked, GatedCall, GatedWait, Live, Recorded
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, Decision, WaitOpened
@@ -136,7 +136,7 @@ class ActionCalls:
             decision = record.result  # decided in an earlier attempt of this resumed run
             self.context.calls.append(record)
         else:
-            decision = self.context.run.decisions.get(wait.wait_id)
+            decision = self.context.run.decisions.get(wait.wait_id) or self._gate_decision(wait, digest)
             if decision is None:
                 self._taken.discard(position)
                 self.pending_wait = WaitPending(wait, self.site, dict(self._retried))
@@ -162,6 +162,20 @@ class ActionCalls:
                                  on_timeout=Decision(approved=False, reason="no decision in time", timed_out=True))
         if not decision.approved:
             raise ToolCallDeniedError(resource_name, decision.reason)
+
+    def _gate_decision(self, wait: WaitOpened, digest: str) -> Decision | None:
+        """What the run's gate says of a wait with no decision: one now (a replay's), none, or a block."""
+        decide = getattr(self.context.gate, "decide", None)  # a gate of before waits decides nothing
+        if decide is None:
+            return None
+        run = self.context.run
+        answer = decide(GatedWait(key=run.key, seq=run.seq, event_id=self.site.event.id, action=self.site.action,
+                                  name=wait.name, args_digest=digest, wait_id=wait.wait_id))
+        if isinstance(answer, Blocked):
+            self.stats.calls_blocked += 1
+            self.context.blocked.append(answer.report)
+            raise answer.error
+        return answer
 
     def _opened(self, name: str, payload: Any, timeout_s: float | None, digest: str) -> WaitOpened:
         """The wait as first opened (journaled then: its id and deadline never move), or opened now."""

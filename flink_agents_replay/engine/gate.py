@@ -11,6 +11,10 @@ it) it asks its :class:`CallGate` with a :class:`GatedCall`, and gets one of thr
 * :class:`Blocked`: do not make it; ``error`` (a ``CallBlocked``) is raised into the action, which may
   handle it, and ``report`` is listed in ``RunResult.blocked``.
 
+A wait (``ctx.wait_for``) with no decision yet asks :meth:`CallGate.decide` with a :class:`GatedWait`: ``None``
+(the run waits for a decision from outside), a ``Decision`` to go on with at once (journaled as the wait's
+own), or :class:`Blocked` (raised into the action).
+
 Production runs with :data:`ALWAYS_LIVE`. A replay of a changed agent plugs in its side-effect policy
 (:class:`flink_agents_replay.replay.gate.ReplayCalls`); the engine knows nothing of replays or captures.
 The gate is asked after the ``cancelled`` check and before an external resource's "started" record, so a
@@ -26,8 +30,10 @@ from flink_agents_replay.api.call_site import Fork
 from flink_agents_replay.api.resources import Resource
 from flink_agents_replay.core.errors import CallBlocked
 from flink_agents_replay.storage.records.journal import CallRecord
+from flink_agents_replay.storage.records.waits import Decision
 
-__all__ = ["ALWAYS_LIVE", "AlwaysLive", "Blocked", "CallGate", "GateDecision", "GatedCall", "Live", "Recorded"]
+__all__ = ["ALWAYS_LIVE", "AlwaysLive", "Blocked", "CallGate", "GateDecision", "GatedCall", "GatedWait", "Live",
+           "Recorded"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +50,19 @@ class GatedCall:
     args_digest: str
     args: tuple
     kwargs: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedWait:
+    """A wait with no decision yet: where it is, its name, the digest of what it asks, and its id."""
+
+    key: Any
+    seq: int
+    event_id: str
+    action: str
+    name: str
+    args_digest: str
+    wait_id: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,14 +99,21 @@ class CallGate(Protocol):
         """Live, served a recorded outcome, or blocked."""
         ...
 
+    def decide(self, wait: GatedWait) -> Decision | Blocked | None:
+        """A decision for the wait now, a block, or ``None``: the run waits for one from outside."""
+        ...
+
 
 class AlwaysLive:
-    """The production gate: every call is made for real."""
+    """The production gate: every call is made for real, every wait waits."""
 
     _LIVE = Live()
 
     def admit(self, call: GatedCall) -> GateDecision:
         return self._LIVE
+
+    def decide(self, wait: GatedWait) -> Decision | Blocked | None:
+        return None
 
 
 ALWAYS_LIVE = AlwaysLive()

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from flink_agents_replay.api.call_site import Fork
 from flink_agents_replay.core.errors import CallBlocked
 from flink_agents_replay.engine.calls import JournaledCalls
-from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, Live, Recorded
-from flink_agents_replay.replay.policy import CallPolicy, policy_for
+from flink_agents_replay.engine.gate import Blocked, GatedCall, GateDecision, GatedWait, Live, Recorded
+from flink_agents_replay.replay.policy import CallPolicy, WaitPolicy, policy_for
 from flink_agents_replay.storage.capture.records import BlockedCall
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, Decision
 
 __all__ = ["ReplayCalls", "describe_arguments"]
 
@@ -38,6 +39,7 @@ class ReplayCalls:
     #: What live calls tell resources that keep state outside the job (long-term memory): read production's
     #: state as of the savepoint, write into the replay's own overlay.
     fork: Fork | None = None
+    wait_policy: WaitPolicy = WaitPolicy.RECORDED
     _unserved: dict[tuple[str, str], JournaledCalls] = field(default_factory=dict, init=False, repr=False)
 
     def admit(self, call: GatedCall) -> GateDecision:
@@ -57,7 +59,23 @@ class ReplayCalls:
         report = BlockedCall(call.event_id, call.action, call.position, call.resource_name, arguments)
         return Blocked(error=error, report=report)
 
-    def _production_call(self, call: GatedCall) -> CallRecord | None:
+    def decide(self, wait: GatedWait) -> Decision | Blocked | None:
+        """The wait's decision by the wait policy: production's for the same question, or approve or deny all.
+        A wait production recorded no decision for is blocked: a replay does not wait for people."""
+        if self.wait_policy is WaitPolicy.APPROVE:
+            return Decision.approve("the replay's wait policy approves every wait", by="replay")
+        if self.wait_policy is WaitPolicy.DENY:
+            return Decision.deny("the replay's wait policy denies every wait", by="replay")
+        production = self._production_call(GatedWaitCall(wait))
+        if production is not None and production.outcome is CallOutcome.RETURNED:
+            return production.result
+        error = CallBlocked(f"replay: wait {wait.name!r} in action {wait.action} (key {wait.key!r} seq {wait.seq}) got "
+                            "no decision: production recorded none for it (it was still waiting, or asked another "
+                            "question); give the replay a wait policy to decide it", DECISION_RESOURCE, wait.name)
+        return Blocked(error=error, report=BlockedCall(wait.event_id, wait.action, -1, DECISION_RESOURCE,
+                                                       f"wait {wait.name!r} ({wait.wait_id})"))
+
+    def _production_call(self, call: GatedCall | GatedWaitCall) -> CallRecord | None:
         """Production's first call not served yet that asked what ``call`` asks, in the same event and action."""
         if not self._unserved:
             by_action: dict[tuple[str, str], list[CallRecord]] = defaultdict(list)
@@ -66,6 +84,26 @@ class ReplayCalls:
             self._unserved.update({slot: JournaledCalls(records) for slot, records in by_action.items()})
         unserved = self._unserved.get((call.event_id, call.action))
         return None if unserved is None else unserved.take(call.resource_name, call.args_digest)
+
+
+@dataclass(frozen=True)
+class GatedWaitCall:
+    """A wait's decision as the call production journaled it (resource ``@decision``)."""
+
+    wait: GatedWait
+    resource_name: str = DECISION_RESOURCE
+
+    @property
+    def event_id(self) -> str:
+        return self.wait.event_id
+
+    @property
+    def action(self) -> str:
+        return self.wait.action
+
+    @property
+    def args_digest(self) -> str:
+        return self.wait.args_digest
 
 
 def describe_arguments(args: tuple, kwargs: dict, limit: int = 500) -> str:

@@ -172,7 +172,7 @@ class ReplayMode:
     def gate_for(self, key_digest: str, seq: int) -> ReplayCalls:
         """The side-effect policy for one run, with the calls production's run of the same input made."""
         return ReplayCalls(dict(self.settings.policies), self.recorded_calls.pop((key_digest, seq), {}),
-                           self.call_id_prefix, self.fork)
+                           self.call_id_prefix, self.fork, self.settings.wait_policy)
 
     def close(self) -> None:
         """Release production's journal."""

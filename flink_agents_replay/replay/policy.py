@@ -7,6 +7,10 @@
 * ``blocked``: do not call; the call is listed in the replay report with its arguments and raises
   :class:`~flink_agents_replay.core.errors.CallBlocked`, which the action may handle.
 
+Waits (``ctx.wait_for``) follow the replay's :class:`WaitPolicy`: ``recorded`` (the default) gives a wait the
+decision production's run of the same input got for the same question, and blocks it when production recorded
+none; ``approve`` and ``deny`` decide every wait so.
+
 Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
 ``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
 
@@ -22,7 +26,7 @@ from collections.abc import Mapping
 from flink_agents_replay.api.resources import Resource, SideEffects
 from flink_agents_replay.core.errors import ConfigError
 
-__all__ = ["CallPolicy", "default_policy", "parse_policies", "policy_for"]
+__all__ = ["CallPolicy", "WaitPolicy", "default_policy", "parse_policies", "policy_for"]
 
 
 class CallPolicy(str, enum.Enum):
@@ -31,6 +35,14 @@ class CallPolicy(str, enum.Enum):
     LIVE = "live"
     RECORDED = "recorded"
     BLOCKED = "blocked"
+
+
+class WaitPolicy(str, enum.Enum):
+    """What a replay decides for a run waiting at ``ctx.wait_for``."""
+
+    RECORDED = "recorded"  # production's recorded decision for the same wait; blocked without one
+    APPROVE = "approve"  # approve every wait
+    DENY = "deny"  # deny every wait
 
 
 _DEFAULTS = {SideEffects.NONE: CallPolicy.LIVE, SideEffects.IDEMPOTENT: CallPolicy.LIVE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flink_agents_replay.replay.policy import CallPolicy
+from flink_agents_replay.replay.policy import CallPolicy, WaitPolicy
 
 __all__ = ["ReplaySettings"]
 
@@ -27,6 +27,8 @@ class ReplaySettings:
             their declared side effects (:mod:`flink_agents_replay.replay.policy`).
         checkpoint_id: the savepoint's checkpoint id (for logs and the report).
         checkpoint_time_ms: the savepoint's trigger time (from the capture manifest; ``None`` before 0.5).
+        wait_policy: what waits get (:class:`~flink_agents_replay.replay.policy.WaitPolicy`): production's
+            recorded decisions, or approve all, or deny all.
     """
 
     production_capture_topic: str
@@ -36,6 +38,7 @@ class ReplaySettings:
     policies: Mapping[str, CallPolicy] = field(default_factory=dict)
     checkpoint_id: int | None = None
     checkpoint_time_ms: int | None = None
+    wait_policy: WaitPolicy = WaitPolicy.RECORDED
 
     @property
     def memory_as_of(self) -> int:

@@ -20,6 +20,8 @@ from flink_agents_replay.api.resources import Resource, SideEffects, Tool
 from flink_agents_replay.core.errors import AgentDefinitionError, WaitNotSupportedError, WaitTimedOutError
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.engine.run import WaitingRun, resume_history
+from flink_agents_replay.replay.gate import ReplayCalls
+from flink_agents_replay.replay.policy import CallPolicy, WaitPolicy
 from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
 from flink_agents_replay.storage.journal.recovery import read_recovery_index
 from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
@@ -322,3 +324,33 @@ def test_needs_approval_takes_a_bool_or_a_function_and_a_positive_timeout():
         Tool(len, needs_approval="yes")
     with pytest.raises(ValueError, match="approval_timeout_s must be a positive number"):
         Tool(len, needs_approval=True, approval_timeout_s=0)
+
+
+# -- waits in a replay ------------------------------------------------------------------------------------
+def _production_calls(agent, decision: Decision) -> dict:
+    """The calls production's run made, as the capture keeps them (by event id, action, position)."""
+    store = MemoryJournalStore(8)
+    waiting = first_run(agent, store)
+    result = resume(agent, store, waiting, decision)
+    return {(call.event_id, call.action, call.position): call for call in result.calls}
+
+
+@pytest.mark.parametrize(("wait_policy", "expected"), [
+    (WaitPolicy.RECORDED, "refunded"), (WaitPolicy.APPROVE, "refunded"), (WaitPolicy.DENY, "denied")])
+def test_a_replay_gives_each_wait_the_recorded_decision_or_its_wait_policys(wait_policy, expected):
+    calls = Counter()
+    recorded = _production_calls(refund_agent(calls), Decision.approve("fine", by="ana"))
+    gate = ReplayCalls({"*": CallPolicy.RECORDED}, recorded, wait_policy=wait_policy)
+    result = execute_run(refund_agent(calls), RUN, {}, gate=gate, report_failures=True)
+    assert result.waiting is None and result.error is None
+    assert [o.output[0] for o in result.outputs] == [expected]
+    decision = next(call.result for call in result.calls if call.resource == "@decision")
+    assert decision.by == ("ana" if wait_policy is WaitPolicy.RECORDED else "replay")
+
+
+def test_a_wait_production_recorded_no_decision_for_is_blocked_and_reported_in_a_replay():
+    gate = ReplayCalls({"*": CallPolicy.LIVE}, {})  # production recorded nothing of this run: it still waited
+    result = execute_run(refund_agent(Counter()), RUN, {}, gate=gate, report_failures=True)
+    assert result.waiting is None and "got no decision: production recorded none" in result.error
+    assert [(b.resource, b.arguments) for b in result.blocked] == [("@decision", f"wait 'refund-approval' "
+                                                                    f"({result.calls[-1].result.wait_id})")]

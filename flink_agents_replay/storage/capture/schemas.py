@@ -1,4 +1,4 @@
-"""The capture's records as plain data (schema version 2 of inputs, 3 of runs; see
+"""The capture's records as plain data (schema version 2 of inputs, 4 of runs; see
 :mod:`flink_agents_replay.storage.formats`).
 
 =========  ==============================================================================================
@@ -12,7 +12,9 @@ kind       plain payload (``bytes`` fields are user values, pickled)
 
 Version 2 added ``key_group`` to both kinds (the partition the record was written to); version 1 records
 (0.1.0, 0.2.0) read with ``key_group=None``. Run version 3 (0.5) holds calls of journal call schema 2 (their
-``meta``: latency, a model's tokens; a chat model's answer as plain data).
+``meta``: latency, a model's tokens; a chat model's answer as plain data). Run version 4 (0.7) holds calls of
+journal call schema 3: a run that waited holds its wait (``@wait``) and the decision it got (``@decision``), which
+a replay gives the same wait (:mod:`flink_agents_replay.replay.policy`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _run_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedRun:
 #: The capture topic's record kinds, by header kind.
 CAPTURE_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(CAPTURED_INPUT, 2, _input_to_plain, _input_from_plain, CapturedInput),
-    RecordSchema(CAPTURED_RUN, 3, _run_to_plain, _run_from_plain, CapturedRun),
+    RecordSchema(CAPTURED_RUN, 4, _run_to_plain, _run_from_plain, CapturedRun),
 )}
 
 
