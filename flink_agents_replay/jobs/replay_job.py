@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--side-effects", default="",
                         help="policies per resource, e.g. llm=live,orders=recorded ('*' for all others); unnamed "
                              "resources: none/idempotent live, external blocked")
+    parser.add_argument("--waits", default="recorded", choices=["recorded", "approve", "deny"],
+                        help="what waits (ctx.wait_for) get: production's recorded decisions (a wait production "
+                             "recorded none for is blocked), or approve all, or deny all (default recorded)")
     parser.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
     parser.add_argument("--max-parallelism", type=int, default=128, help="the production job's (default 128)")
     parser.add_argument("--parallelism", type=int, default=2)
@@ -148,7 +151,8 @@ def build(args: argparse.Namespace):
         raise ReplayError("a replay starts from a production savepoint: flink run -s <savepoint> -pym "
                           "flink_agents_replay.jobs.replay_job ... (or --savepoint)")
     settings = prepare_replay(kafka, capture_topic, savepoint, uid=uid, key_type=args.key_type,
-                              max_parallelism=args.max_parallelism, policies=args.side_effects)
+                              max_parallelism=args.max_parallelism, policies=args.side_effects,
+                              wait_policy=args.waits)
     suffix = f"replay-{args.replay_name}"
     production_journal = settings.production_journal_topic or default_journal_topic(uid)
     topics = {"journal": f"{production_journal}.{suffix}", "capture": f"{capture_topic}.{suffix}",

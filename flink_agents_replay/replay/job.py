@@ -25,7 +25,7 @@ from pyflink.common.watermark_strategy import TimestampAssigner
 from flink_agents_replay.core.errors import FlinkAgentsReplayError, ReplayConfigError, SignatureError
 from flink_agents_replay.core.keygroups import SUPPORTED_KEY_TYPES, flink_key_type
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings, KafkaSettingsLike
-from flink_agents_replay.replay.policy import CallPolicy, parse_policies
+from flink_agents_replay.replay.policy import CallPolicy, WaitPolicy, parse_policies
 from flink_agents_replay.replay.savepoint import read_savepoint
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.capture.manifest import read_capture_start
@@ -38,7 +38,7 @@ __all__ = ["CapturedInputParser", "captured_inputs", "keyed_captured_inputs", "p
 
 def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str | Path, *, uid: str, key_type: str,
                    max_parallelism: int, policies: Mapping[str, str | CallPolicy] | str | None = None,
-                   timeout_s: float = 30.0) -> ReplaySettings:
+                   wait_policy: str | WaitPolicy = WaitPolicy.RECORDED, timeout_s: float = 30.0) -> ReplaySettings:
     """Check that ``savepoint`` and ``capture_topic`` fit a replay of operator ``uid``; return its settings.
 
     Reads the savepoint's checkpoint id from its ``_metadata``, and the capture offsets at that checkpoint and its
@@ -48,6 +48,10 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
     if key_type not in SUPPORTED_KEY_TYPES:
         raise ReplayConfigError(f"key_type must be one of {list(SUPPORTED_KEY_TYPES)}, got {key_type!r}")
     parsed_policies = parse_policies(policies)
+    try:
+        wait_policy = WaitPolicy(wait_policy)
+    except ValueError:
+        raise ReplayConfigError(f"wait policy {wait_policy!r}: one of {[p.value for p in WaitPolicy]}") from None
     info = read_savepoint(savepoint)
     if not info.holds_operator(uid):
         raise ReplayConfigError(
@@ -69,7 +73,7 @@ def prepare_replay(kafka: KafkaSettingsLike, capture_topic: str, savepoint: str 
         raise ReplayConfigError(f"the capture {capture_topic!r} does not fit this replay: " + "; ".join(problems))
     return ReplaySettings(capture_topic, start.offsets, description.journal_topic,
                           frozenset(description.production_topics), parsed_policies, info.checkpoint_id,
-                          start.checkpoint_time_ms)
+                          start.checkpoint_time_ms, wait_policy)
 
 
 def savepoint_of(env) -> str | None:
