@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 
 from flink_agents_replay.api.agent import ActionSpec, Agent, Event, InputEvent, OutputEvent, with_event_id
 from flink_agents_replay.api.memory import Memory, private_copy
-from flink_agents_replay.core.errors import AgentDefinitionError, FingerprintMismatchError, JournalError
+from flink_agents_replay.core.errors import (
+    AgentDefinitionError,
+    FingerprintMismatchError,
+    JournalError,
+    ToolCallDeniedError,
+    WaitTimedOutError,
+)
 from flink_agents_replay.engine.action import execute_action
 from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.context import (
@@ -141,14 +147,15 @@ def execute_run(
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
-    before = copy.deepcopy(memory) if report_failures else None
+    # A resumed run may end on its wait's timeout or denial: then its memory stays as it was (see _ends_the_run).
+    before = copy.deepcopy(memory) if report_failures or run.resuming else None
     error = None
     try:
         outputs = run_events(context, Scope(agent, (agent.name,)), first, state, stats)
     except WaitPending as pending:
         return _waiting(context, pending, memory, stats, acknowledge)
     except Exception as exc:
-        if not report_failures or isinstance(exc, RunCancelled):
+        if not (report_failures or _ends_the_run(exc, run)) or isinstance(exc, RunCancelled):
             _settle(journal)
             raise
         # A reported failure (a replay: an unhandled CallBlocked, the new code's bug) ends the input: its
@@ -175,6 +182,13 @@ def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: Run
     waiting = WaitingRun(pending.wait, run.seq, site.action, site.event.id, site.order, records, pending.retried)
     return RunResult(run.seq, memory, [], stats, list(context.calls), list(context.blocked), context.input_digest,
                      waiting=waiting)
+
+
+def _ends_the_run(exc: Exception, run: RunInput) -> bool:
+    """A wait's timeout (no ``on_timeout``) or a denied tool call left the action unhandled: the run ends, memory as
+    before it, no output, instead of failing the task. The journaled decision would raise it again in every
+    attempt: failing would restart the job forever."""
+    return run.resuming and isinstance(exc, (WaitTimedOutError, ToolCallDeniedError))
 
 
 def _settle(journal: RunJournal | None) -> None:

@@ -48,6 +48,8 @@ COUNTERS: dict[str, str] = {
     "decisions_ignored": "decisions for a wait that already had one (duplicates)",
     "decisions_unmatched": "early decisions whose wait never came within `early_decision_ttl_s`",
     "decisions_rejected": "decisions that could not be read (reported as `decision_rejected` events)",
+    "runs_ended_at_wait": "resumed runs ended by a timeout (`WaitTimedOutError`) or denial (`ToolCallDeniedError`) "
+                          "their action did not handle: no output, memory as before (the `closed` event says why)",
 }
 
 #: Counters that hold a value instead of counting.

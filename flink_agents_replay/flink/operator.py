@@ -463,14 +463,15 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _apply(self, key, result: RunResult, ctx):
         if key in self._resumed:
             self._resumed.discard(key)
-            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism)))
+            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism),
+                                                      reason=result.error))
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
                                                                   f"{result.seq}"))
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)
         self._count(result)
-        if result.error is not None:  # only a mode that reports failures hands back a failed run
-            self.counters["replay_runs_failed"].inc()
+        if result.error is not None:  # a replay's reported failure, or a run its wait's timeout or denial ended
+            self.counters["replay_runs_failed" if self.mode.report_failures else "runs_ended_at_wait"].inc()
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.run_applied(key=key, group=group, result=result)

@@ -58,7 +58,8 @@ class WaitEvent:
     """What happened to a wait, for people and systems that decide (a chat, a ticket system).
 
     ``kind``: ``opened`` (a run waits: ``name``, ``payload`` and ``deadline_ms`` say for what), ``resumed`` (its
-    decision was applied; ``timed_out`` ones say so in ``decision``), ``closed`` (its run finished),
+    decision was applied; ``timed_out`` ones say so in ``decision``), ``closed`` (its run finished; ``reason``
+    when a timeout or denial the action did not handle ended it, with no output and its memory as before),
     ``decision_early`` (a decision for no wait of the key yet: kept for ``early_decision_ttl_s``),
     ``decision_ignored`` (a duplicate: the wait has its decision), ``decision_unmatched`` (an early decision
     whose wait never came), ``decision_rejected`` (a decision that could not be read: ``reason``).
@@ -139,8 +140,9 @@ class OperatorWaits:
         if received is not None and received.status is DecisionStatus.EARLY:
             yield from self._apply(key, waiting, received, ctx)
 
-    def finished(self, key: Any, group: int) -> Iterator[WaitEvent]:
-        """The key's resumed run finished: its wait is closed (its decision kept a while for duplicates)."""
+    def finished(self, key: Any, group: int, *, reason: str | None = None) -> Iterator[WaitEvent]:
+        """The key's resumed run finished (``reason``: the timeout or denial that ended it): its wait is closed
+        (its decision kept a while for duplicates)."""
         waiting = self.parked()
         if waiting is None:
             return
@@ -151,7 +153,7 @@ class OperatorWaits:
             now = _now_ms()
             self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.CLOSED,
                                                      keep_until_ms=now + self.ttl_ms))
-        yield self._event("closed", key, waiting)
+        yield replace(self._event("closed", key, waiting), reason=reason)
 
     def resume_if_decided(self, key: Any, ctx) -> bool:
         """Resume the key's parked run if it has its decision (after a restore); whether it is parked."""

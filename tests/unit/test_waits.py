@@ -157,9 +157,11 @@ def test_a_timeout_returns_on_timeout_or_raises_into_the_action():
     result = resume(agent, store, first_run(agent, store), Decision(timed_out=True, by="timeout"))
     assert [o.output for o in result.outputs] == [("denied", "no answer in time")]
 
-    strict = refund_agent(calls)
+    strict = refund_agent(calls)  # no on_timeout: raised into the action (which may handle it)
     with pytest.raises(WaitTimedOutError, match="no decision for wait 'refund-approval'"):
-        resume(strict, MemoryJournalStore(8), first_run(strict, MemoryJournalStore(8)), Decision(timed_out=True))
+        execute_run(strict, RunInput(RUN.key, RUN.key_group, RUN.seq, RUN.input,
+                                     decisions={first_run(strict, MemoryJournalStore(8)).wait.wait_id:
+                                                Decision(timed_out=True)}), {})
 
 
 def test_an_action_that_catches_the_suspension_still_waits():
@@ -354,3 +356,13 @@ def test_a_wait_production_recorded_no_decision_for_is_blocked_and_reported_in_a
     assert result.waiting is None and "got no decision: production recorded none" in result.error
     assert [(b.resource, b.arguments) for b in result.blocked] == [("@decision", f"wait 'refund-approval' "
                                                                     f"({result.calls[-1].result.wait_id})")]
+
+
+def test_an_unhandled_timeout_ends_the_resumed_run_with_no_output_and_memory_as_before():
+    """The journaled timeout would raise again in every attempt: failing the task would restart the job forever."""
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = refund_agent(calls)  # no on_timeout: WaitTimedOutError
+    waiting = first_run(agent, store, memory={"assessed": 4})
+    result = resume(agent, store, waiting, Decision(timed_out=True), memory={"assessed": 4})
+    assert result.error.startswith("WaitTimedOutError: no decision for wait 'refund-approval'")
+    assert result.outputs == [] and result.memory == {"assessed": 4} and calls["payments"] == 0
