@@ -8,6 +8,7 @@ outputs, collected) and answers each opened wait on the signals topic.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import Counter
@@ -185,3 +186,50 @@ def test_a_wait_times_out_through_a_timer_and_its_events_stay_off_the_main_outpu
                             timeout_s=120)
     assert Counter(outputs) == Counter((r["key"], r["n"] + 1, json.dumps([r["n"], "nobody answered"]))
                                        for r in inputs)
+
+
+def test_a_deadline_fires_after_the_job_failed_over_while_its_run_was_parked(kafka_bootstrap, tmp_path):
+    """One key's run waits (4 s, no decision will come); the job fails over at the other keys' second output,
+    while it is parked. After the restore the run times out once, at the deadline journaled when the wait first
+    opened (not one reset by the restart), and its on_timeout answers; the other keys' outputs come once."""
+    import time
+
+    from pyflink.common import Types
+
+    from flink_agents_replay.testing._environment import _FailOnce
+
+    counter = InvocationCounter(tmp_path / "calls.db")
+
+    def opened_at() -> float:
+        counter.increment(f"opened-at:{time.time():.3f}")  # outside the worker; reused, so only once
+        return 0.0
+
+    class Patient(Agent):
+        @action(InputEvent)
+        def answer(event, ctx):
+            if event.input["key"] == "waits":
+                ctx.call("opened_at")
+                decision = ctx.wait_for("ok?", {"n": event.input["n"]}, timeout_s=4, on_timeout="timed out")
+                ctx.send_event(OutputEvent(output=[event.input["n"], decision]))
+            else:
+                ctx.send_event(OutputEvent(output=[event.input["n"], "done"]))
+
+    inputs = [{"key": "waits", "n": 0}, *make_inputs(keys=3, per_key=3)]
+    topic = produce_inputs(kafka_bootstrap, inputs)
+    env = create_environment(parallelism=1, checkpoint_interval_ms=500, restart_attempts=2, jars=connector_jars())
+    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY}
+    agent = Patient(name="patient", resources={"opened_at": Tool(opened_at, side_effects="none")})
+    claims = InvocationCounter(tmp_path / "claims.db")
+    outputs = connect_to_agent(keyed_json_inputs(env, kafka_bootstrap, topic), agent, config)
+    rows = outputs.map(_FailOnce(claims, 2), output_type=Types.PICKLED_BYTE_ARRAY()).map(
+        lambda output: (canonical_output(output), time.time()), output_type=Types.PICKLED_BYTE_ARRAY())
+    with rows.execute_and_collect("deadline after a restore") as results:
+        collected = list(itertools.islice(results, len(inputs)))
+
+    assert claims.count("fired") == 1  # the fault hit
+    assert Counter(row for row, _ in collected) == Counter(
+        [("waits", 1, json.dumps([0, "timed out"]))] + [(r["key"], r["n"] + 1, json.dumps([r["n"], "done"]))
+                                                          for r in inputs[1:]])
+    [opened] = [float(name.split(":", 1)[1]) for name in counter.counts() if name.startswith("opened-at:")]
+    [timed_out] = [at for row, at in collected if row[0] == "waits"]
+    assert 4 <= timed_out - opened < 12, timed_out - opened  # the journaled deadline, not one reset by the restart
