@@ -8,6 +8,8 @@ The operator does not know whether it runs production or a replay. It asks its :
   replay's order is its capture's.
 * ``report_failures``: does a failed run end up in the results (``RunResult.error``) instead of failing
   the job?
+* ``waits_time_out``: do waits' deadlines fire? (A replay runs long after production: its waits take
+  production's recorded decisions, timeouts included, from its call gate.)
 * ``open(owned, subtask, counters)`` / ``close()``: the mode's own clients and state.
 * ``journal_to_restore(own)``: which journal a restore reads (a replay reads production's, read only).
 * ``admit(value, event_time, accepted_seq)``: the input adapter: an arriving record as a waiting input,
@@ -38,6 +40,7 @@ class JobMode(Protocol):
     resumable: bool
     restores_input_order: bool
     report_failures: bool
+    waits_time_out: bool
 
     def open(self, *, owned: range, subtask: int, counters: Mapping[str, Any]) -> None: ...
 
@@ -62,6 +65,7 @@ class ProductionMode:
     resumable = True
     restores_input_order = True
     report_failures = False
+    waits_time_out = True
 
     def open(self, *, owned: range, subtask: int, counters: Mapping[str, Any]) -> None:
         return None

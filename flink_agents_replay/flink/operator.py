@@ -64,6 +64,7 @@ from flink_agents_replay.flink.runs import RunPool
 from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.flink.signals import KeyedInput, MalformedSignal, Signal
 from flink_agents_replay.flink.waits import OperatorWaits, WaitEvent
+from flink_agents_replay.storage.capture.records import CapturedRunEnd
 from flink_agents_replay.storage.formats.state import (
     InFlightInput,
     WaitingInput,
@@ -151,7 +152,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.waits = OperatorWaits(agent_name=self.agent.name, event_types=self.agent.event_types(),
                                    runtime_context=runtime_context, counters=self.counters,
                                    ttl_s=self.config.early_decision_ttl_s,
-                                   max_early=self.config.max_early_decisions_per_key, resume=self._resume)
+                                   max_early=self.config.max_early_decisions_per_key, resume=self._resume,
+                                   time_out=self.mode.waits_time_out)
         self._resumed: set = set()  # keys whose run under way was resumed from a wait
         self._events_tag = _wait_events_tag()
         self.order = OrderRestoration(
@@ -266,6 +268,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             value = value.value
         elif isinstance(value, (Signal, MalformedSignal)):
             yield from self._emit(self.waits.on_signal(value, ctx))
+            return
+        elif isinstance(value, CapturedRunEnd):  # a replay: production finished this run after the savepoint
+            self.waits.resume_in_replay(key, value.seq, ctx)
             return
         waiting = self.mode.admit(value, ctx.timestamp(), self._accepted_seq)
         if waiting is None:  # the restored state already holds this input
@@ -385,7 +390,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             waiting_run, decision = resume
             history = resume_history(waiting_run, history)
             run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch,
-                           decisions={waiting_run.wait.wait_id: decision}, resuming=True)
+                           decisions={} if decision is None else {waiting_run.wait.wait_id: decision}, resuming=True)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:

@@ -86,7 +86,7 @@ class OperatorWaits:
     """
 
     def __init__(self, *, agent_name: str, event_types, runtime_context, counters, ttl_s: float, max_early: int,
-                 resume) -> None:
+                 resume, time_out: bool = True) -> None:
         from pyflink.common import Types
         from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -94,6 +94,7 @@ class OperatorWaits:
         self.event_types = event_types
         self.counters = counters
         self.ttl_ms = int(ttl_s * 1000)
+        self.time_out = time_out  # False in a replay: deadlines do not fire
         self._resume = resume
         # Keyed state names are part of every savepoint: never change them.
         self.run_state = runtime_context.get_state(ValueStateDescriptor("waiting_run", Types.PICKLED_BYTE_ARRAY()))
@@ -133,7 +134,7 @@ class OperatorWaits:
             self._opened(group, 1)
         self.run_state.update(encode_waiting_run(waiting))
         self.counters["waits_opened"].inc()
-        if waiting.wait.deadline_ms is not None:
+        if waiting.wait.deadline_ms is not None and self.time_out:
             ctx.timer_service().register_processing_time_timer(waiting.wait.deadline_ms)
         yield self._event("opened", key, waiting)
         received = self._decision(waiting.wait.wait_id)
@@ -155,6 +156,15 @@ class OperatorWaits:
                                                      keep_until_ms=now + self.ttl_ms))
         yield replace(self._event("closed", key, waiting), reason=reason)
 
+    def resume_in_replay(self, key: Any, seq: int, ctx) -> None:
+        """Production finished its run of ``seq``: if the key holds that run parked (from the replay's savepoint),
+        resume it; the replay's call gate decides its wait (production's recorded decision, or the policy)."""
+        waiting = self.parked()
+        if waiting is not None and waiting.seq == seq and not self.decisions.contains(waiting.wait.wait_id):
+            self._keep(waiting.wait.wait_id, ReceivedDecision(Decision(by="replay"), DecisionStatus.APPLIED,
+                                                              _now_ms(), None))
+            self._resume(key, waiting, None, ctx)
+
     def resume_if_decided(self, key: Any, ctx) -> bool:
         """Resume the key's parked run if it has its decision (after a restore); whether it is parked."""
         waiting = self.parked()
@@ -162,7 +172,8 @@ class OperatorWaits:
             return False
         received = self._decision(waiting.wait.wait_id)
         if received is not None and received.status is DecisionStatus.APPLIED:
-            self._resume(key, waiting, received.decision, ctx)
+            # In a replay the call gate decides every wait: what is kept here only says the run resumed.
+            self._resume(key, waiting, received.decision if self.time_out else None, ctx)
         return True
 
     # -- decisions -------------------------------------------------------------------------------------
@@ -214,8 +225,8 @@ class OperatorWaits:
         whose deadline passed."""
         yield from self._expire(key, timestamp)
         waiting = self.parked()
-        if (waiting is not None and waiting.wait.deadline_ms is not None and waiting.wait.deadline_ms <= timestamp
-                and not self.decisions.contains(waiting.wait.wait_id)):
+        if (self.time_out and waiting is not None and waiting.wait.deadline_ms is not None
+                and waiting.wait.deadline_ms <= timestamp and not self.decisions.contains(waiting.wait.wait_id)):
             timeout = Decision(timed_out=True, by="timeout", decided_at_ms=timestamp)
             yield from self._apply(key, waiting, ReceivedDecision(timeout, DecisionStatus.EARLY, timestamp, None), ctx)
 

@@ -102,7 +102,7 @@ class CapturedInputParser:
 
     def __call__(self, value: bytes | None, partition: int | None) -> tuple[Any, str | None]:
         from flink_agents_replay.storage.capture.reader import CaptureDecoder
-        from flink_agents_replay.storage.capture.records import CapturedInput
+        from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun, CapturedRunEnd
 
         if value is None:
             return None, "no value (a tombstone)"
@@ -114,6 +114,8 @@ class CapturedInputParser:
                                           partition=partition)
         except FlinkAgentsReplayError as exc:
             return None, str(exc)
+        if isinstance(record, CapturedRun):  # only its end: it resumes a run the savepoint holds parked at a wait
+            return CapturedRunEnd(record.key, record.seq), None
         return (record, None) if isinstance(record, CapturedInput) else (None, None)
 
 

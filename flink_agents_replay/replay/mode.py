@@ -66,6 +66,7 @@ class ReplayMode:
     resumable = False
     restores_input_order = False
     report_failures = True
+    waits_time_out = False  # production's decisions, timeouts included, come from the gate
 
     def __init__(self, *, settings: ReplaySettings, kafka: KafkaSettingsLike, signing_key: bytes, uid: str,
                  journal_topic: str | None, max_parallelism: int, read_production_journal: bool,

@@ -73,14 +73,14 @@ class Asks(Agent):
         ctx.send_event(OutputEvent(output=ctx.wait_for("ok?", {"n": event.input}, timeout_s=60)))
 
 
-def waits(max_early: int = 3):
+def waits(max_early: int = 3, time_out: bool = True):
     counters = {name: _Counter() for name in ("waits_opened", "waits_timed_out", "decisions_applied",
                                               "decisions_early", "decisions_ignored", "decisions_unmatched",
                                               "decisions_rejected", "runs_waiting")}
     resumed = []
     context = _Context()
     operator_waits = OperatorWaits(agent_name="asks", event_types=Asks().event_types(), runtime_context=context,
-                                   counters=counters, ttl_s=10, max_early=max_early,
+                                   counters=counters, ttl_s=10, max_early=max_early, time_out=time_out,
                                    resume=lambda key, run, decision, ctx: resumed.append((key, run.seq, decision)))
     return operator_waits, counters, resumed, context
 
@@ -126,9 +126,8 @@ def test_early_decisions_expire_as_unmatched_and_are_bounded_per_key():
             "decision_early"]
     refused = list(operator_waits.on_signal(Signal("k", "w2", Decision.approve()), context))
     assert kinds(refused) == ["decision_rejected"] and "max_early_decisions_per_key" in refused[0].reason
-    expiry = max(context.timers)
-    assert kinds(operator_waits.on_timer("k", expiry - 1, context)) == []
-    assert kinds(operator_waits.on_timer("k", expiry, context)) == ["decision_unmatched", "decision_unmatched"]
+    assert kinds(operator_waits.on_timer("k", min(context.timers) - 1, context)) == []
+    assert kinds(operator_waits.on_timer("k", max(context.timers), context)) == ["decision_unmatched"] * 2
     assert len(operator_waits.decisions) == 0 and counters["decisions_unmatched"].count == 2
 
 
@@ -172,3 +171,16 @@ def test_the_parked_count_restores_per_key_group():
     operator_waits, counters, _, _ = waits()
     operator_waits.restored({3: 2, 9: 1})
     assert counters["runs_waiting"].count == 3 and Counter(operator_waits.open_by_group) == Counter({3: 2, 9: 1})
+
+
+def test_in_a_replay_deadlines_do_not_fire_and_production_finishing_the_run_resumes_it_for_the_gate_to_decide():
+    operator_waits, counters, resumed, context = waits(time_out=False)
+    waiting, _ = parked(operator_waits, context)
+    assert context.timers == []  # no deadline timer: production's decisions, timeouts included, are recorded
+    assert kinds(operator_waits.on_timer("k", waiting.wait.deadline_ms + 1, context)) == []
+    operator_waits.resume_in_replay("k", 2, context)  # another seq: not this run
+    assert resumed == []
+    operator_waits.resume_in_replay("k", 1, context)
+    operator_waits.resume_in_replay("k", 1, context)  # once
+    assert resumed == [("k", 1, None)]  # no decision handed in: the replay's gate decides
+    assert operator_waits.resume_if_decided("k", context) and resumed[-1] == ("k", 1, None)  # after a restore too

@@ -27,8 +27,8 @@ from typing import Any
 from flink_agents_replay.storage.records.codec import CAPTURE_SIGNED_KEY
 from flink_agents_replay.storage.records.journal import CallRecord
 
-__all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedRun", "capture_key",
-           "parse_capture_key"]
+__all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedRun", "CapturedRunEnd",
+           "capture_key", "parse_capture_key"]
 
 
 #: What capture records are signed with in place of their Kafka record key.
@@ -78,6 +78,16 @@ class CapturedRun:
     blocked: list[BlockedCall] = field(default_factory=list)
     error: str | None = None  # replay only: the exception that ended the run (its outputs are then empty)
     key_group: int | None = None  # set by the writer; None in records of schema version 1
+
+
+@dataclass(frozen=True)
+class CapturedRunEnd:
+    """Production finished the run of ``key``'s input ``seq`` (a captured run, as a replay's source passes it on:
+    a run the replay's savepoint holds parked at a wait resumes then). Never persisted."""
+
+    key: Any
+    seq: int
+    event_time: int | None = None  # none: the source's timestamp stands
 
 
 def capture_key(key_group: int, seq: int, kind: str, digest_of_key: str) -> bytes:
