@@ -19,6 +19,9 @@
     flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of EPOCH [--json FILE]
     flink-agents-replay memory clean --store URL --replay NAME
     flink-agents-replay memory compact --store URL --namespace NS --oldest-retained EPOCH|TIME
+    flink-agents-replay waits list --waits-topic W [--key K] [--all] [--json] [--bootstrap-servers HOST:PORT]
+    flink-agents-replay waits decide WAIT_ID (--approve | --deny) [--reason R] [--value JSON] [--by B]
+                                    --signals-topic S (--waits-topic W | --key K) [--bootstrap-servers HOST:PORT]
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flink-agents-replay", description="Local services, the demo, journal tools, replays and their diffs.")
     commands = parser.add_subparsers(dest="command", required=True)
     for add_commands in (_add_local_commands, _add_inspect_command, _add_demo_command, _add_tickets_command,
-                         _add_diff_command, _add_memory_commands, _add_journal_commands):
+                         _add_diff_command, _add_memory_commands, _add_journal_commands, _add_waits_commands):
         add_commands(commands)
     return parser
 
@@ -540,6 +543,74 @@ def _add_journal_commands(commands) -> None:
         command.add_argument("--topic", required=command is dump, default=None, help=topic_help)
         _add_kafka_settings_option(command)
         command.set_defaults(handler=_journal)
+
+
+def _add_waits_commands(commands) -> None:
+    """``waits list|decide``: the runs waiting for a decision, and deciding one."""
+    waits = commands.add_parser("waits", help="runs waiting for a decision (ctx.wait_for, tools that need approval): "
+                                "list them from the job's waits topic, decide one on its signals topic")
+    actions = waits.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="the pending waits (opened, neither resumed nor closed), oldest first")
+    listing.add_argument("--waits-topic", required=True, metavar="TOPIC", help="the job's --waits-topic")
+    listing.add_argument("--key", default=None, help="only the waits of this key")
+    listing.add_argument("--all", dest="everything", action="store_true",
+                         help="every wait, with the kind of its last event (opened, resumed, closed...)")
+    listing.add_argument("--json", action="store_true", help="print the waits as one JSON array")
+    decide = actions.add_parser("decide", help="send a decision for a wait to the job's signals topic")
+    decide.add_argument("wait_id", metavar="WAIT_ID", help="the wait's id (waits list shows it)")
+    verdict = decide.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--approve", dest="approved", action="store_true", default=None, help="approve the wait")
+    verdict.add_argument("--deny", dest="approved", action="store_false", help="deny the wait")
+    decide.add_argument("--reason", default=None, help="why, in words (a denied tool call's model is shown it)")
+    decide.add_argument("--value", default=None, metavar="JSON",
+                        help="a JSON value for the agent, e.g. '{\"amount\": 80}'")
+    decide.add_argument("--by", default=None, help="who decides (free text)")
+    decide.add_argument("--signals-topic", required=True, metavar="TOPIC", help="the job's --signals-topic")
+    where = decide.add_mutually_exclusive_group(required=True)
+    where.add_argument("--waits-topic", default=None, metavar="TOPIC",
+                       help="the job's --waits-topic: the wait's key is looked up there")
+    where.add_argument("--key", default=None, help="the key of the run that waits (no lookup)")
+    for command in (listing, decide):
+        command.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                             metavar="HOST:PORT", help="the job's Kafka (default $KAFKA_BOOTSTRAP_SERVERS)")
+        command.add_argument("--timeout-s", type=_non_negative, default=15.0,
+                             help="how long to wait for Kafka (default 15)")
+        _add_kafka_settings_option(command)
+        command.set_defaults(handler=_waits)
+
+
+def _waits(args: argparse.Namespace) -> int:
+    import json
+
+    from flink_agents_replay.cli import waits
+
+    kafka = _kafka_settings(args)
+    if args.action == "list":
+        folded = waits.fold_wait_events(waits.read_wait_events(kafka, args.waits_topic, timeout_s=args.timeout_s))
+        chosen = waits.selected(folded, key=args.key, everything=args.everything)
+        if folded.skipped:
+            print(f"skipped {folded.skipped} record(s) of {args.waits_topic} that are not wait events this version "
+                  "reads", file=sys.stderr)
+        if args.json:
+            print(json.dumps([waits.wait_json(wait) for wait in chosen], sort_keys=True))
+            return 0
+        if chosen:
+            print(waits.format_waits(chosen, everything=args.everything))
+        what = ("wait" if args.everything else "pending wait") + ("" if len(chosen) == 1 else "s")
+        print(f"{len(chosen)} {what} ({len(folded.waits)} in all, from {folded.events} events of {args.waits_topic})")
+        return 0
+    value = waits.parse_value(args.value) if args.value is not None else None  # before Kafka: fails at once
+    if args.key is not None:
+        key = args.key
+    else:
+        events = waits.read_wait_events(kafka, args.waits_topic, timeout_s=args.timeout_s)
+        key = waits.key_of_wait(waits.fold_wait_events(events), args.wait_id, args.waits_topic)
+    record = waits.decision_record(key, args.wait_id, approved=args.approved, reason=args.reason, value=value,
+                                   with_value=args.value is not None, by=args.by)
+    partition, offset = waits.send_decision(kafka, args.signals_topic, record, timeout_s=args.timeout_s)
+    print(f"{'approved' if args.approved else 'denied'} wait {args.wait_id} (key {key!r}): signal "
+          f"{record['signal_id']} written to {args.signals_topic} partition {partition} offset {offset}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,14 @@ with the reason, its partition and offset, and the job goes on (:mod:`flink_agen
 leaves through Flink's exactly-once ``KafkaSink`` (a consumer with ``isolation.level=read_committed``
 sees each one once).
 
+Runs that wait for a person (``ctx.wait_for``, a tool that needs approval) take their decisions from
+``--signals-topic``: JSON ``{"key", "wait_id", "approved", "reason", "by", "value", "signal_id", "sent_at_ms"}``
+(:mod:`flink_agents_replay.flink.signals`), read and checked like the tickets (a record that is not a JSON object
+with a string ``key`` goes to the dead-letter topic) and keyed by ``key``, the customer of the run that waits.
+What happens to waits goes to ``--waits-topic`` as JSON keyed by wait id, exactly once
+(:mod:`flink_agents_replay.jobs.waits_topic`); the job creates it compacted. ``flink-agents-replay waits list``
+and ``waits decide`` read the one and write the other.
+
 Keep ``--agent-id`` the same across a savepoint and its restore: it derives the agent operator's uid and
 its journal topic. Every operator has a uid, so a restore maps all state at any parallelism.
 """
@@ -42,7 +50,7 @@ from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink.config import SIGNING_KEY_ENV, job_signing_key
 from flink_agents_replay.flink.env import create_environment
-from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events
 from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import (
@@ -52,7 +60,16 @@ from flink_agents_replay.jobs.kafka_input import (
     KafkaInput,
     records_from_kafka,
 )
-from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
+from flink_agents_replay.jobs.kafka_output import (
+    exactly_once_keyed_string_sink,
+    exactly_once_string_sink,
+    keyed_string_type,
+)
+from flink_agents_replay.jobs.waits_topic import wait_event_record
+
+#: The settings a waits topic is created with: a pending wait's ``opened`` event may be days old, and compaction
+#: keeps the last event of every wait (its Kafka key) where time-based retention would delete it.
+WAITS_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dead-letter-topic", default=None,
                         help="where records the job cannot take go, with the reason, partition and offset "
                              "(default <input topic>.dead-letters)")
+    parser.add_argument("--signals-topic", default=None,
+                        help="topic of JSON decisions for runs that wait ({\"key\", \"wait_id\", \"approved\", "
+                             "...}, keyed by the customer); none: a run that waits can only time out")
+    parser.add_argument("--waits-topic", default=None,
+                        help="topic the wait events go to (JSON keyed by wait id, exactly once; created compacted); "
+                             "none: not written")
     parser.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                         help="larger input records go to the dead-letter topic (default 256 KiB; keep it well below "
                              "the journal's limit, Kafka's 1 MB message: an action's record may hold the whole input)")
@@ -132,6 +155,7 @@ def build(args: argparse.Namespace):
         JsonRecords("customer", args.max_record_bytes, required=("ticket_id", "text")),
         DeadLetters(args.bootstrap_servers, args.dead_letter_topic, f"dead-letters-{prefix}"), uid="tickets")
     keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
+    signals = _signals(env, args, prefix)
 
     agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
                                  orders_base_url=args.orders_base_url, memory_url=args.memory_url)
@@ -142,11 +166,11 @@ def build(args: argparse.Namespace):
         "durability": args.durability,
         "capture": args.capture,
         # In the capture manifest: a replay refuses to write there.
-        "output_topics": [args.output_topic, args.dead_letter_topic],
+        "output_topics": [args.output_topic, args.dead_letter_topic, *([args.waits_topic] if args.waits_topic else [])],
     }
     if args.journal_topic:
         config["journal_topic"] = args.journal_topic
-    replies = connect_to_agent(keyed, agent, config)
+    replies = connect_to_agent(keyed, agent, config, signals=signals)
 
     sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic, prefix)
     (
@@ -154,7 +178,36 @@ def build(args: argparse.Namespace):
                     output_type=Types.STRING()).name("format replies").uid("format-replies")
         .sink_to(sink).name("replies sink").uid("replies-sink")
     )
+    if args.waits_topic:
+        _wait_events_to_kafka(env, args, replies, prefix)
     return env
+
+
+def _signals(env, args: argparse.Namespace, prefix: str):
+    """The decisions of ``--signals-topic`` keyed by their ``key`` (the customer), or ``None`` without one. A record
+    that is not a JSON object with a string ``key`` goes to the dead-letter topic; one with a key but no valid
+    decision reaches the agent's operator, which reports it as a ``decision_rejected`` wait event."""
+    if not args.signals_topic:
+        return None
+    ensure_topics(args.bootstrap_servers, [args.signals_topic], args.topic_partitions)
+    # The dead letters' own transactional ids: no other sink's prefix extended (kafka_output).
+    decisions = records_from_kafka(
+        env, KafkaInput(args.bootstrap_servers, args.signals_topic, f"flink-agents-replay-{args.agent_id}-signals",
+                        bounded=args.bounded),
+        JsonRecords("key", args.max_record_bytes),
+        DeadLetters(args.bootstrap_servers, args.dead_letter_topic, f"signal-dead-letters-{prefix}"), uid="signals")
+    return decisions.key_by(lambda decision: decision["key"], key_type=Types.STRING())
+
+
+def _wait_events_to_kafka(env, args: argparse.Namespace, replies, prefix: str) -> None:
+    """The agent's wait events to ``--waits-topic`` (created compacted), keyed by wait id, exactly once."""
+    ensure_topics(args.bootstrap_servers, [args.waits_topic], args.topic_partitions, topic_config=WAITS_TOPIC_CONFIG)
+    sink = exactly_once_keyed_string_sink(env, args.bootstrap_servers, args.waits_topic, f"waits-{prefix}")
+    (
+        wait_events(replies).map(wait_event_record, output_type=keyed_string_type())
+        .name("format wait events").uid("format-wait-events")
+        .sink_to(sink).name("wait events sink").uid("wait-events-sink")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

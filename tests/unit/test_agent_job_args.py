@@ -17,3 +17,12 @@ def test_the_help_offers_the_current_modes_and_the_old_name_still_runs_per_run(c
     with pytest.raises(SystemExit):
         agent_job.parse_args([*COMMON, "--durability", "per_nothing"])
     assert "invalid choice: 'per_nothing'" in capsys.readouterr().err
+
+
+def test_signals_and_waits_topics_are_optional(monkeypatch):
+    monkeypatch.setenv("FLINK_AGENTS_REPLAY_SIGNING_KEY", "0123456789abcdef0123")
+    args = agent_job.parse_args(COMMON)
+    assert args.signals_topic is None and args.waits_topic is None
+    args = agent_job.parse_args([*COMMON, "--signals-topic", "decisions", "--waits-topic", "waits"])
+    assert (args.signals_topic, args.waits_topic) == ("decisions", "waits")
+    assert agent_job.WAITS_TOPIC_CONFIG == {"cleanup.policy": "compact"}

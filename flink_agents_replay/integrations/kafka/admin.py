@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import confluent_kafka.admin
 import tenacity
-from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic, OffsetSpec
 
 from flink_agents_replay.core.errors import JournalError, TopicMismatchError
@@ -115,13 +115,17 @@ class KafkaAdmin:
         limit = settings.get("max.message.bytes") if settings is not None else None
         return TopicInfo(self.topic_id(topic, role), int(limit) if limit is not None else None)
 
-    def create_missing(self, topics: Iterable[str], partitions: int, *, replication_factor: int = -1) -> list[str]:
-        """Create those of ``topics`` that do not exist (left as they are otherwise); return the names created."""
+    def create_missing(self, topics: Iterable[str], partitions: int, *, replication_factor: int = -1,
+                       topic_config: Mapping[str, str] | None = None) -> list[str]:
+        """Create those of ``topics`` that do not exist (left as they are otherwise), with the topic settings
+        ``topic_config`` (``{"cleanup.policy": "compact"}``...; none: the broker's defaults); return the names
+        created."""
         existing = self._list(None).topics
         missing = [topic for topic in dict.fromkeys(topics) if topic not in existing]
         if missing:
-            futures = self._client.create_topics([NewTopic(t, partitions, replication_factor) for t in missing],
-                                                 request_timeout=self.timeout_s)
+            config = dict(topic_config or {})
+            futures = self._client.create_topics([NewTopic(t, partitions, replication_factor, config=config)
+                                                  for t in missing], request_timeout=self.timeout_s)
             for topic, future in futures.items():
                 try:
                     future.result(timeout=self.timeout_s)
@@ -191,9 +195,11 @@ class KafkaAdmin:
         """First offset still stored in each partition (the low watermark)."""
         return self._list_offsets(topic, partitions, OffsetSpec.earliest(), role)
 
-    def end_offsets(self, topic: str, partitions: Iterable[int], role: TopicRole = TOPIC) -> dict[int, int]:
-        """Next offset to be written in each partition (the high watermark)."""
-        return self._list_offsets(topic, partitions, OffsetSpec.latest(), role)
+    def end_offsets(self, topic: str, partitions: Iterable[int], role: TopicRole = TOPIC, *,
+                    committed_only: bool = False) -> dict[int, int]:
+        """Next offset to be written in each partition (the high watermark); with ``committed_only`` the last
+        stable offset instead: where a ``read_committed`` consumer stops (before any open transaction)."""
+        return self._list_offsets(topic, partitions, OffsetSpec.latest(), role, committed_only=committed_only)
 
     def delete_records(self, topic: str, offsets: Mapping[int, int], role: TopicRole = TOPIC, *,
                        wait: bool = False) -> None:
@@ -249,13 +255,15 @@ class KafkaAdmin:
     def _metadata(self, topic: str) -> Any:
         return self._list(topic).topics.get(topic)
 
-    def _list_offsets(self, topic: str, partitions: Iterable[int], spec: OffsetSpec, role: TopicRole) -> dict[int, int]:
+    def _list_offsets(self, topic: str, partitions: Iterable[int], spec: OffsetSpec, role: TopicRole, *,
+                      committed_only: bool = False) -> dict[int, int]:
         request = {TopicPartition(topic, p): spec for p in partitions}
         if not request:
             return {}
+        isolation = {"isolation_level": IsolationLevel.READ_COMMITTED} if committed_only else {}
 
         def list_offsets() -> dict[int, int]:
-            futures = self._client.list_offsets(request, request_timeout=self.timeout_s)
+            futures = self._client.list_offsets(request, request_timeout=self.timeout_s, **isolation)
             offsets = {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
             return _checked_offsets(offsets)
 
@@ -330,15 +338,18 @@ def _checked_offsets(offsets: dict[int, int]) -> dict[int, int]:
 
 
 def ensure_topics(kafka: KafkaSettingsLike, topics: Iterable[str], partitions: int,
-                  replication_factor: int = -1, timeout_s: float = 60.0) -> list[str]:
+                  replication_factor: int = -1, timeout_s: float = 60.0, *,
+                  topic_config: Mapping[str, str] | None = None) -> list[str]:
     """Create those of ``topics`` that do not exist; return the names created.
 
     ``kafka``: the user's Kafka settings (a mapping with ``bootstrap.servers`` and any security settings,
     passed to the admin client as given), or a bare bootstrap servers string. ``replication_factor=-1``
-    takes the broker's default. Existing topics are left as they are.
+    takes the broker's default. ``topic_config``: settings the created topics get (``{"cleanup.policy":
+    "compact"}``...; none: the broker's defaults). Existing topics are left as they are, settings included.
     """
     return KafkaAdmin(kafka, timeout_s=timeout_s).create_missing(topics, partitions,
-                                                                 replication_factor=replication_factor)
+                                                                 replication_factor=replication_factor,
+                                                                 topic_config=topic_config)
 
 
 def partition_count(kafka: KafkaSettingsLike, topic: str, timeout_s: float = 30.0) -> int | None:
