@@ -9,12 +9,15 @@
    Flink's Kafka connector as ``--jarfile`` (tickets topic -> triage agent -> replies topic through Flink's
    exactly-once ``KafkaSink``);
 3. feeds a few hundred tickets, and once a checkpoint has completed and part of them are answered, kills
-   the TaskManager running the agent with SIGKILL — with model calls in flight;
+   the TaskManager running the agent with SIGKILL — with model calls in flight and refunds waiting for
+   approval. The agent refunds refund tickets; a refund above 150 waits for a person's decision (the run
+   parked in Flink state, no thread held). The demo plays the people: it reads the job's wait events and
+   approves, denies, answers twice (a duplicate) or too late (after the 8 s timeout declined it);
 4. lets Flink restore the last checkpoint on the other TaskManager: the inputs since that checkpoint run
    again, and their actions find their journal records instead of calling the model again;
 5. reads the replies topic with ``isolation.level=read_committed`` and prints what happened: calls made,
-   calls repeated (expected 0), replies written exactly once, memories stored once per ticket, journal
-   records pruned, recovery time.
+   calls repeated (expected 0), replies written exactly once, memories stored once per ticket, approvals
+   asked and decided, refunds paid (each once), journal records pruned, recovery time.
 
 Every figure comes from a counter kept outside the operator's log: the model and order service's request
 statistics (``GET /stats``), the agent operator's Flink metrics read over the cluster's REST API
@@ -25,6 +28,7 @@ Everything it started is stopped, and its temporary directory removed, also on f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -34,7 +38,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flink_agents_replay.examples.support_triage import make_tickets, produce_tickets
@@ -48,6 +52,9 @@ __all__ = ["DEFAULT_JOB_MODULE", "DemoResult", "format_table", "run_demo"]
 
 AGENT_ID = "support-triage"
 _INPUT_TOPIC, _OUTPUT_TOPIC = "tickets", "replies"
+_DECISIONS_TOPIC, _WAITS_TOPIC = "decisions", "waits"
+#: Refunds above this wait for a person; unanswered, they are declined after the timeout.
+REFUND_APPROVAL_ABOVE, APPROVAL_TIMEOUT_S = 150.0, 8.0
 _METRIC_GROUP = "flink_agents_replay"
 
 
@@ -83,15 +90,38 @@ class DemoResult:
     journal_written: int
     journal_pruned: int
     seconds: float
+    approvals: Approvals = field(default_factory=lambda: Approvals())
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """Nothing repeated, nothing missing, nothing twice, every call made."""
+        """Nothing repeated, nothing missing, nothing twice, every call made, every approval decided once."""
         return (self.repeated_calls == 0 and self.missing == 0 and self.duplicates == 0
                 and self.replies == self.tickets and self.chat_calls == self.expected_chat_calls
                 and self.order_calls == self.expected_order_calls and self.embedding_calls == 2 * self.tickets
-                and self.memories == self.tickets and self.duplicate_memories == 0)
+                and self.memories == self.tickets and self.duplicate_memories == 0 and self.approvals.ok)
+
+
+@dataclass
+class Approvals:
+    """The refunds that waited for a person: what the demo decided, and what the job did with it."""
+
+    asked: int = 0  # waits opened (wait events)
+    approved: int = 0  # waits resumed with an approval
+    denied: int = 0
+    timed_out: int = 0
+    resumed_twice: int = 0  # waits resumed more than once (expected 0)
+    duplicates_sent: int = 0  # decisions sent a second time
+    late_sent: int = 0  # decisions sent after their wait's timeout
+    ignored: int = 0  # decisions the job reported ignored (expected: duplicates and late ones)
+    refunds_paid: int = 0  # refunds the order service executed
+    replies_refunded: int = 0  # replies that say the refund was paid
+
+    @property
+    def ok(self) -> bool:
+        return (self.asked == self.approved + self.denied + self.timed_out and self.resumed_twice == 0
+                and self.ignored == self.duplicates_sent + self.late_sent
+                and self.refunds_paid == self.replies_refunded)
 
 
 def format_table(result: DemoResult) -> str:
@@ -117,6 +147,15 @@ def format_table(result: DemoResult) -> str:
         ("long-term memory", f"{result.memories} memories for {result.tickets} tickets, duplicates "
                              f"{result.duplicate_memories}; {result.replies_using_memory} replies mention the "
                              "customer's past issues"),
+        ("approvals asked", f"{result.approvals.asked} refunds above {REFUND_APPROVAL_ABOVE:g} waited for a person "
+                            "(no thread held; parked across the kill)"),
+        ("decisions", f"{result.approvals.approved} approved, {result.approvals.denied} denied, "
+                      f"{result.approvals.timed_out} timed out after {APPROVAL_TIMEOUT_S:g} s (declined); "
+                      f"{result.approvals.resumed_twice} runs resumed twice"),
+        ("odd decisions", f"{result.approvals.ignored} ignored: {result.approvals.duplicates_sent} duplicates, "
+                          f"{result.approvals.late_sent} sent after the timeout"),
+        ("refunds paid", f"{result.approvals.refunds_paid} by the order service, for "
+                         f"{result.approvals.replies_refunded} replies saying so (each once)"),
         ("journal records", f"{result.journal_written} written, {result.journal_pruned} pruned at checkpoints"),
         ("demo took", f"{result.seconds:.0f} s"),
         ("verdict", "OK: every effect once" if result.ok else "FAILED"),
@@ -200,6 +239,7 @@ class _Demo:
         self.chroma_url = ""
         self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
         self.feeder: _Feeder | None = None
+        self.approver: _Approver | None = None
         self.reader: CommittedReader | None = None
         self.failed = True
         self.bootstrap = self.job_id = ""
@@ -217,7 +257,8 @@ class _Demo:
         self.progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
         self.cluster.start()
         self.progress(f"Flink web UI at {self.cluster.rest_url}")
-        ensure_topics(self.bootstrap, [_INPUT_TOPIC, _OUTPUT_TOPIC], partitions=2, replication_factor=1)
+        ensure_topics(self.bootstrap, [_INPUT_TOPIC, _OUTPUT_TOPIC, _DECISIONS_TOPIC], partitions=2,
+                      replication_factor=1)
 
     def submit(self, job_module: str, parallelism: int, feed_per_second: float) -> None:
         """Submit the agent job with ``flink run -d -pym`` and start feeding tickets."""
@@ -228,12 +269,16 @@ class _Demo:
             job_module, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
             "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
             "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
-            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, jar=kafka_connector_jar(),
+            "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, "--signals-topic", _DECISIONS_TOPIC,
+            "--waits-topic", _WAITS_TOPIC, "--refund-approval-above", str(REFUND_APPROVAL_ABOVE),
+            "--approval-timeout-s", str(APPROVAL_TIMEOUT_S), jar=kafka_connector_jar(),
         )
         self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
         self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)
         self.feeder.start()
         self.reader = CommittedReader(self.bootstrap, _OUTPUT_TOPIC, decode=json.loads)
+        self.approver = _Approver(self.bootstrap)
+        self.approver.start()
 
     def kill_midstream(self, answered_target: int) -> _Kill:
         """After a completed checkpoint and ``answered_target`` answers: SIGKILL the busiest TaskManager."""
@@ -277,6 +322,7 @@ class _Demo:
                    lambda: self.cluster.job_diagnostics(self.job_id))
         rows = self.reader.read_to_committed_end()
         self.progress(f"all replies committed; {self._report()}")
+        approvals = self.approver.settle(lambda: self.cluster.job_diagnostics(self.job_id))
         metrics = _agent_metrics(self.cluster, self.job_id)
         self.cluster.cancel_job(self.job_id)
         stats, seen = self.server.stats(), Counter(row["ticket_id"] for row in rows)
@@ -297,12 +343,16 @@ class _Demo:
             records_read_at_restore=kill.journal_records, actions_reused=int(metrics["actions_reused"]["sum"]),
             journal_written=sum(p.high for p in journal), journal_pruned=sum(p.low for p in journal),
             seconds=time.monotonic() - self.progress.begun,
+            approvals=replace(approvals, refunds_paid=stats.refunds,
+                              replies_refunded=sum(1 for row in rows if str(row.get("refund", "")).startswith("R-"))),
         )
 
     def stop(self) -> None:
         """Stop everything started (Kafka clients first: without the broker they would only log errors)."""
         if self.feeder is not None:
             self.feeder.stop()
+        if self.approver is not None:
+            self.approver.stop()
         if self.reader is not None:
             self.reader.close()
         self.progress("stopping Flink, Chroma, the model service and Kafka")
@@ -425,3 +475,85 @@ class _Feeder(threading.Thread):
         if self.is_alive():
             self.join(timeout=60)
         self.producer = None  # destroyed now, not when the broker is already gone
+
+
+class _Approver(threading.Thread):
+    """The people who decide: reads the job's committed wait events and answers each opened wait on the decisions
+    topic. By the wait id's hash: one in ten is answered twice (a duplicate), two in ten are left to time out and
+    answered after their deadline (late), two are denied, the rest approved."""
+
+    def __init__(self, bootstrap: str):
+        super().__init__(name="approver", daemon=True)
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOGGER,
+                                  "enable.idempotence": True})
+        self.events = CommittedReader(bootstrap, _WAITS_TOPIC, decode=json.loads)
+        self.counts = Approvals()
+        self._answered: set[str] = set()
+        self._late: list[tuple[float, dict]] = []  # (send after, the opened event)
+        self._stopped = threading.Event()
+        self.seen: list[dict] = []  # the events read so far (a copy: the reader is this thread's alone)
+
+    def run(self) -> None:
+        while not self._stopped.wait(0.3):
+            events = self.events.poll(0.2)
+            self._answer_new(events)
+            self._send_late()
+            self.seen = list(events)
+
+    def _answer_new(self, events: list[dict]) -> None:
+        for event in events:
+            if event["kind"] != "opened" or event["wait_id"] in self._answered:
+                continue
+            self._answered.add(event["wait_id"])
+            self.counts.asked += 1
+            choice = int(hashlib.sha256(event["wait_id"].encode()).hexdigest(), 16) % 10
+            if choice < 2:  # left to time out, then answered
+                self._late.append((event["deadline_ms"] / 1000 + 3, event))
+            elif choice < 4:
+                self._decide(event, approved=False, reason="over the limit for a refund without a receipt")
+            else:
+                self._decide(event, approved=True)
+                if choice == 4:
+                    self._decide(event, approved=True)
+                    self.counts.duplicates_sent += 1
+
+    def _send_late(self) -> None:
+        due = [event for at, event in self._late if at <= time.time()]
+        self._late = [(at, event) for at, event in self._late if at > time.time()]
+        for event in due:
+            self._decide(event, approved=True)
+            self.counts.late_sent += 1
+
+    def _decide(self, event: dict, *, approved: bool, reason: str | None = None) -> None:
+        decision = {"key": event["key"], "wait_id": event["wait_id"], "approved": approved, "reason": reason,
+                    "by": "demo", "signal_id": secrets.token_hex(8)}
+        self.producer.produce(_DECISIONS_TOPIC, key=str(event["key"]).encode(), value=json.dumps(decision).encode())
+        self.producer.flush(30)
+
+    def settle(self, diagnostics: Callable[[], str]) -> Approvals:
+        """Once every reply is committed: wait for the late decisions and for the job to report every odd one; the
+        counts of what was asked and decided, from the wait events."""
+        def settled() -> bool:
+            ignored = sum(1 for e in self.seen if e["kind"] == "decision_ignored")
+            return not self._late and ignored >= self.counts.duplicates_sent + self.counts.late_sent
+
+        poll_until(settled, APPROVAL_TIMEOUT_S + 60, lambda: f"late decisions and their reports: {diagnostics()}")
+        events = self.seen
+        resumed = Counter(e["wait_id"] for e in events if e["kind"] == "resumed")
+        decided = {e["wait_id"]: e["decision"] for e in events if e["kind"] == "resumed"}
+        return replace(self.counts, asked=len({e["wait_id"] for e in events if e["kind"] == "opened"}),
+                       approved=sum(1 for d in decided.values() if d["approved"] and not d["timed_out"]),
+                       denied=sum(1 for d in decided.values() if d["approved"] is False and not d["timed_out"]),
+                       timed_out=sum(1 for d in decided.values() if d["timed_out"]),
+                       resumed_twice=sum(1 for n in resumed.values() if n > 1),
+                       ignored=sum(1 for e in events if e["kind"] == "decision_ignored"))
+
+    def stop(self) -> None:
+        """Stop answering; let the clients go (before the broker stops)."""
+        self._stopped.set()
+        if self.is_alive():
+            self.join(timeout=30)
+        self.events.close()
+        self.producer = None

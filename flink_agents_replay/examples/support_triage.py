@@ -15,6 +15,11 @@ remembers: ``draft_reply`` searches the customer's past issues (``ctx.call("memo
 mentions them to the model, lists them in the output (``past_issues``: their ticket ids) and remembers the
 ticket. Those memories outlive the job; the searches and writes are journaled like any call.
 
+With refunds (``support_triage_agent(refund_approval_above=...)``) ``draft_reply`` also refunds a refund ticket's
+order through the ``issue_refund`` tool (``external``: money goes out). A refund above the amount needs a person's
+approval: the run waits (``Tool(needs_approval=...)``, :meth:`~flink_agents_replay.api.agent.RunnerContext.wait_for`)
+until a decision comes or ``approval_timeout_s`` passes; a denied or unanswered one is declined in the reply.
+
 Both services receive the call's stable id as an ``Idempotency-Key`` header
 (:func:`flink_agents_replay.api.resources.current_call_id`), so a service that honours it (the local stub
 service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
@@ -35,10 +40,12 @@ from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent,
 from flink_agents_replay.api.chat_model import ChatModel
 from flink_agents_replay.api.resources import Tool, current_call_id
 from flink_agents_replay.api.tool_loop import run_tool_loop
+from flink_agents_replay.core.errors import ToolCallDeniedError
 from flink_agents_replay.longterm import ChromaVectorStore, LongTermMemory, OpenAIEmbeddings
 
-__all__ = ["CATEGORIES", "OrderLookup", "RememberingSupportTriage", "RememberingSupportTriageV2", "SupportTriage",
-           "SupportTriageV2", "make_tickets", "produce_tickets", "support_triage_agent", "support_triage_agent_v2"]
+__all__ = ["CATEGORIES", "OrderLookup", "RefundService", "RefundingSupportTriage", "RememberingRefundingSupportTriage",
+           "RememberingSupportTriage", "RememberingSupportTriageV2", "SupportTriage", "SupportTriageV2", "make_tickets",
+           "produce_tickets", "support_triage_agent", "support_triage_agent_v2"]
 
 CATEGORIES = ("refund", "shipping", "account", "other")
 _SYSTEM = ("You are a support agent. Look up the order with the orders tool when the ticket names one, then "
@@ -76,6 +83,38 @@ class OrderLookup:
             raise
 
 
+class RefundService:
+    """The refund tool: ``POST <base_url>/refunds`` with ``{"order_id", "amount"}``, the call id as its
+    ``Idempotency-Key`` (a refund made again after a crash pays once)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def __call__(self, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order.
+
+        Args:
+            order_id: the order's id.
+            amount: how much to pay back.
+        """
+        headers = {"Content-Type": "application/json", "Idempotency-Key": current_call_id() or ""}
+        body = json.dumps({"order_id": order_id, "amount": amount}).encode()
+        request = urllib.request.Request(f"{self.base_url}/refunds", data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return json.loads(response.read())
+
+
+class AmountAbove:
+    """``needs_approval`` of the refund tool: a refund above ``limit`` needs a person's approval."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+
+    def __call__(self, arguments: dict[str, Any]) -> bool:
+        return arguments["amount"] > self.limit
+
+
 class SupportTriage(Agent):
     """Classify, then let the model look up the order and draft a reply; remembers each customer's tickets."""
 
@@ -97,7 +136,7 @@ class SupportTriage(Agent):
 
     @staticmethod
     def _reply(event, ctx, instruction: str, past_issues: list[str] | None = None,
-               background: str | None = None) -> None:
+               background: str | None = None, refund: bool = False) -> None:
         ticket = event.ticket
         earlier = ctx.memory.get("tickets", [])
         # Background (past issues) in the system message: the ticket itself is what the model acts on.
@@ -113,7 +152,17 @@ class SupportTriage(Agent):
                   "customer_ticket_number": len(earlier) + 1, "reply": answer.content}
         if past_issues is not None:
             output["past_issues"] = past_issues
+        if refund and event.category == "refund" and looked_up and "total" in looked_up[-1]:
+            output["refund"] = SupportTriage._refund(ctx, looked_up[-1])
         ctx.send_event(OutputEvent(output=output))
+
+    @staticmethod
+    def _refund(ctx, order: dict[str, Any]) -> str:
+        """Refund the order: paid, or declined when a person denied it (or did not decide in time)."""
+        try:
+            return ctx.call("issue_refund", order["order_id"], amount=order["total"])["refund_id"]
+        except ToolCallDeniedError as denied:
+            return f"declined: {denied.reason or 'denied'}"
 
 
 def _voucher_instruction(category: str) -> str:
@@ -138,16 +187,33 @@ class RememberingSupportTriage(SupportTriage):
         RememberingSupportTriage._reply_remembering(event, ctx, "Draft a short, friendly reply")
 
     @staticmethod
-    def _reply_remembering(event, ctx, instruction: str) -> None:
+    def _reply_remembering(event, ctx, instruction: str, refund: bool = False) -> None:
         ticket = event.ticket
         # With the ticket id, each search and each memory is a request of its own (the local service counts
         # equal requests as repeated).
         found = ctx.call("memory", "search", f"{ticket['text']} (ticket {ticket['ticket_id']})", limit=3)["results"]
         past = [f"{m['memory']} ({m['metadata']['category']})" for m in found]
         SupportTriage._reply(event, ctx, instruction, past_issues=[m["metadata"]["ticket_id"] for m in found],
-                             background=f"The customer's past issues: {'; '.join(past)}" if past else None)
+                             background=f"The customer's past issues: {'; '.join(past)}" if past else None,
+                             refund=refund)
         ctx.call("memory", "add", f"{ticket['ticket_id']}: {ticket['text']}",
                  metadata={"ticket_id": ticket["ticket_id"], "category": event.category})
+
+
+class RefundingSupportTriage(SupportTriage):
+    """:class:`SupportTriage` that also refunds refund tickets (a large refund waits for approval)."""
+
+    @action(Classified)
+    def draft_reply(event, ctx):
+        SupportTriage._reply(event, ctx, "Draft a short, friendly reply", refund=True)
+
+
+class RememberingRefundingSupportTriage(RememberingSupportTriage):
+    """:class:`RememberingSupportTriage` that also refunds refund tickets (a large refund waits for approval)."""
+
+    @action(Classified)
+    def draft_reply(event, ctx):
+        RememberingSupportTriage._reply_remembering(event, ctx, "Draft a short, friendly reply", refund=True)
 
 
 class RememberingSupportTriageV2(RememberingSupportTriage):
@@ -168,7 +234,8 @@ def support_triage_agent_v2(**settings: Any) -> SupportTriage:
 def support_triage_agent(*, name: str = "support-triage", model: str = "stub-model",
                          model_base_url: str = "http://127.0.0.1:8000/v1", orders_base_url: str | None = None,
                          api_key: str | None = None, memory_url: str | None = None,
-                         embedding_model: str = "stub-embeddings") -> SupportTriage:
+                         embedding_model: str = "stub-embeddings", refund_approval_above: float | None = None,
+                         approval_timeout_s: float = 60.0) -> SupportTriage:
     """The agent with its resources: chat model ``llm`` and the order-lookup tool ``orders`` the model may call
     (and with ``memory_url``, long-term memory ``memory``).
 
@@ -182,6 +249,9 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
         memory_url: a Chroma server for long-term memory (``flink-agents-replay local chroma start`` prints
             one); ``None``: no long-term memory.
         embedding_model: the embedding model, at ``model_base_url``'s ``/embeddings``.
+        refund_approval_above: refund refund tickets through ``issue_refund`` (at the order service), a refund
+            above this amount only once a person approved it; ``None``: no refunds.
+        approval_timeout_s: how long a refund waits for its approval before it is declined.
     """
     if orders_base_url is None:
         orders_base_url = model_base_url.rstrip("/").removesuffix("/v1")
@@ -190,11 +260,16 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
         # Reading an order changes nothing: a call in doubt is simply made again.
         "orders": Tool(OrderLookup(orders_base_url), side_effects="none", name="orders"),
     }
+    refunds = refund_approval_above is not None
+    if refunds:
+        resources["issue_refund"] = Tool(RefundService(orders_base_url), side_effects="external", name="issue_refund",
+                                         needs_approval=AmountAbove(refund_approval_above),
+                                         approval_timeout_s=approval_timeout_s)
     if memory_url is None:
-        return SupportTriage(name=name, resources=resources)
+        return (RefundingSupportTriage if refunds else SupportTriage)(name=name, resources=resources)
     resources["memory"] = LongTermMemory(ChromaVectorStore(memory_url), OpenAIEmbeddings(
         embedding_model, base_url=model_base_url, api_key=api_key))
-    return RememberingSupportTriage(name=name, resources=resources)
+    return (RememberingRefundingSupportTriage if refunds else RememberingSupportTriage)(name=name, resources=resources)
 
 
 _TEMPLATES = (

@@ -72,6 +72,21 @@ from flink_agents_replay.jobs.waits_topic import wait_event_record
 WAITS_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 
+def _add_approval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Decisions in, wait events out, and the refunds that wait for them."""
+    parser.add_argument("--signals-topic", default=None,
+                        help="topic of JSON decisions for runs that wait ({\"key\", \"wait_id\", \"approved\", "
+                             "...}, keyed by the customer); none: a run that waits can only time out")
+    parser.add_argument("--waits-topic", default=None,
+                        help="topic the wait events go to (JSON keyed by wait id, exactly once; created compacted); "
+                             "none: not written")
+    parser.add_argument("--refund-approval-above", type=float, default=None,
+                        help="refund refund tickets' orders (the order service's /refunds), a refund above this "
+                             "amount only once a person approved it (--signals-topic); default: no refunds")
+    parser.add_argument("--approval-timeout-s", type=float, default=60.0,
+                        help="how long a refund waits for its approval before it is declined (default 60)")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
@@ -81,12 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dead-letter-topic", default=None,
                         help="where records the job cannot take go, with the reason, partition and offset "
                              "(default <input topic>.dead-letters)")
-    parser.add_argument("--signals-topic", default=None,
-                        help="topic of JSON decisions for runs that wait ({\"key\", \"wait_id\", \"approved\", "
-                             "...}, keyed by the customer); none: a run that waits can only time out")
-    parser.add_argument("--waits-topic", default=None,
-                        help="topic the wait events go to (JSON keyed by wait id, exactly once; created compacted); "
-                             "none: not written")
+    _add_approval_arguments(parser)
     parser.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                         help="larger input records go to the dead-letter topic (default 256 KiB; keep it well below "
                              "the journal's limit, Kafka's 1 MB message: an action's record may hold the whole input)")
@@ -158,7 +168,9 @@ def build(args: argparse.Namespace):
     signals = _signals(env, args, prefix)
 
     agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
-                                 orders_base_url=args.orders_base_url, memory_url=args.memory_url)
+                                 orders_base_url=args.orders_base_url, memory_url=args.memory_url,
+                                 refund_approval_above=args.refund_approval_above,
+                                 approval_timeout_s=args.approval_timeout_s)
     config = {
         "kafka": {"bootstrap.servers": args.bootstrap_servers},
         "signing_key": args.signing_key,

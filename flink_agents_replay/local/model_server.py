@@ -4,8 +4,8 @@ The demo and the tests must run offline, and they must count what an agent *real
 here, in a process (or thread) outside the Flink Python worker, so a worker killed and restarted cannot lose or
 repeat them. The service is a Starlette application served by uvicorn; what it answers is in
 :mod:`.model_replies` (``POST /v1/chat/completions`` with tools and structured output, ``POST /v1/embeddings``,
-``GET /v1/models``, ``GET /orders/<id>``), and ``GET /stats`` gives the counters as JSON (:class:`ServerStats`;
-``POST /stats/reset`` zeroes them).
+``GET /v1/models``, ``GET /orders/<id>``, ``POST /refunds`` with ``{"order_id", "amount"}``), and ``GET /stats``
+gives the counters as JSON (:class:`ServerStats`; ``POST /stats/reset`` zeroes them).
 
 Every chat and order request waits ``delay_ms`` first (a slow model), or the ``X-Stub-Delay-Ms`` header's value.
 An *outage* can be scheduled (:meth:`StubModelServer.schedule_outage`, tests): once a given number of chat
@@ -120,6 +120,7 @@ class ServerStats:
         chat: chat completions executed.
         orders: order lookups executed.
         embeddings: embedding requests executed.
+        refunds: refunds executed (money paid out: a refund executed twice pays twice).
         in_flight: executions under way right now (not zeroed by a reset).
         repeated: executions of a request (endpoint + canonical body or order id) executed before:
             the same question asked twice. ``Idempotency-Key`` and the delay header are not part of it.
@@ -134,6 +135,7 @@ class ServerStats:
     chat: int = 0
     orders: int = 0
     embeddings: int = 0
+    refunds: int = 0
     in_flight: int = 0
     repeated: int = 0
     idempotent_replays: int = 0
@@ -145,8 +147,8 @@ class ServerStats:
 
     @property
     def executions(self) -> int:
-        """Chat completions, order lookups and embedding requests executed."""
-        return self.chat + self.orders + self.embeddings
+        """Chat completions, order lookups, embedding requests and refunds executed."""
+        return self.chat + self.orders + self.embeddings + self.refunds
 
     def to_dict(self) -> dict[str, int]:
         """The ``GET /stats`` body."""
@@ -172,7 +174,7 @@ class _State:
     def __init__(self, delay_ms: float):
         self.delay_ms = delay_ms
         self._lock = threading.Lock()
-        self._executions = {"chat": 0, "orders": 0, "embeddings": 0}
+        self._executions = {"chat": 0, "orders": 0, "embeddings": 0, "refunds": 0}
         self._in_flight = 0
         self._repeated = 0
         self._replays = 0
@@ -202,7 +204,7 @@ class _State:
     def stats(self) -> ServerStats:
         with self._lock:
             return ServerStats(chat=self._executions["chat"], orders=self._executions["orders"],
-                               embeddings=self._executions["embeddings"],
+                               embeddings=self._executions["embeddings"], refunds=self._executions["refunds"],
                                in_flight=self._in_flight, repeated=self._repeated,
                                idempotent_replays=self._replays, distinct=len(self._seen),
                                unavailable=self._unavailable, **self._tokens)
@@ -288,6 +290,7 @@ def _application(state: _State) -> Starlette:
         Route("/orders/{order_id:path}", _order, methods=["GET"]),
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/embeddings", _embedding, methods=["POST"]),
+        Route("/refunds", _refund, methods=["POST"]),
     ], exception_handlers={HTTPException: _no_route})
     app.state.counters = state
     return app
@@ -338,6 +341,20 @@ async def _embedding(request: Request) -> HTTPResponse:
         return _reply(error(400, str(exc)))
     return await _executed(request, "embeddings", json_bytes([texts, dimensions, as_base64]).decode(),
                            lambda: embeddings(texts, dimensions, model, as_base64), delayed=False)
+
+
+async def _refund(request: Request) -> HTTPResponse:
+    raw = await _body(request)
+    if raw is None:
+        return _reply(error(400, "the request's body did not arrive"))  # not sent: its caller is gone
+    try:
+        body = json.loads(raw)
+        order_id, amount = body["order_id"], float(body["amount"])
+    except (ValueError, TypeError, KeyError):
+        return _reply(error(400, 'a refund is {"order_id": "...", "amount": <number>}'))
+    refund = {"refund_id": f"R-{order_id}", "order_id": order_id, "amount": amount, "status": "refunded"}
+    return await _executed(request, "refunds", json_bytes([order_id, amount]).decode(),
+                           lambda: Response(200, json_bytes(refund)), delayed=False)
 
 
 async def _no_route(request: Request, exc: Exception) -> HTTPResponse:

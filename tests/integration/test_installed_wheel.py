@@ -371,4 +371,7 @@ def test_the_demo_runs_from_the_wheel(clean):
     assert int(table["journal read at restore"].split()[0]) > 0 and int(table["actions reused"].split()[0]) > 0
     assert int(re.search(r"(\d+) pruned", table["journal records"]).group(1)) > 0
     assert int(re.search(r"(\d+) replies mention", table["long-term memory"]).group(1)) > 0
+    assert int(table["approvals asked"].split()[0]) > 0 and "0 runs resumed twice" in table["decisions"]
+    paid, replies = map(int, re.findall(r"\d+", table["refunds paid"])[:2])
+    assert paid == replies > 0, table["refunds paid"]
     assert service_processes("far-demo-") - before == set(), "the demo left Kafka, Flink or Chroma processes running"

@@ -725,3 +725,16 @@ def test_a_caller_gone_while_sending_its_body_is_one_log_line_not_a_traceback(se
 def test_a_delay_beyond_ten_minutes_is_refused_when_the_server_is_made():
     with pytest.raises(ValueError, match="delay_ms must be a number of milliseconds from 0 to 600000"):
         StubModelServer(delay_ms=700_000)
+
+
+def test_a_refund_is_paid_once_per_idempotency_key_and_a_second_one_without_counts_as_repeated(server):
+    key = {"Idempotency-Key": "support:draft_reply:3:2:abc"}
+    first = _request(server.url + "/refunds", {"order_id": "O-10037", "amount": 199.5}, key)
+    again = _request(server.url + "/refunds", {"order_id": "O-10037", "amount": 199.5}, key)
+    assert first == again and first[0] == 200
+    assert json.loads(first[1]) == {"refund_id": "R-O-10037", "order_id": "O-10037", "amount": 199.5,
+                                    "status": "refunded"}
+    assert (server.stats().refunds, server.stats().idempotent_replays, server.stats().repeated) == (1, 1, 0)
+    _request(server.url + "/refunds", {"order_id": "O-10037", "amount": 199.5})  # no key: paid again
+    assert (server.stats().refunds, server.stats().repeated) == (2, 1)
+    assert _request(server.url + "/refunds", {"order": "O-1"})[0] == 400
