@@ -92,8 +92,15 @@ def _signal(key: Any, record: Mapping[str, Any]) -> Signal:
 
 def _shown(raw: Any) -> str:
     """At most 2,000 characters of what came, for the report."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else (
-        raw if isinstance(raw, str) else repr(raw))
+    if isinstance(raw, (bytes, bytearray)):
+        text = raw.decode("utf-8", "replace")
+    elif isinstance(raw, str):
+        text = raw
+    else:  # a mapping as the packaged job passes it: shown as JSON where it can be
+        try:
+            text = json.dumps(raw, default=repr)
+        except (TypeError, ValueError):
+            text = repr(raw)
     return text[:2000]
 
 
