@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import flink_agents_replay
+from flink_agents_replay.flink.signals import SIGNAL_VERSION
 from flink_agents_replay.jobs.kafka_input import DEAD_LETTER_VERSION
+from flink_agents_replay.jobs.waits_topic import WAIT_EVENT_VERSION
 from flink_agents_replay.longterm import versions as longterm_versions
 from flink_agents_replay.storage.capture.manifest import MANIFEST_VERSION
 from flink_agents_replay.storage.capture.schemas import CAPTURE_SCHEMAS
@@ -41,6 +43,8 @@ FORMAT_VERSIONS = {
     "lm_schema": longterm_versions.SCHEMA,  # long-term memory documents' metadata field
     "DUMP_VERSION": DUMP_VERSION,  # `journal dump` files
     "DEAD_LETTER_VERSION": DEAD_LETTER_VERSION,  # the packaged jobs' dead-letter records
+    "WAIT_EVENT_VERSION": WAIT_EVENT_VERSION,  # the packaged job's wait events
+    "SIGNAL_VERSION": SIGNAL_VERSION,  # decisions as sent to the signals topic
     # Module-private, but persisted inside call records all the same.
     "chat._SCHEMA": chat._SCHEMA,  # a chat model's answer
     "raised._VERSION": raised._VERSION,  # an exception kept as its parts
