@@ -1,0 +1,167 @@
+"""Replaying a savepoint that holds runs waiting for approval (issue 35).
+
+Production (real Kafka, MiniCluster, capture on) runs an agent whose every input waits for an approval. The
+first input of each key is decided at once; the savepoint is taken once those are answered and the second ones
+are parked, undecided; then the rest are decided (even inputs approved, odd ones denied) and production ends.
+
+Two replays start from that savepoint. ``recorded`` (the default wait policy): the parked runs resume when the
+capture shows production finished them, every wait gets production's recorded decision, and the diff shows no
+change; nothing is paid again (payments, ``recorded`` in the replays, are counted outside the worker).
+``deny``: every wait is denied, and the diff shows every output changed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections import Counter
+
+import cloudpickle
+import pytest
+from pyflink.common import Types
+
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.resources import Tool
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.flink.config import default_uid
+from flink_agents_replay.flink.env import create_environment
+from flink_agents_replay.flink.pipeline import connect_to_agent
+from flink_agents_replay.integrations.kafka.admin import ensure_topics
+from flink_agents_replay.local.jars import kafka_connector_jar
+from flink_agents_replay.replay.diff import compare
+from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
+from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.testing.committed import CommittedReader
+from flink_agents_replay.testing.counter import InvocationCounter
+from flink_agents_replay.testing.jobs import (
+    canonical_output,
+    exactly_once_string_sink,
+    keyed_json_inputs,
+    make_inputs,
+    produce_inputs,
+    produce_json,
+    running_job,
+    trigger_savepoint,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+SIGNING_KEY = "replay-waits-signing-key-0123456789"
+MAX_PARALLELISM = 16
+KEYS, PER_KEY = 4, 3
+NAME = "approvals-replayed"
+
+
+def approvals_agent(counter: InvocationCounter) -> Agent:
+    def pay(key: str, n: int) -> str:
+        counter.increment(f"pay:{key}/{n}")
+        return f"paid {key}/{n}"
+
+    class Approvals(Agent):
+        @action(InputEvent)
+        def refund(event, ctx):
+            record = event.input
+            decision = ctx.wait_for("refund-approval", {"n": record["n"]}, timeout_s=3600)
+            if decision.approved:
+                ctx.send_event(OutputEvent(output=["paid", ctx.call("pay", record["key"], record["n"])]))
+            else:
+                ctx.send_event(OutputEvent(output=["denied", decision.reason]))
+
+    return Approvals(name=NAME, resources={"pay": Tool(pay, side_effects="external")})
+
+
+def wait_ids(agent: Agent, inputs: list[dict]) -> dict[tuple[str, int], str]:
+    """Each input's wait id, as the job derives it (the same in every process): by (key, n)."""
+    from flink_agents_replay.core.keygroups import key_group
+
+    ids, seqs = {}, Counter()
+    for record in inputs:
+        seqs[record["key"]] += 1
+        run = RunInput(record["key"], key_group(record["key"], "STRING", MAX_PARALLELISM), seqs[record["key"]], record)
+        ids[(record["key"], record["n"])] = execute_run(agent, run, {}).waiting.wait.wait_id
+    return ids
+
+
+def decisions(ids: dict[tuple[str, int], str], which) -> list[dict]:
+    return [{"key": key, "wait_id": wait_id, "approved": n % 2 == 0, "reason": None if n % 2 == 0 else "odd"}
+            for (key, n), wait_id in ids.items() if which(n)]
+
+
+@pytest.fixture(scope="module")
+def production(kafka_bootstrap, tmp_path_factory):
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    work = tmp_path_factory.mktemp("replay-waits")
+    counter = InvocationCounter(work / "calls.sqlite")
+    suffix = uuid.uuid4().hex[:8]
+    inputs = make_inputs(keys=KEYS, per_key=PER_KEY)
+    input_topic, signals_topic = produce_inputs(kafka_bootstrap, inputs), produce_inputs(kafka_bootstrap, [])
+    output_topic = f"replay-waits-out-{suffix}"
+    ensure_topics(kafka_bootstrap, [output_topic], 1)
+    agent = approvals_agent(counter)
+    ids = wait_ids(agent, inputs)
+    config = {"kafka": {"bootstrap.servers": kafka_bootstrap}, "signing_key": SIGNING_KEY,
+              "journal_topic": f"replay-waits-journal-{suffix}", "capture": True,
+              "capture_topic": f"replay-waits-capture-{suffix}", "output_topics": [output_topic],
+              "max_parallelism": MAX_PARALLELISM}
+    env = create_environment(parallelism=2, checkpoint_interval_ms=400, jars=[kafka_connector_jar()])
+    signals = keyed_json_inputs(env, kafka_bootstrap, signals_topic, source_uid="signals", parse_uid="parse-signals")
+    outputs = connect_to_agent(keyed_json_inputs(env, kafka_bootstrap, input_topic), agent, config, signals=signals)
+    outputs.map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING()).sink_to(
+        exactly_once_string_sink(kafka_bootstrap, output_topic, f"replay-waits-{suffix}")).uid("outputs")
+
+    produce_json(kafka_bootstrap, signals_topic, decisions(ids, lambda n: n == 0))
+    with CommittedReader(kafka_bootstrap, output_topic, json.loads) as reader, \
+            running_job(env, "production with waits") as client:
+        wait_until(client, lambda: len(reader.poll(0.1)) >= KEYS, "the first inputs' outputs")
+        savepoint = trigger_savepoint(client, work / "savepoints")  # the second inputs parked, undecided
+        produce_json(kafka_bootstrap, signals_topic, decisions(ids, lambda n: n > 0))
+        wait_until(client, lambda: len(reader.poll(0.2)) >= len(inputs), "every output", 120)
+    capture = list(read_capture({"bootstrap.servers": kafka_bootstrap}, config["capture_topic"], MAX_PARALLELISM,
+                                CaptureDecoder(SIGNING_KEY.encode(), default_uid(NAME))))
+    return {"bootstrap": kafka_bootstrap, "config": config, "savepoint": savepoint, "counter": counter,
+            "runs": [r for r in capture if isinstance(r, CapturedRun)], "paid": counter.counts()}
+
+
+def replay(production, wait_policy: str):
+    kafka = {"bootstrap.servers": production["bootstrap"]}
+    config = production["config"]
+    settings = prepare_replay(kafka, config["capture_topic"], production["savepoint"], uid=default_uid(NAME),
+                              key_type="STRING", max_parallelism=MAX_PARALLELISM, policies={"*": "recorded"},
+                              wait_policy=wait_policy)
+    suffix = f"{wait_policy}-{uuid.uuid4().hex[:6]}"
+    capture_topic = f"{config['capture_topic']}.replay-{suffix}"
+    env = create_environment(parallelism=2, checkpoint_interval_ms=400, jars=[kafka_connector_jar()], config={
+        "execution.savepoint.path": production["savepoint"], "execution.savepoint.ignore-unclaimed-state": "true"})
+    inputs = captured_inputs(env, kafka, settings, SIGNING_KEY.encode(), uid=default_uid(NAME), key_type="STRING")
+    replay_settings = replay_config(config, settings, journal_topic=f"{config['journal_topic']}.replay-{suffix}",
+                                    capture_topic=capture_topic)
+    connect_to_agent(inputs, approvals_agent(production["counter"]), replay_settings).map(
+        str, output_type=Types.STRING()).uid("discard").print()
+    env.execute(f"replay {suffix}")
+    replayed = list(read_capture(kafka, capture_topic, MAX_PARALLELISM,
+                                 CaptureDecoder(SIGNING_KEY.encode(), default_uid(NAME))))
+    return compare(production["runs"], [r for r in replayed if isinstance(r, CapturedRun)],
+                   [r for r in replayed if isinstance(r, CapturedInput)])
+
+
+def test_a_replay_gives_the_parked_and_later_runs_productions_decisions(production):
+    paid_before = production["counter"].counts()
+    report = replay(production, "recorded")
+    # The savepoint's parked runs (each key's second input) and the later ones: every run after it compared.
+    assert report.summary["compared"] == KEYS * (PER_KEY - 1), report.summary
+    assert report.summary["same"] == report.summary["compared"], report.render_text()
+    assert production["counter"].counts() == paid_before  # the payments are production's recorded ones
+
+
+def test_a_replay_that_denies_every_wait_shows_the_changed_outputs(production):
+    paid_before = production["counter"].counts()
+    report = replay(production, "deny")
+    # Production approved the even inputs (paid) and denied the odd ones ("odd"); the replay denies all, in its
+    # own words: every run's output changed, and nothing was paid.
+    assert report.summary["changed"] == report.summary["compared"] == KEYS * (PER_KEY - 1), report.render_text()
+    assert {tuple(run.replay[0]) for run in report.runs} == {("denied", "the replay's wait policy denies every wait")}
+    assert {run.production[0][0] for run in report.runs} == {"paid", "denied"}
+    assert production["counter"].counts() == paid_before
