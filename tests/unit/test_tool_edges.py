@@ -11,7 +11,6 @@ import pytest
 from flink_agents_replay import (
     Agent,
     ChatModel,
-    ChatResult,
     InputEvent,
     OutputEvent,
     Tool,
@@ -20,21 +19,8 @@ from flink_agents_replay import (
     run_tool_loop,
     tool,
 )
-from flink_agents_replay.api.resources import Resource, SideEffects
 from flink_agents_replay.engine import RunInput, execute_run
-
-
-class ScriptedModel(Resource):
-    """A chat model answering from a script: the tool calls of each turn, then text."""
-
-    def __init__(self, turns):
-        super().__init__(side_effects=SideEffects.NONE)
-        self.turns = list(turns)
-
-    def invoke(self, **kwargs):
-        calls = self.turns.pop(0) if self.turns else ()
-        return ChatResult(content=None if calls else "done", tool_calls=tuple(calls),
-                          finish_reason="tool_calls" if calls else "stop")
+from tests.harness.scripted_model import ScriptedModel
 
 
 def _loop(model, tools):

@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 
-from flink_agents_replay import ChatResult, ToolCall, run_tool_loop
+from flink_agents_replay import ToolCall, run_tool_loop
 from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
-from flink_agents_replay.api.resources import Resource, SideEffects, Tool
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.core.errors import AgentDefinitionError, WaitNotSupportedError, WaitTimedOutError
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.engine.run import WaitingRun, resume_history
@@ -28,6 +28,7 @@ from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
 from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.storage.records.journal import key_digest
 from flink_agents_replay.storage.records.waits import Decision
+from tests.harness.scripted_model import ScriptedModel
 
 KEY_GROUP = 5
 SIGNING_KEY = b"waits-signing-key-0123456789"
@@ -247,19 +248,6 @@ def test_the_wait_id_is_the_same_in_every_process_and_hash_seed():
 
 
 # -- tools that need approval ----------------------------------------------------------------------------
-class ScriptedModel(Resource):
-    """A chat model answering from a script: the tool calls of each turn, then text."""
-
-    def __init__(self, turns):
-        super().__init__(side_effects=SideEffects.NONE)
-        self.turns = list(turns)
-
-    def invoke(self, **kwargs):
-        calls = self.turns.pop(0) if self.turns else ()
-        return ChatResult(content=None if calls else "done", tool_calls=tuple(calls),
-                          finish_reason="tool_calls" if calls else "stop")
-
-
 def support_agent(refunds: list, amount: int, needs_approval=True) -> Agent:
     def refund(order_id: str, amount: int) -> str:
         refunds.append((order_id, amount))
