@@ -345,8 +345,12 @@ class ActionCalls:
 
 def _check_wait(name: str, payload: Any, timeout_s: float | None) -> None:
     """A wait's name, payload and timeout as ``wait_for`` takes them, or a clear error naming what is wrong."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"wait_for takes a non-empty name (str), got {name!r}")
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise TypeError(f"wait_for takes a non-empty, printable name (str), got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TypeError(f"wait_for({ascii(name)}): the name is not valid Unicode (a lone surrogate)") from None
     try:
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:

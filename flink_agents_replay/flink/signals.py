@@ -81,6 +81,8 @@ def _signal(key: Any, record: Mapping[str, Any]) -> Signal:
     for name in ("reason", "by", "signal_id"):
         if record.get(name) is not None and not isinstance(record[name], str):
             raise ValueError(f"{name} is a string, not {record[name]!r}")
+    for name in ("wait_id", "reason", "by", "signal_id"):
+        _check_unicode(name, record.get(name))
     sent_at = record.get("sent_at_ms")
     if sent_at is not None and (isinstance(sent_at, bool) or not isinstance(sent_at, int)):
         raise ValueError(f"sent_at_ms is a number of milliseconds, not {sent_at!r}")
@@ -90,17 +92,29 @@ def _signal(key: Any, record: Mapping[str, Any]) -> Signal:
     return Signal(key, wait_id, decision, record.get("signal_id"))
 
 
+def _check_unicode(name: str, text: str | None) -> None:
+    """Refuse a lone surrogate (valid in JSON's ``\\ud800`` escapes, not in Java's or msgpack's strings: kept in
+    state, it would fail the task)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid Unicode (a lone surrogate): {text.encode('utf-8', 'backslashreplace')!r}"
+                         ) from None
+
+
 def _shown(raw: Any) -> str:
     """At most 2,000 characters of what came, for the report."""
     if isinstance(raw, (bytes, bytearray)):
         text = raw.decode("utf-8", "replace")
     elif isinstance(raw, str):
-        text = raw
+        text = raw.encode("utf-8", "backslashreplace").decode("utf-8")  # no lone surrogate reaches an event
     else:  # a mapping as the packaged job passes it: shown as JSON where it can be
         try:
-            text = json.dumps(raw, default=repr)
+            text = json.dumps(raw, default=repr)  # ASCII: lone surrogates escaped
         except (TypeError, ValueError):
-            text = repr(raw)
+            text = ascii(raw)
     return text[:2000]
 
 

@@ -3,6 +3,7 @@ applied, early, duplicate, unmatched, rejected and bounded, deadlines, and the p
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -184,3 +185,16 @@ def test_in_a_replay_deadlines_do_not_fire_and_production_finishing_the_run_resu
     operator_waits.resume_in_replay("k", 1, context)  # once
     assert resumed == [("k", 1, None)]  # no decision handed in: the replay's gate decides
     assert operator_waits.resume_if_decided("k", context) and resumed[-1] == ("k", 1, None)  # after a restore too
+
+
+@pytest.mark.parametrize("field", ["wait_id", "reason", "by", "signal_id"])
+def test_a_decision_with_a_lone_surrogate_is_rejected_before_it_reaches_state(field):
+    """Valid JSON ("\\ud800"), but no Java or msgpack string: kept in state it failed the TaskManager (found by the
+    adversarial check)."""
+    record = {"wait_id": "w", field: "\ud800"}
+    parsed = parse_signal("k", json.dumps(record))
+    assert isinstance(parsed, MalformedSignal) and f"{field} is not valid Unicode" in parsed.reason
+    parsed.raw.encode("utf-8")  # the event's text is safe to write anywhere
+    operator_waits, counters, _, context = waits()
+    assert kinds(operator_waits.on_signal(parsed, context)) == ["decision_rejected"]
+    assert len(operator_waits.decisions) == 0

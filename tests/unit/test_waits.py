@@ -194,6 +194,17 @@ def test_a_sub_agent_cannot_wait():
         execute_run(Parent(name="parent", sub_agents=[Child(name="child")]), RUN, {})
 
 
+@pytest.mark.parametrize("name", ["", "line\nbreak", "\ud800", 7])
+def test_a_wait_name_that_is_empty_unprintable_or_not_unicode_is_a_clear_error(name):
+    class Asks(Agent):
+        @action(InputEvent)
+        def ask(event, ctx):
+            ctx.wait_for(name)
+
+    with pytest.raises(TypeError, match="wait_for"):
+        execute_run(Asks(name="asks"), RUN, {})
+
+
 @pytest.mark.parametrize(("payload", "timeout_s", "error"), [
     ({"when": object()}, None, "not JSON data"),
     ({"x": float("nan")}, None, "not JSON data"),
