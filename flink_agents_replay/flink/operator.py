@@ -297,7 +297,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             # still reads below its timestamp, and the entry would make _schedule_check skip the registration.
             del self._checks[key]
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
-        if not draining:
+        if not draining and not self.runs.has(key):
+            # Deadlines are a parked run's, which has no run under way: a run's wake-up or check (the hot path)
+            # reads no wait state. An early decision's expiry on a busy key waits for a later timer or signal.
             yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
         raw = self.in_flight_state.value()
         if raw is None:

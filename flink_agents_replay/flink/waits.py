@@ -187,6 +187,7 @@ class OperatorWaits:
             yield WaitEvent("decision_rejected", signal.key, None, self.agent_name, payload=signal.raw,
                             reason=signal.reason)
             return
+        yield from self._expire(signal.key, _now_ms())  # an expiry its timer skipped (the key was busy)
         if self.decisions.contains(signal.wait_id):
             self.counters["decisions_ignored"].inc()
             yield WaitEvent("decision_ignored", signal.key, signal.wait_id, self.agent_name,

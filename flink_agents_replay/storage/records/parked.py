@@ -21,6 +21,7 @@ from flink_agents_replay.storage.formats.state import decode_entry, encode_entry
 from flink_agents_replay.storage.records.journal import CallRecord, CompletionRecord, RecordKind
 from flink_agents_replay.storage.records.schemas import JOURNAL_SCHEMAS, call_from_plain, call_to_plain
 from flink_agents_replay.storage.records.waits import (
+    WAIT_RESOURCE,
     Decision,
     WaitOpened,
     decision_from_plain,
@@ -51,12 +52,16 @@ class WaitingRun:
 
 
 def encode_waiting_run(run: WaitingRun) -> bytes:
-    """State bytes of a waiting run."""
+    """State bytes of a waiting run. The wait is its ``@wait`` call record among the records (``wait_record``: its
+    index), not a second copy: a payload kept twice doubled a parked run's memory."""
     records = [["completion", _COMPLETION.to_plain(record)] if isinstance(record, CompletionRecord)
                else ["call", call_to_plain(record)] for record in run.records]
-    return encode_entry({"wait": wait_to_plain(run.wait), "seq": run.seq, "action": run.action,
-                         "event_id": run.event_id, "order": run.order, "records": records,
-                         "retried": [[position, count] for position, count in run.retried.items()]})
+    at = next((index for index, record in enumerate(run.records)
+               if isinstance(record, CallRecord) and record.resource == WAIT_RESOURCE and record.result == run.wait),
+              None)
+    wait = {"wait_record": at} if at is not None else {"wait": wait_to_plain(run.wait)}
+    return encode_entry({**wait, "seq": run.seq, "action": run.action, "event_id": run.event_id, "order": run.order,
+                         "records": records, "retried": [[position, count] for position, count in run.retried.items()]})
 
 
 def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
@@ -64,8 +69,9 @@ def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
     plain = decode_entry(raw, "a waiting run")
     records = [_COMPLETION.from_plain(record, event_types) if kind == "completion" else call_from_plain(record)
                for kind, record in plain["records"]]
-    return WaitingRun(wait_from_plain(plain["wait"]), plain["seq"], plain["action"], plain["event_id"],
-                      plain["order"], records, {position: count for position, count in plain["retried"]})
+    wait = records[plain["wait_record"]].result if "wait_record" in plain else wait_from_plain(plain["wait"])
+    return WaitingRun(wait, plain["seq"], plain["action"], plain["event_id"], plain["order"], records,
+                      {position: count for position, count in plain["retried"]})
 
 
 class DecisionStatus(str, enum.Enum):
