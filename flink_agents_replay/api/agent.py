@@ -216,6 +216,10 @@ class Agent:
         if "." in agent.name:
             raise AgentDefinitionError(f"a sub-agent's name names its memory scope and cannot contain '.': "
                                        f"{agent.name!r}")
+        waiting = [name for name, resource in agent.resources.items() if getattr(resource, "needs_approval", False)]
+        if waiting:
+            raise AgentDefinitionError(f"sub-agent {agent.name}: its tools {waiting} need approval, and only a "
+                                       "top-level agent's actions can wait: give the tools to the calling agent")
         self._sub_agents[agent.name] = agent
         return self
 

@@ -88,6 +88,8 @@ def fold_wait_events(records: Iterable[Any]) -> Folded:
         if not isinstance(wait_id, str):
             continue
         wait = waits.setdefault(wait_id, WaitState(wait_id, event.get("key")))
+        if event.get("kind") == "opened":  # the wait's own key (a decision sent under another came first)
+            wait.key = event.get("key")
         for name in _DETAILS:
             if event.get(name) is not None:
                 setattr(wait, name, event[name])

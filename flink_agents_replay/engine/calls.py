@@ -85,6 +85,11 @@ class JournaledCalls:
         queue = self._unused.get((resource_name, args_digest))
         return queue.popleft() if queue else None
 
+    def finished(self, resource_name: str, args_digest: str) -> bool:
+        """Whether the next record :meth:`take` would give holds the call's outcome (not only its start)."""
+        queue = self._unused.get((resource_name, args_digest))
+        return bool(queue) and queue[0].outcome is not CallOutcome.STARTED
+
 
 class ActionCalls:
     """The ``ctx.call`` of one action execution: matching, in-doubt handling, the gate, journaling.
@@ -110,9 +115,12 @@ class ActionCalls:
 
         A tool that needs approval for these arguments is called only once its wait is approved."""
         resource = self.scope.agent.resource(resource_name)
-        if isinstance(resource, Tool) and resource.approval_needed(args, kwargs):
-            self._approve(resource_name, resource, args, kwargs)
         args_digest = digest_value((args, kwargs))
+        # A call already made (journaled) needs no approval: its effect happened (code deployed with a new
+        # needs_approval while the run recovers must not deny a refund that was paid).
+        if (isinstance(resource, Tool) and not self._journaled.finished(resource_name, args_digest)
+                and resource.approval_needed(args, kwargs)):
+            self._approve(resource_name, resource, args, kwargs)
         position, record = self.match(resource_name, args_digest)
         try:
             result = self._call_at(position, record, resource_name, args_digest, args, kwargs)

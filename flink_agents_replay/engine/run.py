@@ -103,6 +103,7 @@ def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> 
         history.retried[(waiting.seq, waiting.event_id, waiting.action)] = dict(waiting.retried)
     if recovered is not None:
         history.merge_seq(recovered, waiting.seq)
+        recovered.drop_through_seq(waiting.seq)  # the resumed run's now: the key's recovered history may end
     return history
 
 
@@ -147,15 +148,17 @@ def execute_run(
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
-    # A resumed run may end on its wait's timeout or denial: then its memory stays as it was (see _ends_the_run).
-    before = copy.deepcopy(memory) if report_failures or run.resuming else None
+    # A run with a decision (resumed, or reusing a journaled one) may end on its wait's timeout or denial: then its
+    # memory stays as it was (see _ends_the_run).
+    decided = run.resuming or (history is not None and history.has_decision(run.seq))
+    before = copy.deepcopy(memory) if report_failures or decided else None
     error = None
     try:
         outputs = run_events(context, Scope(agent, (agent.name,)), first, state, stats)
     except WaitPending as pending:
         return _waiting(context, pending, memory, stats, acknowledge)
     except Exception as exc:
-        if not (report_failures or _ends_the_run(exc, run)) or isinstance(exc, RunCancelled):
+        if not (report_failures or (decided and _ends_the_run(exc))) or isinstance(exc, RunCancelled):
             _settle(journal)
             raise
         # A reported failure (a replay: an unhandled CallBlocked, the new code's bug) ends the input: its
@@ -184,11 +187,12 @@ def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: Run
                      waiting=waiting)
 
 
-def _ends_the_run(exc: Exception, run: RunInput) -> bool:
+def _ends_the_run(exc: Exception) -> bool:
     """A wait's timeout (no ``on_timeout``) or a denied tool call left the action unhandled: the run ends, memory as
     before it, no output, instead of failing the task. The journaled decision would raise it again in every
-    attempt: failing would restart the job forever."""
-    return run.resuming and isinstance(exc, (WaitTimedOutError, ToolCallDeniedError))
+    attempt (a resumed one, or one restored from a checkpoint taken before the run parked): failing would
+    restart the job forever."""
+    return isinstance(exc, (WaitTimedOutError, ToolCallDeniedError))
 
 
 def _settle(journal: RunJournal | None) -> None:

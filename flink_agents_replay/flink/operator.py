@@ -297,9 +297,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             # still reads below its timestamp, and the entry would make _schedule_check skip the registration.
             del self._checks[key]
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
-        if not draining and not self.runs.has(key):
-            # Deadlines are a parked run's, which has no run under way: a run's wake-up or check (the hot path)
-            # reads no wait state. An early decision's expiry on a busy key waits for a later timer or signal.
+        if not draining and not (self.runs.has(key) and self.runs.done(key)):
+            # The wake-up or check that applies a finished run (the hot path) reads no wait state: deadlines are a
+            # parked run's, which has no run under way, and an expiry falling on that moment waits for the next.
             yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
         raw = self.in_flight_state.value()
         if raw is None:
@@ -457,9 +457,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def _park(self, key, result: RunResult, ctx):
         """The run stopped at a wait: nothing of it is applied; the key stays busy until its decision."""
-        if self.mode.report_failures:  # a replay: not yet (issue 35)
-            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: a replay cannot run an action that "
-                                        "waits (wait_for) yet")
+        if self.mode.report_failures:  # a replay's gate decides every wait: a run parks only in production
+            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: a replay's run waited at "
+                                        f"{result.waiting.wait.name!r}: its call gate decides no waits")
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
         self._resumed.discard(key)
         self._count(result)
@@ -470,7 +470,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _apply(self, key, result: RunResult, ctx):
         if key in self._resumed:
             self._resumed.discard(key)
-            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism),
+            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism), ctx,
                                                       reason=result.error))
         self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
                                                                   f"{result.seq}"))

@@ -12,8 +12,8 @@ A decision is sent as a mapping (JSON from a topic, a dict from a test)::
 Inputs and decisions reach the agent's operator on one keyed stream (:func:`inputs_with_signals`): each
 input is wrapped in :class:`KeyedInput` with its key, each decision in a :class:`Signal`, the two streams are
 united and keyed again by that key. One operator with one input keeps the checkpoint bridge, the input hold
-and the completion wake-ups as they are, and a replay gets a key's decisions in their captured order among
-its inputs. The wrappers never reach state: the operator unwraps them at once.
+and the completion wake-ups as they are (a replay's captured runs join its inputs the same way). The wrappers
+never reach keyed state: the operator unwraps them at once.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def parse_signal(key: Any, raw: Any) -> Signal | MalformedSignal:
         if not isinstance(record, Mapping):
             raise ValueError(f"a decision is a JSON object, not {type(record).__name__}")
         return _signal(key, record)
+    except RecursionError:
+        return MalformedSignal(key, _shown(raw), "the decision nests too deeply")
     except (ValueError, TypeError) as exc:
         return MalformedSignal(key, _shown(raw), str(exc))
 
@@ -113,8 +115,8 @@ def _shown(raw: Any) -> str:
     else:  # a mapping as the packaged job passes it: shown as JSON where it can be
         try:
             text = json.dumps(raw, default=repr)  # ASCII: lone surrogates escaped
-        except (TypeError, ValueError):
-            text = ascii(raw)
+        except (TypeError, ValueError, RecursionError):
+            text = f"a {type(raw).__name__} that cannot be shown"
     return text[:2000]
 
 

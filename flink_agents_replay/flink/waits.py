@@ -130,8 +130,11 @@ class OperatorWaits:
     def park(self, key: Any, group: int, result: RunResult, ctx) -> Iterator[WaitEvent]:
         """Keep the waiting run of ``result``; resume it at once if its decision came early."""
         waiting = result.waiting
-        if self.run_state.value() is None:  # not one that waits again after its resume
+        earlier = self.parked()
+        if earlier is None:
             self._opened(group, 1)
+        else:  # the resumed run waits again: its first wait is over
+            self._close(earlier.wait.wait_id, ctx)
         self.run_state.update(encode_waiting_run(waiting))
         self.counters["waits_opened"].inc()
         if waiting.wait.deadline_ms is not None and self.time_out:
@@ -141,7 +144,7 @@ class OperatorWaits:
         if received is not None and received.status is DecisionStatus.EARLY:
             yield from self._apply(key, waiting, received, ctx)
 
-    def finished(self, key: Any, group: int, *, reason: str | None = None) -> Iterator[WaitEvent]:
+    def finished(self, key: Any, group: int, ctx, *, reason: str | None = None) -> Iterator[WaitEvent]:
         """The key's resumed run finished (``reason``: the timeout or denial that ended it): its wait is closed
         (its decision kept a while for duplicates)."""
         waiting = self.parked()
@@ -149,12 +152,18 @@ class OperatorWaits:
             return
         self.run_state.clear()
         self._opened(group, -1)
-        received = self._decision(waiting.wait.wait_id)
-        if received is not None:
-            now = _now_ms()
-            self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.CLOSED,
-                                                     keep_until_ms=now + self.ttl_ms))
+        self._close(waiting.wait.wait_id, ctx)
+        yield from self._expire(key, _now_ms())
         yield replace(self._event("closed", key, waiting), reason=reason)
+
+    def _close(self, wait_id: str, ctx) -> None:
+        """The wait's run went past it: its decision is kept ``early_decision_ttl_s`` more, to recognise a duplicate,
+        and dropped at a timer then."""
+        received = self._decision(wait_id)
+        if received is not None:
+            until = _now_ms() + self.ttl_ms
+            self._keep(wait_id, replace(received, status=DecisionStatus.CLOSED, keep_until_ms=until))
+            ctx.timer_service().register_processing_time_timer(until)
 
     def resume_in_replay(self, key: Any, seq: int, ctx) -> None:
         """Production finished its run of ``seq``: if the key holds that run parked (from the replay's savepoint),

@@ -12,6 +12,7 @@ from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.flink.signals import MalformedSignal, Signal, parse_signal
 from flink_agents_replay.flink.waits import OperatorWaits
+from flink_agents_replay.storage.records.parked import decode_decision
 from flink_agents_replay.storage.records.waits import Decision
 
 
@@ -105,7 +106,7 @@ def test_a_parked_run_is_resumed_once_by_its_decision_and_a_duplicate_is_ignored
     assert kinds(operator_waits.on_signal(signal, context)) == ["resumed"]
     assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]
     assert resumed == [("k", 1, Decision.approve(by="ana"))]
-    assert kinds(operator_waits.finished("k", 3)) == ["closed"]
+    assert kinds(operator_waits.finished("k", 3, context)) == ["closed"]
     assert counters["runs_waiting"].count == 0 and operator_waits.open_by_group == {3: 0}
     assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]  # still known once closed
     assert (counters["decisions_applied"].count, counters["decisions_ignored"].count) == (1, 2)
@@ -198,3 +199,24 @@ def test_a_decision_with_a_lone_surrogate_is_rejected_before_it_reaches_state(fi
     operator_waits, counters, _, context = waits()
     assert kinds(operator_waits.on_signal(parsed, context)) == ["decision_rejected"]
     assert len(operator_waits.decisions) == 0
+
+
+def test_a_decision_nesting_too_deeply_is_rejected_not_raised():
+    deep = '{"wait_id": "w", "value": ' + "[" * 5000 + "]" * 5000 + "}"
+    parsed = parse_signal("k", deep)
+    assert isinstance(parsed, MalformedSignal) and "nests too deeply" in parsed.reason
+
+
+def test_closed_decisions_expire_at_their_own_timer_and_a_run_waiting_again_closes_its_first_wait():
+    operator_waits, _, resumed, context = waits()
+    first, _ = parked(operator_waits, context)
+    list(operator_waits.on_signal(Signal("k", first.wait.wait_id, Decision.approve()), context))
+    second = execute_run(Asks(), RunInput("k", 3, 2, 2), {})  # stands for the same run waiting a second time
+    list(operator_waits.park("k", 3, second, context))
+    assert operator_waits._decision(first.wait.wait_id).status.value == "closed"
+    assert operator_waits.open_by_group == {3: 1}  # still one parked run
+    list(operator_waits.on_signal(Signal("k", second.waiting.wait.wait_id, Decision.deny()), context))
+    list(operator_waits.finished("k", 3, context))
+    assert {decode_decision(raw).status.value for raw in operator_waits.decisions.values()} == {"closed"}
+    assert kinds(operator_waits.on_timer("k", max(context.timers), context)) == []
+    assert len(operator_waits.decisions) == 0  # both dropped at their timers

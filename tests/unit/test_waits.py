@@ -365,3 +365,54 @@ def test_an_unhandled_timeout_ends_the_resumed_run_with_no_output_and_memory_as_
     result = resume(agent, store, waiting, Decision(timed_out=True), memory={"assessed": 4})
     assert result.error.startswith("WaitTimedOutError: no decision for wait 'refund-approval'")
     assert result.outputs == [] and result.memory == {"assessed": 4} and calls["payments"] == 0
+
+
+def test_a_run_restored_from_before_its_park_ends_on_its_journaled_timeout_instead_of_failing_every_attempt():
+    """Found in review: the checkpoint restored was taken before the run parked; the run parked, timed out and
+    journaled the timeout after it. Re-run from its input (not resuming), it reuses the journaled timeout: the run
+    ends with memory as before, or the job would restart forever."""
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = refund_agent(calls)  # no on_timeout
+    waiting = first_run(agent, store, memory={"assessed": 4})
+    resume(agent, store, waiting, Decision(timed_out=True), memory={"assessed": 4})
+    result = execute_run(agent, RUN, {"assessed": 4}, journal=journal(store), history=recover(store))
+    assert result.error.startswith("WaitTimedOutError") and result.memory == {"assessed": 4}
+    assert result.outputs == [] and calls == Counter({"lookup": 1, "risk": 1})
+
+
+def test_resuming_takes_the_seq_out_of_the_recovered_history():
+    """Found in review: the key's recovered history kept the resumed seq, so it never counted as replayed and held
+    its partition's pruning back."""
+    calls, store = Counter(), MemoryJournalStore(8)
+    agent = refund_agent(calls)
+    waiting = first_run(agent, store)
+    recovered = recover(store)
+    assert len(recovered) > 0
+    resume_history(waiting, recovered)
+    assert len(recovered) == 0
+
+
+def test_a_call_already_journaled_is_not_held_for_an_approval_added_by_a_later_deploy():
+    """Found in review: the refund was paid; the code redeployed while the run recovers now asks approval for it."""
+    refunds, store = [], MemoryJournalStore(8)
+    paid = support_agent(refunds, 120, needs_approval=False)
+    execute_run(paid, SUPPORT_RUN, {}, journal=journal(store))
+    asks_now = support_agent(refunds, 120, needs_approval=True)
+    result = execute_run(asks_now, SUPPORT_RUN, {}, journal=journal(store), history=recover(store))
+    assert result.waiting is None and refunds == [("O-1", 120)]  # reused, not asked for, not paid twice
+
+
+def test_a_sub_agent_whose_tools_need_approval_is_refused_where_it_is_defined():
+    class Child(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.call("pay", 1)
+
+    class Parent(Agent):
+        @action(InputEvent)
+        def act(event, ctx):
+            ctx.call_agent("child", event.input)
+
+    child = Child(name="child", resources={"pay": Tool(lambda amount: amount, needs_approval=True)})
+    with pytest.raises(AgentDefinitionError, match="only a top-level agent's actions can wait"):
+        Parent(name="parent", sub_agents=[child])

@@ -129,6 +129,11 @@ class KeyHistory:
         self._rebuild_input_digests()
         return dropped
 
+    def has_decision(self, seq: int) -> bool:
+        """Whether a wait of input ``seq`` has a journaled decision (a ``@decision`` call)."""
+        return any(slot[0] == seq and any(record.resource == "@decision" for record in calls.values())
+                   for slot, calls in self.calls.items())
+
     def merge_seq(self, other: KeyHistory, seq: int) -> None:
         """Add what ``other`` holds of ``seq`` (completions, calls, retried positions) to this history."""
         self.completions.update({slot: record for slot, record in other.completions.items() if slot[0] == seq})
