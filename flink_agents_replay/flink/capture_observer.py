@@ -39,6 +39,9 @@ class CaptureObserver:
             key, result.seq, result.input_digest, [CapturedOutput(o.id, o.output) for o in result.outputs],
             result.calls, result.blocked, result.error))
 
+    def run_parked(self, *, key: Any, group: int, result: RunResult) -> None:
+        pass  # not captured yet
+
     def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
                    partitions: Iterable[int]) -> None:
         self.writer.checkpoint(checkpoint_id, subtask, partitions, checkpoint_time_ms=checkpoint_time_ms)

@@ -1,8 +1,9 @@
 """What the operator tells its observers: the interface features such as capture plug into.
 
-The operator holds a list of observers and calls each at four points, without knowing what they do with
+The operator holds a list of observers and calls each at five points, without knowing what they do with
 it: an input was accepted (it has its seq now), a run was applied (its memory written, its outputs about
-to leave), a checkpoint is being taken (its barrier reached the operator), and the operator closes.
+to leave), a run was parked at a wait, a checkpoint is being taken (its barrier reached the operator), and
+the operator closes.
 Production with ``capture=True`` has one, :class:`flink_agents_replay.flink.capture_observer.CaptureObserver`;
 without capture, none. An observer runs on the task thread and must not block for long, except at a
 checkpoint, where it may flush what it wrote before the barrier.
@@ -30,6 +31,11 @@ class OperatorObserver(Protocol):
 
     def run_applied(self, *, key: Any, group: int, result: RunResult) -> None:
         """The run of ``result.seq`` finished and was applied to the key's state."""
+        ...
+
+    def run_parked(self, *, key: Any, group: int, result: RunResult) -> None:
+        """The run of ``result.seq`` stopped at a wait (``result.waiting``) and was parked; nothing of it was
+        applied. Called each time a run parks (a resumed run that waits again parks again)."""
         ...
 
     def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,

@@ -48,7 +48,6 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.api.agent import Agent
-from flink_agents_replay.core.errors import WaitNotSupportedError
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.engine.run import resume_history
@@ -456,16 +455,17 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.totals.add(result.stats)
 
     def _park(self, key, result: RunResult, ctx):
-        """The run stopped at a wait: nothing of it is applied; the key stays busy until its decision."""
-        if self.mode.report_failures:  # a replay's gate decides every wait: a run parks only in production
-            raise WaitNotSupportedError(f"key {key!r} input {result.seq}: a replay's run waited at "
-                                        f"{result.waiting.wait.name!r}: its call gate decides no waits")
+        """The run stopped at a wait: nothing of it is applied; the key stays busy until its decision. (In a replay
+        only a wait its gate leaves open parks: one production never decided either.)"""
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
         self._resumed.discard(key)
         self._count(result)
         self.hold.left(key, 0)  # the inputs behind it wait for the decision, uncounted
         self.journal.run_applied(key_digest(key))
-        yield from self._emit(self.waits.park(key, key_group(key, self.key_type, self.max_parallelism), result, ctx))
+        group = key_group(key, self.key_type, self.max_parallelism)
+        for observer in self.observers:
+            observer.run_parked(key=key, group=group, result=result)
+        yield from self._emit(self.waits.park(key, group, result, ctx))
 
     def _apply(self, key, result: RunResult, ctx):
         if key in self._resumed:
