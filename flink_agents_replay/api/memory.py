@@ -143,6 +143,7 @@ class Memory:
         self._updates: list[MemoryUpdate] = []
         self._read: dict[str, bytes | None] = {}  # top-level entry -> its bytes when first read
         self._written: set[str] = set()
+        self._taken: list[MemoryUpdate] = []
 
     def get(self, path: str, default: Any = None) -> Any:
         """The value at ``path`` (the stored object: changing it in place changes memory), or ``default``
@@ -217,7 +218,13 @@ class Memory:
                 self._data[top] = private_copy(self._data[top])
         updates, self._updates = self._updates, []
         self._read, self._written = {}, set()
+        self._taken.extend(updates)
         return updates
+
+    @property
+    def updates_taken(self) -> list[MemoryUpdate]:
+        """Every update :meth:`take_updates` returned so far, in order (a whole run's writes)."""
+        return list(self._taken)
 
     def _changed(self, top: str, before: bytes | None) -> bool:
         """Whether entry ``top`` holds other than what the recorded updates made of it (an in-place change)."""

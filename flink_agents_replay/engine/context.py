@@ -113,6 +113,9 @@ class RunInput:
     decisions: Mapping[str, Decision] = field(default_factory=dict)
     #: The run waited before and resumes now: its input was accepted then (no second accepted record).
     resuming: bool = False
+    #: A resumed run whose key's later inputs ran while it waited: the seq of the key's last accepted input now
+    #: (journaled in a resumed record, so a restore resumes it at the same place in the key's order).
+    resumed_after: int | None = None
 
 
 #: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.

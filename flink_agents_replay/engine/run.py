@@ -57,11 +57,14 @@ from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
 from flink_agents_replay.storage.journal.history import KeyHistory
 from flink_agents_replay.storage.records.journal import (
     ACCEPTED_ACTION,
+    RESUMED_ACTION,
     AcceptedRecord,
     CallOutcome,
     CallRecord,
     CompletionRecord,
+    MemoryUpdate,
     RecordKind,
+    ResumedRecord,
     RunPosition,
     input_event_id,
     journal_key,
@@ -87,6 +90,9 @@ class RunResult:
     input_digest: str = ""
     error: str | None = None  # with report_failures: the exception that ended the run (memory, outputs untouched)
     waiting: WaitingRun | None = None  # the run stopped at a wait: nothing of it is applied (memory, outputs)
+    #: Every memory update of the run, in order (what a run resumed after later inputs ran writes over the key's
+    #: memory as it is then).
+    memory_updates: list[MemoryUpdate] = field(default_factory=list)
 
 
 def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> KeyHistory:
@@ -103,7 +109,8 @@ def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> 
         history.retried[(waiting.seq, waiting.event_id, waiting.action)] = dict(waiting.retried)
     if recovered is not None:
         history.merge_seq(recovered, waiting.seq)
-        recovered.drop_through_seq(waiting.seq)  # the resumed run's now: the key's recovered history may end
+        recovered.drop_seq(waiting.seq)  # the resumed run's now: the key's recovered history may end
+        recovered.drop_through_seq(waiting.seq)
     return history
 
 
@@ -148,6 +155,10 @@ def execute_run(
         journal.write(journal_key(run.key_group, run.seq, first.id, ACCEPTED_ACTION, context.digest_of_key),
                       RecordKind.ACCEPTED, AcceptedRecord(run.seq, context.input_digest, run.event_time),
                       what=f"the accepted record of input {run.seq}")
+    elif journal is not None and run.resumed_after is not None:
+        journal.write(journal_key(run.key_group, run.seq, first.id, RESUMED_ACTION, context.digest_of_key),
+                      RecordKind.RESUMED, ResumedRecord(run.seq, run.resumed_after, context.input_digest),
+                      what=f"the resumed record of input {run.seq}")
     # A run with a decision (resumed, or reusing a journaled one) may end on its wait's timeout or denial: then its
     # memory stays as it was (see _ends_the_run).
     decided = run.resuming or (history is not None and history.has_decision(run.seq))
@@ -170,7 +181,8 @@ def execute_run(
     if journal is not None and acknowledge:
         journal.acknowledge()  # outputs leave only after their records are acknowledged
     return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
-                     list(context.blocked), context.input_digest, error)
+                     list(context.blocked), context.input_digest, error,
+                     memory_updates=state.updates_taken if error is None else [])
 
 
 def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: RunStats,

@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, Strict
@@ -124,6 +124,11 @@ class AgentConfig:
             to recognise a duplicate. Default one hour.
         max_early_decisions_per_key: how many decisions for waits it has not reached yet a key keeps; one more
             is refused (reported as a ``decision_rejected`` event).
+        later_inputs_while_waiting: what a key's later inputs do while one of its runs waits at
+            ``ctx.wait_for``: ``"hold"`` (default) waits for the decision, in order; ``"run"`` runs them meanwhile.
+            The resumed run then sees the memory as it was when it started (with its own writes), and when it
+            finishes, the memory paths it wrote are written over the key's memory as it is then (README,
+            *Waiting for people*). Applies to runs that park from then on.
         capture: record every accepted input and every run's outputs and calls to the capture topic, and
             a manifest entry per checkpoint (the traffic a replay runs again; docs/design.md §9).
         capture_topic: the capture topic (default ``<uid>.capture`` with '/' replaced by '.'); its
@@ -165,6 +170,7 @@ class AgentConfig:
     recovered_history_expiry_s: float = 1800.0
     early_decision_ttl_s: float = 3600.0
     max_early_decisions_per_key: int = 16
+    later_inputs_while_waiting: str = "hold"
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
@@ -365,6 +371,7 @@ class _TypedSettings(pydantic.BaseModel):
     order_restore_timeout_s: _Seconds = _Timeout
     early_decision_ttl_s: _Seconds = _Timeout
     max_early_decisions_per_key: _Whole = _AtLeastOne
+    later_inputs_while_waiting: Literal["hold", "run"] = Field(description="'hold' or 'run'")
     recovered_history_expiry_s: _Duration = Field(gt=0, description="a number of seconds (inf: never)")
     journal_enabled: _Flag = Field(description="True or False")
     accept_reexecution_after_gap: _Flag = Field(description="True or False")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyflink.common import Types
@@ -48,6 +48,7 @@ from pyflink.datastream import KeyedProcessFunction, TimeDomain
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.api.agent import Agent
+from flink_agents_replay.api.memory import Memory
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.engine.run import resume_history
@@ -76,6 +77,7 @@ from flink_agents_replay.storage.formats.state import (
 from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 from flink_agents_replay.storage.journal.markers import checkpoint_time, waits_open
 from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.storage.records.parked import WaitingRun
 
 __all__ = ["LOG_FILE_ENV", "WAIT_EVENTS", "ActionExecutionOperator", "AgentOutput", "WaitEvent"]
 
@@ -153,7 +155,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                    ttl_s=self.config.early_decision_ttl_s,
                                    max_early=self.config.max_early_decisions_per_key, resume=self._resume,
                                    time_out=self.mode.waits_time_out)
-        self._resumed: set = set()  # keys whose run under way was resumed from a wait
+        self._resumed: dict[Any, bool] = {}  # keys whose run under way was resumed from a wait -> kept aside
+        self.run_later_inputs = self.config.later_inputs_while_waiting == "run"
         self._events_tag = _wait_events_tag()
         self.order = OrderRestoration(
             seq_state=self.seq_state, pending_state=self.pending_state, wait_state=self.order_wait_state,
@@ -276,7 +279,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         if self.in_flight_state.value() is not None:
             self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
-            if self.waits.run_state.value() is None:  # behind a wait, it must not hold back the decision
+            if self.runs.has(key) or not self.waits.any_parked():  # behind a wait, it must not hold the decision
                 self.hold.queued(key)
             return
         if self.order.recorded_next_input(key) is not None:
@@ -296,9 +299,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
             # still reads below its timestamp, and the entry would make _schedule_check skip the registration.
             del self._checks[key]
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
-        if not draining and not (self.runs.has(key) and self.runs.done(key)):
+        applies = not draining and self.runs.has(key) and self.runs.done(key)
+        if not draining and not applies:
             # The wake-up or check that applies a finished run (the hot path) reads no wait state: deadlines are a
-            # parked run's, which has no run under way, and an expiry falling on that moment waits for the next.
+            # parked run's, which holds its key with no run under way, and an expiry falling on that moment waits
+            # for the next. (Runs kept aside are not: see below.)
             yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
         raw = self.in_flight_state.value()
         if raw is None:
@@ -315,7 +320,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return
         self._count_applied("runs_drained" if draining else "runs_checked" if own_check else "runs_woken")
         self._settle(key)
-        result = self.runs.finished(key)
+        yield from self._applied(key, self.runs.finished(key), ctx)
+        if applies and self.run_later_inputs:
+            # A run kept aside may have its deadline at this very timer, which the hot path above passed by.
+            yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
+
+    def _applied(self, key, result: RunResult, ctx):
+        """The key's run ended: park it at its wait, or apply it and start the key's next input."""
         if result.waiting is not None:
             # Before the park registers the wait's deadline: Flink keeps one timer per key and time, and
             # deleting a check that fell on the deadline's millisecond would delete the deadline too.
@@ -332,9 +343,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _resubmit(self, key, raw: bytes, ctx) -> bool:
         """The key has a run in flight in state and none under way (restored from a checkpoint): submit it again,
         resumed if it was parked with its decision; ``False`` if it stays parked, waiting for one."""
-        if self.waits.resume_if_decided(key, ctx):
-            return self.runs.has(key)
         in_flight = decode_in_flight(raw)
+        if self.waits.is_parked(in_flight.seq):
+            decided = self.waits.decision_for(in_flight.seq)
+            if decided is None:
+                return False
+            self._submit_resumed(key, *decided, ctx)
+            return True
         # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
         epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
         self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
@@ -342,7 +357,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     # -- runs --------------------------------------------------------------------------------------
     def _start_next(self, key, ctx) -> None:
-        """Start the key's next waiting input: the one the journal recorded next, else the first to arrive."""
+        """Start the key's next waiting input: the one the journal recorded next, else the first to arrive; a
+        parked run kept aside whose decision came goes first (or where the journal recorded it)."""
+        if self.waits.any_parked() and self._resume_next(key, ctx):
+            return
         waiting = list(self.pending_state.get() or [])
         kept = self.mode.drop_held(waiting, self._accepted_seq)
         if len(kept) != len(waiting):
@@ -368,30 +386,69 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                     event_time=waiting.event_time)
         self._submit(key, seq, waiting, ctx, epoch)
 
-    def _resume(self, key, waiting_run, decision, ctx) -> None:
-        """Submit the key's parked run again with its decision (:mod:`flink_agents_replay.flink.waits`)."""
-        in_flight = decode_in_flight(self.in_flight_state.value())
+    def _resume(self, key, waiting_run: WaitingRun, decision, ctx) -> None:
+        """A parked run has its decision (:mod:`flink_agents_replay.flink.waits`): submit it again now if it holds
+        the key, or if it was kept aside and the key is idle (and the journal recorded no other step first);
+        else it resumes when the key's run under way ends (:meth:`_resume_next`)."""
+        raw = self.in_flight_state.value()
+        if raw is not None:
+            if decode_in_flight(raw).seq == waiting_run.seq and not self.runs.has(key):
+                self._submit_resumed(key, waiting_run, decision, ctx)
+            return
+        recorded = self.order.recorded_resume(key)
+        if recorded == waiting_run.seq or (recorded is None and self.order.recorded_next_input(key) is None):
+            self.order.resuming()
+            self._submit_resumed(key, waiting_run, decision, ctx)
+
+    def _resume_next(self, key, ctx) -> bool:
+        """The key is idle: resume a parked run kept aside that has its decision (the one the journal recorded
+        resuming here, while a restore replays); whether one was."""
+        recorded = self.order.recorded_resume(key)
+        if recorded is not None:
+            candidates = [recorded]
+        elif self.order.recorded_next_input(key) is not None:
+            return False  # the journal recorded an input next
+        else:
+            candidates = self.waits.decided()
+        for seq in candidates:
+            decided = self.waits.decision_for(seq)
+            if decided is not None and decided[0].kept_aside:
+                self.order.resuming()
+                self._submit_resumed(key, *decided, ctx)
+                return True
+        return False
+
+    def _submit_resumed(self, key, waiting_run: WaitingRun, decision, ctx) -> None:
+        """Submit a parked run again with its decision; it becomes the key's run in flight."""
         epoch = self.epochs.current  # what it does from now on belongs after the last checkpoint
-        self.in_flight_state.update(encode_in_flight(InFlightInput(in_flight.seq, in_flight.value,
-                                                                   in_flight.event_time, epoch)))
+        if waiting_run.kept_aside:
+            in_flight = InFlightInput(waiting_run.seq, waiting_run.input, waiting_run.event_time, epoch)
+        else:
+            held = decode_in_flight(self.in_flight_state.value())
+            in_flight = InFlightInput(held.seq, held.value, held.event_time, epoch)
+        self.in_flight_state.update(encode_in_flight(in_flight))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
-        self._resumed.add(key)
+        self._resumed[key] = waiting_run.kept_aside
         self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch,
                      resume=(waiting_run, decision))
 
     def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int, resume=None) -> None:
-        raw_memory = self.memory_state.value()
+        kept_aside = resume is not None and resume[0].kept_aside
+        raw_memory = resume[0].memory if kept_aside else self.memory_state.value()  # as the run started
         memory = decode_memory(raw_memory) if raw_memory is not None else {}
         group = key_group(key, self.key_type, self.max_parallelism)
         digest = key_digest(key)
         history = self.journal.history(digest)
+        if history is not None:  # the key's parked runs: their records outlive this run's
+            history.held = self.waits.parked_seqs() - {seq} if self.waits.any_parked() else frozenset()
         journal = self.journal.run_journal(group)
         run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch)
         if resume is not None:
             waiting_run, decision = resume
             history = resume_history(waiting_run, history)
             run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch,
-                           decisions={} if decision is None else {waiting_run.wait.wait_id: decision}, resuming=True)
+                           decisions={} if decision is None else {waiting_run.wait.wait_id: decision}, resuming=True,
+                           resumed_after=self._accepted_seq() if kept_aside else None)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:
@@ -455,25 +512,47 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.totals.add(result.stats)
 
     def _park(self, key, result: RunResult, ctx):
-        """The run stopped at a wait: nothing of it is applied; the key stays busy until its decision. (In a replay
-        only a wait its gate leaves open parks: one production never decided either.)"""
+        """The run stopped at a wait: nothing of it is applied. It holds the key until its decision, or, with
+        ``later_inputs_while_waiting="run"``, it is kept aside with its input and the memory it started with, and
+        the key's next input starts. (In a replay only a wait its gate leaves open parks: one production never
+        decided either.)"""
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
-        self._resumed.discard(key)
+        self._resumed.pop(key, None)
         self._count(result)
-        self.hold.left(key, 0)  # the inputs behind it wait for the decision, uncounted
         self.journal.run_applied(key_digest(key))
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.run_parked(key=key, group=group, result=result)
-        yield from self._emit(self.waits.park(key, group, result, ctx))
+        waiting = self._kept_aside(result.waiting)
+        if waiting.kept_aside:
+            self.in_flight_state.clear()
+        else:
+            self.hold.left(key, 0)  # the inputs behind it wait for the decision, uncounted
+        yield from self._emit(self.waits.park(key, group, waiting, ctx))
+        if waiting.kept_aside and self.in_flight_state.value() is None:  # its decision may have resumed it at once
+            self._start_next(key, ctx)
+
+    def _kept_aside(self, waiting: WaitingRun) -> WaitingRun:
+        """``waiting`` as it parks: kept aside with its input and the memory it started with if the key's later
+        inputs run meanwhile (a resumed run keeps what it was parked with the first time)."""
+        earlier = self.waits.parked(waiting.seq)
+        if earlier is not None:
+            return replace(waiting, input=earlier.input, event_time=earlier.event_time, memory=earlier.memory,
+                           kept_aside=earlier.kept_aside)
+        if not self.run_later_inputs:
+            return waiting
+        in_flight = decode_in_flight(self.in_flight_state.value())
+        return replace(waiting, input=in_flight.value, event_time=in_flight.event_time,
+                       memory=self.memory_state.value(), kept_aside=True)
 
     def _apply(self, key, result: RunResult, ctx):
+        memory = result.memory
         if key in self._resumed:
-            self._resumed.discard(key)
-            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism), ctx,
-                                                      reason=result.error))
-        self.memory_state.update(encode_memory(result.memory, what=f"the memory of key {key!r} after input "
-                                                                  f"{result.seq}"))
+            if self._resumed.pop(key):  # kept aside: its writes go over what the key's later runs wrote
+                memory = _written_over(self.memory_state.value(), result.memory_updates)
+            yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism),
+                                                      result.seq, ctx, reason=result.error))
+        self.memory_state.update(encode_memory(memory, what=f"the memory of key {key!r} after input {result.seq}"))
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)
         self._count(result)
@@ -487,6 +566,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
                      describe_stats(self.totals))
         for output in result.outputs:
             yield AgentOutput(key, result.seq, output.id, output.output)
+
+
+def _written_over(raw_memory: bytes | None, updates) -> dict:
+    """The key's memory (state bytes) with a run's memory updates applied over it, in order."""
+    memory = Memory(decode_memory(raw_memory) if raw_memory is not None else {})
+    memory.apply(updates)
+    return memory.data
 
 
 def _all_resources(agent) -> list:

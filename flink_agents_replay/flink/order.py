@@ -38,6 +38,9 @@ DRAIN_TIMER = 2**63 - 2
 #: What a key waits for when its recorded history expired during the wait: no input's digest, so nothing
 #: matches and the wait ends at its deadline.
 EXPIRED_HISTORY = "expired-history"
+#: What a key's next input waits for when the journal recorded a parked run resuming first (docs/design.md §16):
+#: no input's digest either; the resume ends the wait, or its deadline does.
+RESUME_FIRST = "resume-first"
 
 
 class OrderRestoration:
@@ -72,10 +75,26 @@ class OrderRestoration:
         expected = None
         if self.journal.restored:
             history = self.journal.index.history(key_digest(key))
-            expected = history.recorded_input((self.seq_state.value() or 0) + 1) if history is not None else None
+            if history is not None:
+                accepted = self.seq_state.value() or 0
+                resume_first = history.recorded_resume(accepted) is not None
+                expected = RESUME_FIRST if resume_first else history.recorded_input(accepted + 1)
         if expected is None and self.journal.histories_expired and self.wait_state.value() is not None:
             return EXPIRED_HISTORY  # waiting when its history expired: wait on, to the deadline
         return expected
+
+    def recorded_resume(self, key) -> int | None:
+        """While a restore replays: the seq of the parked run the journal recorded resuming next, before the key's
+        next input (its later inputs ran while it waited), if any."""
+        if not (self.enabled and self.journal.restored):
+            return None
+        history = self.journal.index.history(key_digest(key))
+        return history.recorded_resume(self.seq_state.value() or 0) if history is not None else None
+
+    def resuming(self) -> None:
+        """A parked run of the key resumes now: a wait for it is over."""
+        if self.journal.restored:
+            self._end_wait()
 
     def take_next(self, key, waiting: list[bytes], ctx) -> WaitingInput | None:
         """Remove and return the key's next waiting input (``waiting``: the key's ``pending`` state, encoded):
@@ -106,7 +125,8 @@ class OrderRestoration:
         runs what waits, in arrival order)."""
         next_seq = (self.seq_state.value() or 0) + 1
         history = self.journal.index.history(key_digest(key))
-        dropped = history.drop_after(RunPosition(next_seq - 1, 2**62)) if history is not None else 0
+        # Below the order of a resume recorded after the last accepted input (2**62): that is dropped too.
+        dropped = history.drop_after(RunPosition(next_seq - 1, 2**62 - 1)) if history is not None else 0
         waiting = len(list(self.pending_state.get() or []))
         self.counters["order_restore_timeouts"].inc()
         log.warning("subtask %d key %r: order restore %s after %.1f s waiting for the input recorded at seq %d; "

@@ -35,15 +35,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flink_agents_replay.engine import RunResult
 from flink_agents_replay.flink.signals import MalformedSignal, Signal
 from flink_agents_replay.storage.records.parked import (
     DecisionStatus,
+    ParkedWait,
     ReceivedDecision,
     WaitingRun,
     decode_decision,
+    decode_parked_wait,
     decode_waiting_run,
     encode_decision,
+    encode_parked_wait,
     encode_waiting_run,
 )
 from flink_agents_replay.storage.records.waits import Decision
@@ -82,13 +84,14 @@ class WaitEvent:
 class OperatorWaits:
     """Parking, deciding and resuming the waiting runs of one subtask (see the module docstring).
 
-    ``resume(key, waiting_run, decision, ctx)`` is the operator's: it submits the run again.
+    ``resume(key, waiting_run, decision, ctx)`` is the operator's: it submits the run again (at once, or when
+    the key's run under way ends, when the key's later inputs run while it waits).
     """
 
     def __init__(self, *, agent_name: str, event_types, runtime_context, counters, ttl_s: float, max_early: int,
                  resume, time_out: bool = True) -> None:
         from pyflink.common import Types
-        from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+        from pyflink.datastream.state import MapStateDescriptor
 
         self.agent_name = agent_name
         self.event_types = event_types
@@ -97,7 +100,10 @@ class OperatorWaits:
         self.time_out = time_out  # False in a replay: deadlines do not fire
         self._resume = resume
         # Keyed state names are part of every savepoint: never change them.
-        self.run_state = runtime_context.get_state(ValueStateDescriptor("waiting_run", Types.PICKLED_BYTE_ARRAY()))
+        self.runs = runtime_context.get_map_state(
+            MapStateDescriptor("parked_runs", Types.LONG(), Types.PICKLED_BYTE_ARRAY()))  # seq -> WaitingRun
+        self.waits = runtime_context.get_map_state(
+            MapStateDescriptor("parked_waits", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))  # wait id -> ParkedWait
         self.decisions = runtime_context.get_map_state(
             MapStateDescriptor("decisions", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
         #: Per key group, the runs parked now (kept in the checkpoint markers: keyed state cannot be counted).
@@ -114,10 +120,44 @@ class OperatorWaits:
         self.counters["runs_waiting"].inc(change)
 
     # -- the key's state ------------------------------------------------------------------------------
-    def parked(self) -> WaitingRun | None:
-        """The current key's parked run, if it has one."""
-        raw = self.run_state.value()
+    def parked(self, seq: int) -> WaitingRun | None:
+        """The current key's run ``seq``, if it is parked."""
+        raw = self.runs.get(seq)
         return None if raw is None else decode_waiting_run(raw, self.event_types)
+
+    def is_parked(self, seq: int) -> bool:
+        """Whether the current key's run ``seq`` is parked."""
+        return self.runs.contains(seq)
+
+    def any_parked(self) -> bool:
+        """Whether the current key has a parked run."""
+        return not self.runs.is_empty()
+
+    def parked_seqs(self) -> frozenset[int]:
+        """The seqs of the current key's parked runs."""
+        return frozenset(self.runs.keys())
+
+    def decided(self) -> list[int]:
+        """The current key's parked runs whose decision was applied and that are not under way yet, in the order
+        their decisions came."""
+        ready = []
+        for wait_id, raw in self.waits.items():
+            received = self._decision(wait_id)
+            if received is not None and received.status is DecisionStatus.APPLIED:
+                ready.append((received.received_at_ms, decode_parked_wait(raw).seq))
+        return [seq for _, seq in sorted(ready)]
+
+    def decision_for(self, seq: int) -> tuple[WaitingRun, Decision | None] | None:
+        """The parked run ``seq`` and its applied decision (``None`` in a replay, whose gate decides), or ``None``
+        if it has no decision yet."""
+        waiting = self.parked(seq)
+        if waiting is None:
+            return None
+        received = self._decision(waiting.wait.wait_id)
+        if received is None or received.status is not DecisionStatus.APPLIED:
+            return None
+        # In a replay the call gate decides every wait: what is kept here only says the run resumed.
+        return waiting, received.decision if self.time_out else None
 
     def _decision(self, wait_id: str) -> ReceivedDecision | None:
         raw = self.decisions.get(wait_id)
@@ -127,15 +167,16 @@ class OperatorWaits:
         self.decisions.put(wait_id, encode_decision(received))
 
     # -- a run stopped at a wait -----------------------------------------------------------------------
-    def park(self, key: Any, group: int, result: RunResult, ctx) -> Iterator[WaitEvent]:
-        """Keep the waiting run of ``result``; resume it at once if its decision came early."""
-        waiting = result.waiting
-        earlier = self.parked()
+    def park(self, key: Any, group: int, waiting: WaitingRun, ctx) -> Iterator[WaitEvent]:
+        """Keep ``waiting`` (a run stopped at a wait); resume it at once if its decision came early."""
+        earlier = self.parked(waiting.seq)
         if earlier is None:
             self._opened(group, 1)
         else:  # the resumed run waits again: its first wait is over
             self._close(earlier.wait.wait_id, ctx)
-        self.run_state.update(encode_waiting_run(waiting))
+            self.waits.remove(earlier.wait.wait_id)
+        self.runs.put(waiting.seq, encode_waiting_run(waiting))
+        self.waits.put(waiting.wait.wait_id, encode_parked_wait(ParkedWait(waiting.seq, waiting.wait.deadline_ms)))
         self.counters["waits_opened"].inc()
         if waiting.wait.deadline_ms is not None and self.time_out:
             ctx.timer_service().register_processing_time_timer(waiting.wait.deadline_ms)
@@ -144,13 +185,14 @@ class OperatorWaits:
         if received is not None and received.status is DecisionStatus.EARLY:
             yield from self._apply(key, waiting, received, ctx)
 
-    def finished(self, key: Any, group: int, ctx, *, reason: str | None = None) -> Iterator[WaitEvent]:
-        """The key's resumed run finished (``reason``: the timeout or denial that ended it): its wait is closed
-        (its decision kept a while for duplicates)."""
-        waiting = self.parked()
+    def finished(self, key: Any, group: int, seq: int, ctx, *, reason: str | None = None) -> Iterator[WaitEvent]:
+        """The key's resumed run ``seq`` finished (``reason``: the timeout or denial that ended it): its wait is
+        closed (its decision kept a while for duplicates)."""
+        waiting = self.parked(seq)
         if waiting is None:
             return
-        self.run_state.clear()
+        self.runs.remove(seq)
+        self.waits.remove(waiting.wait.wait_id)
         self._opened(group, -1)
         self._close(waiting.wait.wait_id, ctx)
         yield from self._expire(key, _now_ms())
@@ -168,22 +210,11 @@ class OperatorWaits:
     def resume_in_replay(self, key: Any, seq: int, ctx) -> None:
         """Production finished its run of ``seq``: if the key holds that run parked (from the replay's savepoint),
         resume it; the replay's call gate decides its wait (production's recorded decision, or the policy)."""
-        waiting = self.parked()
-        if waiting is not None and waiting.seq == seq and not self.decisions.contains(waiting.wait.wait_id):
+        waiting = self.parked(seq)
+        if waiting is not None and not self.decisions.contains(waiting.wait.wait_id):
             self._keep(waiting.wait.wait_id, ReceivedDecision(Decision(by="replay"), DecisionStatus.APPLIED,
                                                               _now_ms(), None))
             self._resume(key, waiting, None, ctx)
-
-    def resume_if_decided(self, key: Any, ctx) -> bool:
-        """Resume the key's parked run if it has its decision (after a restore); whether it is parked."""
-        waiting = self.parked()
-        if waiting is None:
-            return False
-        received = self._decision(waiting.wait.wait_id)
-        if received is not None and received.status is DecisionStatus.APPLIED:
-            # In a replay the call gate decides every wait: what is kept here only says the run resumed.
-            self._resume(key, waiting, received.decision if self.time_out else None, ctx)
-        return True
 
     # -- decisions -------------------------------------------------------------------------------------
     def on_signal(self, signal: Signal | MalformedSignal, ctx) -> Iterator[WaitEvent]:
@@ -203,8 +234,9 @@ class OperatorWaits:
                             decision=signal.decision, reason="the wait already has a decision")
             return
         now = _now_ms()
-        waiting = self.parked()
-        if waiting is not None and waiting.wait.wait_id == signal.wait_id:
+        parked = self.waits.get(signal.wait_id)
+        if parked is not None:
+            waiting = self.parked(decode_parked_wait(parked).seq)
             received = ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, None, signal.signal_id)
             yield from self._apply(signal.key, waiting, received, ctx)
             return
@@ -231,14 +263,19 @@ class OperatorWaits:
 
     # -- timers ----------------------------------------------------------------------------------------
     def on_timer(self, key: Any, timestamp: int, ctx) -> Iterator[WaitEvent]:
-        """A processing-time timer of the key: drop the decisions kept long enough, time out a parked run's wait
-        whose deadline passed."""
+        """A processing-time timer of the key: drop the decisions kept long enough, time out the parked runs'
+        waits whose deadline passed."""
         yield from self._expire(key, timestamp)
-        waiting = self.parked()
-        if (self.time_out and waiting is not None and waiting.wait.deadline_ms is not None
-                and waiting.wait.deadline_ms <= timestamp and not self.decisions.contains(waiting.wait.wait_id)):
-            timeout = Decision(timed_out=True, by="timeout", decided_at_ms=timestamp)
-            yield from self._apply(key, waiting, ReceivedDecision(timeout, DecisionStatus.EARLY, timestamp, None), ctx)
+        if not self.time_out:
+            return
+        due = [(wait.seq, wait_id) for wait_id, wait in
+               ((wait_id, decode_parked_wait(raw)) for wait_id, raw in self.waits.items())
+               if wait.deadline_ms is not None and wait.deadline_ms <= timestamp]
+        for seq, wait_id in sorted(due):
+            if not self.decisions.contains(wait_id):
+                timeout = Decision(timed_out=True, by="timeout", decided_at_ms=timestamp)
+                yield from self._apply(key, self.parked(seq),
+                                       ReceivedDecision(timeout, DecisionStatus.EARLY, timestamp, None), ctx)
 
     def _expire(self, key: Any, timestamp: int) -> Iterator[WaitEvent]:
         expired = []

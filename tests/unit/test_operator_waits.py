@@ -43,6 +43,9 @@ class _Map(dict):
     def remove(self, key):
         del self[key]
 
+    def is_empty(self):
+        return not self
+
 
 class _Context:
     def __init__(self):
@@ -89,7 +92,7 @@ def waits(max_early: int = 3, time_out: bool = True):
 
 def parked(operator_waits, context, seq=1):
     result = execute_run(Asks(), RunInput("k", 3, seq, seq), {})
-    events = list(operator_waits.park("k", 3, result, context))
+    events = list(operator_waits.park("k", 3, result.waiting, context))
     return result.waiting, events
 
 
@@ -106,7 +109,7 @@ def test_a_parked_run_is_resumed_once_by_its_decision_and_a_duplicate_is_ignored
     assert kinds(operator_waits.on_signal(signal, context)) == ["resumed"]
     assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]
     assert resumed == [("k", 1, Decision.approve(by="ana"))]
-    assert kinds(operator_waits.finished("k", 3, context)) == ["closed"]
+    assert kinds(operator_waits.finished("k", 3, 1, context)) == ["closed"]
     assert counters["runs_waiting"].count == 0 and operator_waits.open_by_group == {3: 0}
     assert kinds(operator_waits.on_signal(signal, context)) == ["decision_ignored"]  # still known once closed
     assert (counters["decisions_applied"].count, counters["decisions_ignored"].count) == (1, 2)
@@ -185,7 +188,7 @@ def test_in_a_replay_deadlines_do_not_fire_and_production_finishing_the_run_resu
     operator_waits.resume_in_replay("k", 1, context)
     operator_waits.resume_in_replay("k", 1, context)  # once
     assert resumed == [("k", 1, None)]  # no decision handed in: the replay's gate decides
-    assert operator_waits.resume_if_decided("k", context) and resumed[-1] == ("k", 1, None)  # after a restore too
+    assert operator_waits.decision_for(1) == (waiting, None)  # after a restore too: resumed, the gate decides
 
 
 @pytest.mark.parametrize("field", ["wait_id", "reason", "by", "signal_id"])
@@ -211,12 +214,12 @@ def test_closed_decisions_expire_at_their_own_timer_and_a_run_waiting_again_clos
     operator_waits, _, resumed, context = waits()
     first, _ = parked(operator_waits, context)
     list(operator_waits.on_signal(Signal("k", first.wait.wait_id, Decision.approve()), context))
-    second = execute_run(Asks(), RunInput("k", 3, 2, 2), {})  # stands for the same run waiting a second time
-    list(operator_waits.park("k", 3, second, context))
+    second = execute_run(Asks(), RunInput("k", 3, 1, 2), {})  # stands for the same run waiting a second time
+    list(operator_waits.park("k", 3, second.waiting, context))
     assert operator_waits._decision(first.wait.wait_id).status.value == "closed"
     assert operator_waits.open_by_group == {3: 1}  # still one parked run
     list(operator_waits.on_signal(Signal("k", second.waiting.wait.wait_id, Decision.deny()), context))
-    list(operator_waits.finished("k", 3, context))
+    list(operator_waits.finished("k", 3, 1, context))
     assert {decode_decision(raw).status.value for raw in operator_waits.decisions.values()} == {"closed"}
     assert kinds(operator_waits.on_timer("k", max(context.timers), context)) == []
     assert len(operator_waits.decisions) == 0  # both dropped at their timers

@@ -17,6 +17,7 @@ from flink_agents_replay.storage.records.journal import (
     CallOutcome,
     CallRecord,
     CompletionRecord,
+    ResumedRecord,
     RunPosition,
 )
 
@@ -36,6 +37,11 @@ class KeyHistory:
     #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
     retried: dict[ActionSlot, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     input_digests: dict[int, str] = field(default_factory=dict)
+    #: Parked runs that resumed, in journal order: (seq of the key's last accepted input then, seq resumed).
+    resumes: list[tuple[int, int]] = field(default_factory=list)
+    #: Seqs of the key's runs parked at a wait while its later inputs run: what they journaled after an earlier
+    #: resume outlives the later runs (set by the operator before each run of the key).
+    held: frozenset[int] = frozenset()
     partition: int | None = None
     first_offset: int | None = None
 
@@ -43,6 +49,14 @@ class KeyHistory:
         """File an accepted record."""
         self._note_input(record.seq, record.input_digest)
         self.accepted[record.seq] = record.input_digest
+
+    def add_resumed(self, record: ResumedRecord) -> None:
+        """File a resumed record."""
+        self.resumes.append((record.after, record.seq))
+
+    def recorded_resume(self, after: int) -> int | None:
+        """The seq of the parked run the journal recorded resuming next after accepted seq ``after``, if any."""
+        return next((seq for at, seq in self.resumes if at == after), None)
 
     def add_completion(self, record: CompletionRecord) -> None:
         """File a completion record."""
@@ -126,6 +140,9 @@ class KeyHistory:
         for seq in [s for s in self.accepted if RunPosition(s, -1) > position]:
             del self.accepted[seq]
             dropped += 1
+        kept = [(after, seq) for after, seq in self.resumes if RunPosition(after, _LAST) <= position]
+        dropped += len(self.resumes) - len(kept)
+        self.resumes = kept
         self._rebuild_input_digests()
         return dropped
 
@@ -148,15 +165,26 @@ class KeyHistory:
             self._note_input(seq, other.input_digests[seq])
 
     def drop_through_seq(self, seq: int) -> None:
-        """Forget everything at or before ``seq`` (those inputs are done)."""
-        for slot in [s for s in self.completions if s[0] <= seq]:
+        """Forget everything at or before ``seq`` (those inputs are done), but the runs :attr:`held` parked."""
+        self._drop(lambda s: s <= seq and s not in self.held)
+        self.resumes = [(after, resumed) for after, resumed in self.resumes if after >= seq]
+
+    def drop_seq(self, seq: int) -> None:
+        """Forget what the history holds of ``seq`` and its first recorded resume (the parked run resumes now)."""
+        self._drop(lambda s: s == seq)
+        at = next((index for index, (_, resumed) in enumerate(self.resumes) if resumed == seq), None)
+        if at is not None:
+            del self.resumes[at]
+
+    def _drop(self, done) -> None:
+        for slot in [s for s in self.completions if done(s[0])]:
             del self.completions[slot]
-        for slot in [s for s in self.calls if s[0] <= seq]:
+        for slot in [s for s in self.calls if done(s[0])]:
             del self.calls[slot]
-        for slot in [s for s in self.retried if s[0] <= seq]:
+        for slot in [s for s in self.retried if done(s[0])]:
             del self.retried[slot]
-        for done in [s for s in self.accepted if s <= seq]:
-            del self.accepted[done]
+        for finished in [s for s in self.accepted if done(s)]:
+            del self.accepted[finished]
         self._rebuild_input_digests()
 
     def _rebuild_input_digests(self) -> None:
@@ -167,4 +195,5 @@ class KeyHistory:
         )
 
     def __len__(self) -> int:
-        return len(self.accepted) + len(self.completions) + sum(len(c) for c in self.calls.values())
+        return (len(self.accepted) + len(self.resumes) + len(self.completions)
+                + sum(len(c) for c in self.calls.values()))

@@ -12,6 +12,9 @@ read in write order, and a key's records are written one run at a time, so a lat
 means a restore ran another input there (after a divergence or an order-restore timeout) and the older
 records belong to an abandoned history.
 
+Resumed records give where a parked run resumed in the key's order when the key's later inputs ran while it
+waited: after which accepted seq (docs/design.md §16).
+
 Failed actions: when an exception leaves an action, the operator journals an :class:`ActionFailedRecord`
 before the task fails, naming the failed calls to make again: those of the action's last steps, back to
 the last step in which a call returned (see ``engine.failures.calls_to_retry``). Filing it drops those calls'
@@ -38,14 +41,15 @@ from flink_agents_replay.storage.records.journal import (
     CallRecord,
     CompletionRecord,
     RecordKind,
+    ResumedRecord,
     parse_journal_key,
 )
 
 __all__ = ["KeyHistory", "RecoveryIndex"]  # KeyHistory: .history, re-exported for readers
 
-_INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.CALL.value, RecordKind.COMPLETION.value,
-                  RecordKind.ACTION_FAILED.value)
-IndexedRecord = AcceptedRecord | CallRecord | CompletionRecord | ActionFailedRecord
+_INDEXED_KINDS = (RecordKind.ACCEPTED.value, RecordKind.RESUMED.value, RecordKind.CALL.value,
+                  RecordKind.COMPLETION.value, RecordKind.ACTION_FAILED.value)
+IndexedRecord = AcceptedRecord | ResumedRecord | CallRecord | CompletionRecord | ActionFailedRecord
 
 
 class RecoveryIndex:
@@ -75,7 +79,8 @@ class RecoveryIndex:
                     where=f"partition {stored.partition} offset {stored.offset}")
                 if header["kind"] in _INDEXED_KINDS:
                     record = self._codec.load(header, payload)
-                    if isinstance(record, (AcceptedRecord, CallRecord, CompletionRecord, ActionFailedRecord)):
+                    if isinstance(record, (AcceptedRecord, ResumedRecord, CallRecord, CompletionRecord,
+                                           ActionFailedRecord)):
                         self.add(digest_of_key, raw[0].partition, raw[0].offset, record)
         return self._keys.get(digest_of_key)
 
@@ -96,6 +101,8 @@ class RecoveryIndex:
             history.add_accepted(record)
         elif isinstance(record, ActionFailedRecord):
             history.add_action_failed(record)
+        elif isinstance(record, ResumedRecord):
+            history.add_resumed(record)
         else:
             history.add_call(record)
 

@@ -9,6 +9,9 @@ serialized business key: a raw key may contain ':' or collide in ``str()``.
 * An :class:`AcceptedRecord` is written when the operator accepts an input for a key and gives it its
   seq, before the run starts: the key's accepted order, which a restore uses to put inputs arriving in
   another interleaving back into that order (docs/design.md §4, §8).
+* A :class:`ResumedRecord` is written when a run parked at a wait resumes while the key's later inputs ran
+  meanwhile (``later_inputs_while_waiting="run"``): where in the key's order it resumed (after which accepted
+  seq), which a restore reproduces as it does the accepted order (docs/design.md §16).
 * A :class:`CompletionRecord` is written when an action finishes: the memory updates it made and the
   events it sent. Reusing an action means applying exactly these.
 * An :class:`ActionFailedRecord` is written (and acknowledged) when an exception leaves an action. The
@@ -33,6 +36,8 @@ __all__ = [
     "ATTEMPT_ACTION",
     "AcceptedRecord",
     "ActionFailedRecord",
+    "RESUMED_ACTION",
+    "ResumedRecord",
     "CallOutcome",
     "CallRecord",
     "CompletionRecord",
@@ -79,6 +84,7 @@ class RecordKind(str, enum.Enum):
     """The kinds of journal record (capture records, in the same signed envelope, have their own kinds)."""
 
     ACCEPTED = "accepted"
+    RESUMED = "resumed"
     CALL = "call"
     COMPLETION = "completion"
     ACTION_FAILED = "failed"
@@ -104,6 +110,8 @@ class RunPosition:
 #: The action name in the Kafka record key of an accepted record (no action has a leading underscore name
 #: clash: actions are Python identifiers, and this one is reserved).
 ACCEPTED_ACTION = "_accepted"
+#: The action name in the Kafka record key of a resumed record.
+RESUMED_ACTION = "_resumed"
 #: The action name in the Kafka record key of an attempt record (see :mod:`.attempts`); no run writes it.
 ATTEMPT_ACTION = "_attempt"
 
@@ -115,6 +123,15 @@ class AcceptedRecord:
     seq: int
     input_digest: str
     event_time: int | None = None
+
+
+@dataclass
+class ResumedRecord:
+    """A parked run of a key resumed: its seq, and the seq of the key's last accepted input then (``after``)."""
+
+    seq: int
+    after: int
+    input_digest: str = ""
 
 
 @dataclass

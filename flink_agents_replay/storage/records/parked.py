@@ -7,7 +7,8 @@ the journal, carries them: a run may wait for days, and checkpoints keep pruning
 
 A key's decisions are kept by wait id (:class:`ReceivedDecision`): one that came before its wait was reached
 (*early*), one applied to a parked run, one whose run finished (*closed*, kept a while so that a duplicate is
-recognised). Both entries are state format version 3 (:mod:`flink_agents_replay.storage.formats.state`).
+recognised). A key's parked runs are kept by seq, and indexed by wait id (:class:`ParkedWait`, with the
+deadline). The entries are state format version 3 (:mod:`flink_agents_replay.storage.formats.state`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.core.events import EventTypes
+from flink_agents_replay.storage.formats.plain import dump_user, load_user
 from flink_agents_replay.storage.formats.state import decode_entry, encode_entry
 from flink_agents_replay.storage.records.journal import CallRecord, CompletionRecord, RecordKind
 from flink_agents_replay.storage.records.schemas import JOURNAL_SCHEMAS, call_from_plain, call_to_plain
@@ -30,8 +32,8 @@ from flink_agents_replay.storage.records.waits import (
     wait_to_plain,
 )
 
-__all__ = ["DecisionStatus", "ReceivedDecision", "WaitingRun", "decode_decision", "decode_waiting_run",
-           "encode_decision", "encode_waiting_run"]
+__all__ = ["DecisionStatus", "ParkedWait", "ReceivedDecision", "WaitingRun", "decode_decision", "decode_parked_wait",
+           "decode_waiting_run", "encode_decision", "encode_parked_wait", "encode_waiting_run"]
 
 _COMPLETION = JOURNAL_SCHEMAS[RecordKind.COMPLETION.value]
 
@@ -49,6 +51,13 @@ class WaitingRun:
     #: still holds them.
     records: list[CallRecord | CompletionRecord]
     retried: dict[int, int]  # positions of the waiting action an earlier attempt's failure asks to make again
+    #: Kept only while the key's later inputs run (``later_inputs_while_waiting="run"``): the input and its event
+    #: time (the key's run in flight moves on), and the key's memory state entry as the run started (what the
+    #: resumed run sees again).
+    input: Any = None
+    event_time: int | None = None
+    memory: bytes | None = None
+    kept_aside: bool = False  # the key's later inputs run while it waits (input, event_time, memory are set)
 
 
 def encode_waiting_run(run: WaitingRun) -> bytes:
@@ -60,8 +69,11 @@ def encode_waiting_run(run: WaitingRun) -> bytes:
                if isinstance(record, CallRecord) and record.resource == WAIT_RESOURCE and record.result == run.wait),
               None)
     wait = {"wait_record": at} if at is not None else {"wait": wait_to_plain(run.wait)}
+    aside = {"input": dump_user(run.input, what="an input"), "event_time": run.event_time,
+             "memory": run.memory} if run.kept_aside else {}
     return encode_entry({**wait, "seq": run.seq, "action": run.action, "event_id": run.event_id, "order": run.order,
-                         "records": records, "retried": [[position, count] for position, count in run.retried.items()]})
+                         "records": records, "retried": [[position, count] for position, count in run.retried.items()],
+                         **aside})
 
 
 def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
@@ -70,8 +82,29 @@ def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
     records = [_COMPLETION.from_plain(record, event_types) if kind == "completion" else call_from_plain(record)
                for kind, record in plain["records"]]
     wait = records[plain["wait_record"]].result if "wait_record" in plain else wait_from_plain(plain["wait"])
+    aside = {"input": load_user(plain["input"]), "event_time": plain["event_time"], "memory": plain["memory"],
+             "kept_aside": True} if "input" in plain else {}
     return WaitingRun(wait, plain["seq"], plain["action"], plain["event_id"], plain["order"], records,
-                      {position: count for position, count in plain["retried"]})
+                      {position: count for position, count in plain["retried"]}, **aside)
+
+
+@dataclass(frozen=True)
+class ParkedWait:
+    """A parked run's wait as the key's wait index keeps it: which run (seq) and its deadline (epoch ms)."""
+
+    seq: int
+    deadline_ms: int | None
+
+
+def encode_parked_wait(wait: ParkedWait) -> bytes:
+    """State bytes of a parked wait's index entry."""
+    return encode_entry({"seq": wait.seq, "deadline_ms": wait.deadline_ms})
+
+
+def decode_parked_wait(raw: bytes) -> ParkedWait:
+    """The index entry :func:`encode_parked_wait` wrote."""
+    plain = decode_entry(raw, "a parked wait")
+    return ParkedWait(plain["seq"], plain["deadline_ms"])
 
 
 class DecisionStatus(str, enum.Enum):

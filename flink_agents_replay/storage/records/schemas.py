@@ -5,6 +5,7 @@
 kind           plain payload (``bytes`` fields are user values, pickled)
 =============  ==========================================================================================
 ``accepted``   ``seq``, ``input_digest``, ``event_time``
+``resumed``    ``seq``, ``after``, ``input_digest`` (new in 0.7)
 ``call``       ``seq``, ``order``, ``event_id``, ``action``, ``position``, ``resource``, ``args_digest``,
                ``outcome`` (``started``/``returned``/``raised``), ``result`` (``None``; the return value as
                bytes; a chat model's answer as ``{"chat": ...}``, :mod:`flink_agents_replay.storage.records.chat`; a
@@ -43,6 +44,7 @@ from flink_agents_replay.storage.records.journal import (
     CompletionRecord,
     MemoryUpdate,
     RecordKind,
+    ResumedRecord,
 )
 from flink_agents_replay.storage.records.waits import (
     Decision,
@@ -64,6 +66,14 @@ def _accepted_to_plain(record: AcceptedRecord) -> dict[str, Any]:
 
 def _accepted_from_plain(plain: dict[str, Any], _: EventTypes) -> AcceptedRecord:
     return AcceptedRecord(plain["seq"], plain["input_digest"], plain["event_time"])
+
+
+def _resumed_to_plain(record: ResumedRecord) -> dict[str, Any]:
+    return {"seq": record.seq, "after": record.after, "input_digest": record.input_digest}
+
+
+def _resumed_from_plain(plain: dict[str, Any], _: EventTypes) -> ResumedRecord:
+    return ResumedRecord(plain["seq"], plain["after"], plain["input_digest"])
 
 
 def call_to_plain(record: CallRecord) -> dict[str, Any]:
@@ -148,6 +158,7 @@ def _attempt_from_plain(plain: dict[str, Any], _: EventTypes) -> dict[str, Any]:
 #: The journal's record kinds, by header kind.
 JOURNAL_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(RecordKind.ACCEPTED.value, 1, _accepted_to_plain, _accepted_from_plain, AcceptedRecord),
+    RecordSchema(RecordKind.RESUMED.value, 1, _resumed_to_plain, _resumed_from_plain, ResumedRecord),
     RecordSchema(RecordKind.CALL.value, 3, call_to_plain, call_from_plain, CallRecord),
     RecordSchema(RecordKind.COMPLETION.value, 1, _completion_to_plain, _completion_from_plain, CompletionRecord),
     RecordSchema(RecordKind.ACTION_FAILED.value, 1, _failed_to_plain, _failed_from_plain, ActionFailedRecord),
