@@ -419,7 +419,8 @@ def _add_tickets_command(commands) -> None:
 def _add_diff_command(commands) -> None:
     """``diff``: a replay against production."""
     diff = commands.add_parser("diff", help="compare a replay's outputs with production's, per key and seq "
-                               "(same / changed / new / missing), with the calls the replay blocked")
+                               "(same / changed / new / missing / waiting), with each run's waits and decisions and "
+                               "the calls the replay blocked")
     diff.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     diff.add_argument("--replay", required=True, help="the replay's capture topic (the replay job prints it)")
     diff.add_argument("--production", default=None,
@@ -432,7 +433,8 @@ def _add_diff_command(commands) -> None:
     diff.add_argument("--html", default=None, metavar="FILE", help="also write the report as one HTML page")
     diff.add_argument("--width", type=_at_least_one, default=110, help="terminal table width (default 110)")
     diff.add_argument("--fail-on-diff", action="store_true",
-                      help="exit 1 when any run is changed, new or missing, or memory differs (for CI)")
+                      help="exit 1 when any run is changed, new or missing, or still waiting where production "
+                           "was not waiting at the same question, or memory differs (for CI)")
     diff.add_argument("--price", action="append", default=[], metavar="MODEL=PROMPT_PER_1M/COMPLETION_PER_1M",
                       help="a model's price in USD per 1M prompt and per 1M completion tokens, for the cost in the "
                            "model usage table (repeatable; MODEL '*' prices every other model), e.g. "

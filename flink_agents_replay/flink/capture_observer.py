@@ -6,6 +6,8 @@ turns them into capture records through a :class:`~.writer.CaptureWriter`:
 
 * input accepted -> a :class:`~.records.CapturedInput` (key, seq, event time, the input and its digest);
 * run applied -> a :class:`~.records.CapturedRun` (outputs, every call with its result, blocked calls, error);
+* run parked at a wait -> a :class:`~.records.CapturedParked` (the wait, the waiting action and event, the calls
+  so far, blocked calls), each time it parks;
 * checkpoint -> flush, then the manifest entry of the checkpoint (a replay's capture has no manifest);
 * close -> release the clients.
 """
@@ -16,7 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from flink_agents_replay.engine.digest import digest_value
-from flink_agents_replay.storage.capture.records import CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedOutput, CapturedParked, CapturedRun
 from flink_agents_replay.storage.capture.writer import CaptureWriter
 
 if TYPE_CHECKING:
@@ -40,7 +42,10 @@ class CaptureObserver:
             result.calls, result.blocked, result.error))
 
     def run_parked(self, *, key: Any, group: int, result: RunResult) -> None:
-        pass  # not captured yet
+        waiting = result.waiting
+        self.writer.write_parked(group, CapturedParked(
+            key, result.seq, result.input_digest, waiting.action, waiting.event_id, waiting.wait, list(result.calls),
+            list(result.blocked)))
 
     def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
                    partitions: Iterable[int]) -> None:

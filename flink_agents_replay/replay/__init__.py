@@ -31,7 +31,8 @@ Steps
    :func:`.job.prepare_replay` checks the savepoint and the capture first; the replay ends when the
    capture's end (at submission) is reached.
 4. ``flink-agents-replay diff --production <capture> --replay <replay capture>``: same / changed / new /
-   missing per (key, seq), blocked calls, errors; ``--html`` for a page, ``--fail-on-diff`` for CI.
+   missing / waiting per (key, seq), each run's waits and decisions on both sides, blocked calls, errors;
+   ``--html`` for a page, ``--fail-on-diff`` for CI.
 
 Limits of the containment
 -------------------------

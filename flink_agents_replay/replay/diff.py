@@ -1,14 +1,16 @@
 """Compare what a replay produced with what production produced for the same inputs.
 
 A replay runs a changed agent against inputs captured from production (:class:`CapturedInput`) and writes
-one :class:`CapturedRun` per input it finished. :func:`compare` lines those runs up with the production
-runs of the same input, identified by ``(key_digest(key), seq)``, and compares their outputs.
+one :class:`CapturedRun` per input it finished, and a :class:`CapturedParked` each time a run stops at a wait
+with no decision. :func:`compare` lines those runs up with the production runs of the same input, identified by
+``(key_digest(key), seq)``, and compares their outputs and their waits.
 
 What is compared
-    The compared set is every input the replay accepted: the union of the replay's inputs and of its runs.
-    Production runs of other inputs are ignored, since production keeps running past the replayed range.
-    When a stream holds several records for one input (a capture may repeat a record after a failure),
-    the last one wins.
+    The compared set is every input the replay accepted: the union of the replay's inputs, of its runs and of
+    its parked runs. Production runs of other inputs are ignored, since production keeps running past the
+    replayed range. When a stream holds several records for one input (a capture may repeat a record after a
+    failure), the last one wins; a finished run wins over a parked one: a run is *still waiting* when its
+    side's capture holds a parked record of it and no finished run.
 
 How a run is classified
     By the list of its output values (``[o.output for o in run.outputs]``, compared with ``==``; event ids
@@ -17,12 +19,24 @@ How a run is classified
     * ``"same"``: both lists are equal (in particular, both are empty);
     * ``"changed"``: both are non-empty and differ;
     * ``"new"``: production produced nothing, the replay produced something;
-    * ``"missing"``: production produced something, the replay produced nothing.
+    * ``"missing"``: production produced something, the replay produced nothing;
+    * ``"waiting"``: the replay's run was still waiting at a wait when the replay ended (its wait is still
+      open: production recorded no decision for it, and never finished the run either), whatever production did.
 
     A replay input without a replay run counts as a replay that produced nothing (note "the replay did not
     finish this input"); a replay run without a production run counts as a production run that produced
-    nothing (note "no production run recorded for this input"). A replay run's ``error`` and the calls its
-    side-effect policy blocked are kept on the run's :class:`RunDiff`, whatever its status.
+    nothing (note "no production run recorded for this input", or, when production's run was still waiting,
+    "production's run was still waiting at a wait when its capture ended"). A replay run's ``error`` and the
+    calls its side-effect policy blocked are kept on the run's :class:`RunDiff`, whatever its status.
+
+Waits and decisions
+    Each :class:`RunDiff` holds the waits each side's run reached (``ctx.wait_for``: their ``@wait`` and
+    ``@decision`` calls, :func:`waits_of`), each with its decision (approved, denied, timed out, by whom, why)
+    or still waiting, and pairs them up by what they ask (:attr:`RunDiff.waits`): a decision the replay changed
+    (its wait policy ``deny``, say) shows there, and the report counts them (``decisions_changed``), with the
+    waits the replay's runs reached (``waits``) and those still open at its end (``waiting``). The decisions
+    are not part of the status (the outputs they lead to are). :attr:`DiffReport.has_differences` counts a
+    run still waiting only when production was not waiting at the same question.
 
 Usage and cost
     Each :class:`RunDiff` also holds the :class:`~.usage.Usage` of both runs' model calls (calls whose meta
@@ -45,32 +59,41 @@ import html
 import json
 import math
 import os
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flink_agents_replay.replay.usage import METRICS, PriceTable, Usage, UsageComparison, usage_of
 from flink_agents_replay.replay.word_diff import highlight_words
-from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedRun
-from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedParked, CapturedRun
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, key_digest
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, WAIT_RESOURCE, Decision, WaitOpened
 
 __all__ = [
     "BlockedCallEntry",
     "DiffReport",
     "NOTE_INPUT_DIGEST_DIFFERS",
     "NOTE_NO_PRODUCTION_RUN",
+    "NOTE_PRODUCTION_WAITING",
     "NOTE_REPLAY_NOT_FINISHED",
     "RunDiff",
     "STATUSES",
+    "WAIT_CHANGES",
+    "WaitEntry",
+    "WaitRow",
     "compare",
+    "pair_waits",
     "to_json_value",
+    "waits_of",
 ]
 
 #: Every status a run can have, in the order reports list them.
-STATUSES = ("same", "changed", "new", "missing")
+STATUSES = ("same", "changed", "new", "missing", "waiting")
 
 NOTE_REPLAY_NOT_FINISHED = "the replay did not finish this input"
 NOTE_NO_PRODUCTION_RUN = "no production run recorded for this input"
+NOTE_PRODUCTION_WAITING = "production's run was still waiting at a wait when its capture ended"
 NOTE_INPUT_DIGEST_DIFFERS = "production and replay ran inputs with different digests"
 
 
@@ -80,7 +103,9 @@ class RunDiff:
 
     ``production`` and ``replay`` are the runs' output values; ``blocked`` and ``error`` come from the
     replay run; ``note`` says when a side had no run record (or the two sides ran different inputs);
-    ``production_usage`` and ``replay_usage`` are the model calls of each side's run (none without a run).
+    ``production_usage`` and ``replay_usage`` are the model calls of each side's run (none without a run);
+    ``production_waits`` and ``replay_waits`` the waits each side's run reached, in order, with their decisions
+    (a run still waiting: its calls so far, its last wait open).
     """
 
     key: Any
@@ -93,11 +118,36 @@ class RunDiff:
     note: str | None = None
     production_usage: Usage = field(default_factory=Usage)
     replay_usage: Usage = field(default_factory=Usage)
+    production_waits: list[WaitEntry] = field(default_factory=list)
+    replay_waits: list[WaitEntry] = field(default_factory=list)
 
     @property
     def usage(self) -> UsageComparison:
         """This run's model usage, production against replay."""
         return UsageComparison(self.production_usage, self.replay_usage)
+
+    @property
+    def waits(self) -> list[WaitRow]:
+        """Production's waits next to the replay's, paired by what they ask, each with what changed."""
+        return pair_waits(self.production_waits, self.replay_waits)
+
+    @property
+    def decisions_changed(self) -> int:
+        """How many of the run's waits got another decision in the replay than in production (or one side's is
+        still open and the other's decided)."""
+        return sum(1 for row in self.waits if row.decision_changed)
+
+    @property
+    def open_wait(self) -> WaitEntry | None:
+        """The wait the replay's run was still waiting at when the replay ended (status ``"waiting"``)."""
+        return next((wait for wait in self.replay_waits if wait.open), None)
+
+    @property
+    def differs(self) -> bool:
+        """Changed, new or missing; or still waiting where production was not waiting at the same question."""
+        if self.status == "waiting":
+            return any(row.change not in ("same", "still waiting") for row in self.waits)
+        return self.status != "same"
 
 
 @dataclass(frozen=True)
@@ -121,12 +171,16 @@ class DiffReport:
 
     @property
     def summary(self) -> dict[str, int]:
-        """Counts: compared runs, runs per status, blocked calls and runs that ended in an error."""
+        """Counts: compared runs, runs per status (``waiting``: the replay's runs still waiting when it ended, each
+        at one wait still open), blocked calls, runs that ended in an error, the waits the replay's runs reached,
+        and the waits whose decision the replay changed."""
         counts = {"compared": len(self.runs), **{status: 0 for status in STATUSES}}
         for run in self.runs:
             counts[run.status] += 1
         counts["blocked_calls"] = sum(len(run.blocked) for run in self.runs)
         counts["errors"] = sum(1 for run in self.runs if run.error is not None)
+        counts["waits"] = sum(len(run.replay_waits) for run in self.runs)
+        counts["decisions_changed"] = sum(run.decisions_changed for run in self.runs)
         return counts
 
     @property
@@ -151,13 +205,24 @@ class DiffReport:
 
     @property
     def differing(self) -> list[RunDiff]:
-        """The runs whose status is not ``"same"``."""
-        return [run for run in self.runs if run.status != "same"]
+        """The runs whose status is changed, new or missing."""
+        return [run for run in self.runs if run.status not in ("same", "waiting")]
+
+    @property
+    def waiting(self) -> list[RunDiff]:
+        """The runs the replay left waiting at a wait: their waits were still open when it ended."""
+        return [run for run in self.runs if run.status == "waiting"]
+
+    @property
+    def wait_rows(self) -> list[tuple[RunDiff, WaitRow]]:
+        """Every wait of every compared run, production's next to the replay's, in run order."""
+        return [(run, row) for run in self.runs for row in run.waits]
 
     @property
     def has_differences(self) -> bool:
-        """Whether any run is changed, new or missing."""
-        return bool(self.differing)
+        """Whether any run is changed, new or missing, or still waiting where production was not waiting at the same
+        question."""
+        return any(run.differs for run in self.runs)
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-serialisable dict (values converted by :func:`to_json_value`)."""
@@ -176,6 +241,8 @@ class DiffReport:
                     "note": run.note,
                     "production_usage": run.production_usage.to_json(),
                     "replay_usage": run.replay_usage.to_json(),
+                    "waits": [to_json_value(row.to_json()) for row in run.waits],
+                    "decisions_changed": run.decisions_changed,
                 }
                 for run in self.runs
             ],
@@ -186,8 +253,8 @@ class DiffReport:
         }
 
     def render_text(self, max_width: int = 100) -> str:
-        """A terminal report, lines at most ``max_width`` wide: counts, model usage, differing runs, blocked
-        calls, errors.
+        """A terminal report, lines at most ``max_width`` wide: counts, model usage, differing runs, runs still
+        waiting and every wait with its decisions (one line when no run reached a wait), blocked calls, errors.
 
         Values are shown on one line, as JSON where possible, and shortened with "…" to fit.
         """
@@ -204,6 +271,7 @@ class DiffReport:
         errors = [[_one_line(run.key), str(run.seq), _one_line(run.error)] for run in self.errors]
         parts += _text_section("Differing runs", ["key", "seq", "status", "production", "replay"], differing,
                                max_width, "none: the replay produced the same outputs as production")
+        parts += _text_waits(self, max_width)
         parts += _text_section("Blocked calls", ["key", "seq", "action", "resource", "arguments"], blocked, max_width)
         parts += _text_section("Errors", ["key", "seq", "error"], errors, max_width)
         return "\n".join(parts) + "\n"
@@ -215,32 +283,35 @@ class DiffReport:
                                        cls="summary"),
                            "<h2>Model usage</h2>", *_html_usage(self.usage)]
         cells = {id(run): _output_cells(run) for run in self.runs}  # word diffs once per run, for both tables
-        for section in (_html_differing(self.differing, cells), _html_runs_by_key(self.runs, cells),
-                        _html_blocked(self.blocked_calls), _html_errors(self.errors)):
+        for section in (_html_differing(self.differing, cells), *_html_waits(self),
+                        _html_runs_by_key(self.runs, cells), _html_blocked(self.blocked_calls),
+                        _html_errors(self.errors)):
             body += section
         return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 "<title>Replay diff</title>\n<style>\n" + _CSS + "</style>\n</head>\n<body>\n"
                 + "\n".join(body) + "\n</body>\n</html>\n")
 
 
-def compare(production_runs: Iterable[CapturedRun], replay_runs: Iterable[CapturedRun],
-            replay_inputs: Iterable[CapturedInput], *, prices: PriceTable | None = None) -> DiffReport:
+def compare(production_runs: Iterable[CapturedRun | CapturedParked],
+            replay_runs: Iterable[CapturedRun | CapturedParked], replay_inputs: Iterable[CapturedInput], *,
+            prices: PriceTable | None = None) -> DiffReport:
     """Compare the replay's runs with production's for every input the replay accepted.
 
-    The compared inputs are those of ``replay_inputs`` and ``replay_runs``, matched by
-    ``(key_digest(key), seq)``; production runs of other inputs are ignored. For each input the last record
-    of each iterable wins. See the module docstring for how runs are classified. ``prices`` (model name ->
-    :class:`~.usage.Price`, ``"*"`` for any other model) prices the runs' model calls; without it, or for a
-    model it does not price, costs are unknown (``None``).
+    ``production_runs`` and ``replay_runs`` are each side's finished runs and parked runs (either may be left
+    out: without parked records no run is still waiting). The compared inputs are those of ``replay_inputs`` and
+    ``replay_runs``, matched by ``(key_digest(key), seq)``; production runs of other inputs are ignored. For each
+    input the last record of each kind wins, and a finished run wins over a parked one. See the module docstring
+    for how runs are classified. ``prices`` (model name -> :class:`~.usage.Price`, ``"*"`` for any other model)
+    prices the runs' model calls; without it, or for a model it does not price, costs are unknown (``None``).
     """
     inputs = _last_by_identity(replay_inputs)
-    replayed = _last_by_identity(replay_runs)
-    compared = inputs.keys() | replayed.keys()
+    replayed = _Side.of(replay_runs)
+    compared = inputs.keys() | replayed.identities()
     # The replay side is read first so that production, which may run far past the replayed range, is
     # streamed and only the runs of compared inputs are kept.
-    production = _last_by_identity(run for run in production_runs if _identity(run) in compared)
+    production = _Side.of(run for run in production_runs if _identity(run) in compared)
 
-    diffs = [_run_diff(identity[1], production.get(identity), replayed.get(identity), inputs.get(identity), prices)
+    diffs = [_run_diff(identity[1], production.at(identity), replayed.at(identity), inputs.get(identity), prices)
              for identity in compared]
     # The digest breaks ties between keys with the same str() (1 and "1"), so the order is deterministic.
     diffs.sort(key=lambda run: (str(run.key), run.seq, key_digest(run.key)))
@@ -256,35 +327,217 @@ def to_json_value(value: Any) -> Any:
     return _to_json(value, set())
 
 
+# -- waits ---------------------------------------------------------------------------------------------------
+# A run's waits are in its calls, as the capture keeps them: ``ctx.wait_for`` journals the wait as a call of the
+# reserved resource ``@wait`` (its result a ``WaitOpened``) and its decision as a call of ``@decision`` (a
+# ``Decision``), both with the digest of the wait's name and payload. A finished run's come from its CapturedRun,
+# a parked run's from its CapturedParked, whose wait is *open* (still waiting when the capture ended). A wait with
+# no decision in a finished run is one a replay blocked.
+
+#: What a :class:`WaitRow` can say, production against replay.
+WAIT_CHANGES = ("same", "changed", "still waiting", "production waiting", "replay waiting", "replay only",
+                "production only")
+#: The changes that are a change of decision (counted in the diff's ``decisions_changed``).
+_DECISION_CHANGES = ("changed", "production waiting", "replay waiting")
+
+
+@dataclass(frozen=True)
+class WaitEntry:
+    """A wait one side's run reached: where (action), what it asked (name, payload), and its decision; ``open`` when
+    the run was still waiting at it when its capture ended (no decision)."""
+
+    wait_id: str
+    action: str
+    name: str
+    payload: Any
+    decision: Decision | None = None
+    open: bool = False
+
+    @property
+    def outcome(self) -> str:
+        """``approved``, ``denied``, ``timed out``, ``decided`` (a decision that is only a value), ``still waiting``,
+        or ``no decision`` (a replay blocked the wait)."""
+        if self.open:
+            return "still waiting"
+        decision = self.decision
+        if decision is None:
+            return "no decision"
+        if decision.timed_out:
+            return "timed out"
+        return {True: "approved", False: "denied"}.get(decision.approved, "decided")
+
+    def describe(self) -> str:
+        """The outcome for people: ``"denied by ana: too much"``, ``"approved by replay"``, ``"still waiting"``."""
+        text = self.outcome
+        decision = self.decision
+        if decision is None:
+            return text
+        if decision.by:
+            text += f" by {decision.by}"
+        if decision.reason:
+            text += f": {decision.reason}"
+        if decision.value is not None:
+            text += f" (value {json.dumps(decision.value, ensure_ascii=False, default=repr)})"
+        return text
+
+    def asks(self) -> str:
+        """What the wait asks, on one line: its name and its payload as JSON."""
+        return f"{self.name} {json.dumps(self.payload, ensure_ascii=False, sort_keys=True, default=repr)}"
+
+    def to_json(self) -> dict[str, Any]:
+        decision = self.decision
+        return {"wait_id": self.wait_id, "action": self.action, "name": self.name, "payload": self.payload,
+                "outcome": self.outcome, "open": self.open,
+                "decision": None if decision is None else {
+                    "approved": decision.approved, "value": decision.value, "reason": decision.reason,
+                    "by": decision.by, "decided_at_ms": decision.decided_at_ms, "timed_out": decision.timed_out}}
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """One wait, production's and the replay's (either may be ``None``: only one side asked it), and what changed
+    (one of :data:`WAIT_CHANGES`)."""
+
+    production: WaitEntry | None
+    replay: WaitEntry | None
+
+    @property
+    def change(self) -> str:
+        production, replay = self.production, self.replay
+        if production is None:
+            return "replay only"
+        if replay is None:
+            return "production only"
+        if production.open or replay.open:
+            if production.open and replay.open:
+                return "still waiting"
+            return "replay waiting" if replay.open else "production waiting"
+        return "same" if production.decision == replay.decision else "changed"
+
+    @property
+    def asks(self) -> str:
+        return (self.replay or self.production).asks()
+
+    @property
+    def decision_changed(self) -> bool:
+        return self.change in _DECISION_CHANGES
+
+    def to_json(self) -> dict[str, Any]:
+        entry = self.replay or self.production
+        return {"action": entry.action, "name": entry.name, "payload": entry.payload, "change": self.change,
+                "production": None if self.production is None else self.production.to_json(),
+                "replay": None if self.replay is None else self.replay.to_json()}
+
+
+def waits_of(calls: Iterable[CallRecord], open_wait: WaitOpened | None = None,
+             open_action: str = "") -> list[WaitEntry]:
+    """The waits among a run's ``calls``, each with its decision, in the order the run reached them.
+
+    ``open_wait``: the wait a parked run waits at, in action ``open_action`` (marked open; added if its ``@wait``
+    record is not among the calls)."""
+    entries: list[WaitEntry] = []
+    undecided: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # where a wait is -> its entries
+    for call in calls:
+        if call.outcome is not CallOutcome.RETURNED:
+            continue
+        where = (call.event_id, call.action, call.args_digest)
+        if call.resource == WAIT_RESOURCE and isinstance(call.result, WaitOpened):
+            if any(entry.wait_id == call.result.wait_id for entry in entries):
+                continue  # the same wait reused again (a resumed run lists it once)
+            undecided[where].append(len(entries))
+            wait = call.result
+            entries.append(WaitEntry(wait.wait_id, call.action, wait.name, wait.payload))
+        elif call.resource == DECISION_RESOURCE and isinstance(call.result, Decision) and undecided[where]:
+            index = undecided[where].pop(0)
+            entries[index] = replace(entries[index], decision=call.result)
+    if open_wait is not None:
+        entries = _mark_open(entries, open_wait, open_action)
+    return entries
+
+
+def _mark_open(entries: list[WaitEntry], wait: WaitOpened, action: str) -> list[WaitEntry]:
+    for index, entry in enumerate(entries):
+        if entry.wait_id == wait.wait_id:
+            return [*entries[:index], replace(entry, decision=None, open=True), *entries[index + 1:]]
+    return [*entries, WaitEntry(wait.wait_id, action, wait.name, wait.payload, open=True)]
+
+
+def pair_waits(production: list[WaitEntry], replay: list[WaitEntry]) -> list[WaitRow]:
+    """Production's waits of a run next to the replay's, matched by what they ask (action, name, payload), each once
+    and in order; production's order first, then waits only the replay asked."""
+    unmatched: dict[tuple[str, str, str], list[WaitEntry]] = defaultdict(list)
+    for entry in replay:
+        unmatched[_question(entry)].append(entry)
+    rows = []
+    for entry in production:
+        candidates = unmatched.get(_question(entry))
+        rows.append(WaitRow(entry, candidates.pop(0) if candidates else None))
+    matched = {id(row.replay) for row in rows if row.replay is not None}
+    rows += [WaitRow(None, entry) for entry in replay if id(entry) not in matched]
+    return rows
+
+
+def _question(entry: WaitEntry) -> tuple[str, str, str]:
+    return entry.action, entry.name, json.dumps(entry.payload, sort_keys=True, default=repr)
+
+
 # -- comparison ----------------------------------------------------------------------------------------
 
 
-def _run_diff(seq: int, production_run: CapturedRun | None, replay_run: CapturedRun | None,
-              replay_input: CapturedInput | None, prices: PriceTable | None) -> RunDiff:
-    """The comparison of one input's runs (either may be missing, not both of the run and the input)."""
+@dataclass
+class _Side:
+    """One side's records of the compared inputs: the last finished run and the last parked run of each."""
+
+    finished: dict[tuple[str, int], CapturedRun] = field(default_factory=dict)
+    parked: dict[tuple[str, int], CapturedParked] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, records: Iterable[CapturedRun | CapturedParked]) -> _Side:
+        side = cls()
+        for record in records:
+            (side.parked if isinstance(record, CapturedParked) else side.finished)[_identity(record)] = record
+        return side
+
+    def identities(self) -> set[tuple[str, int]]:
+        return self.finished.keys() | self.parked.keys()
+
+    def at(self, identity: tuple[str, int]) -> CapturedRun | CapturedParked | None:
+        """The input's finished run; else its parked run (still waiting); else ``None``."""
+        return self.finished.get(identity) or self.parked.get(identity)
+
+
+def _run_diff(seq: int, production_run: CapturedRun | CapturedParked | None,
+              replay_run: CapturedRun | CapturedParked | None, replay_input: CapturedInput | None,
+              prices: PriceTable | None) -> RunDiff:
+    """The comparison of one input's runs (either may be missing or parked, not both of the run and the input)."""
     production_outputs = _outputs(production_run)
     replay_outputs = _outputs(replay_run)
     return RunDiff(
         key=(replay_run or replay_input).key,
         seq=seq,
-        status=_classify(production_outputs, replay_outputs),
+        status="waiting" if isinstance(replay_run, CapturedParked) else _classify(production_outputs,
+                                                                                   replay_outputs),
         production=production_outputs,
         replay=replay_outputs,
         blocked=list(replay_run.blocked) if replay_run is not None else [],
-        error=replay_run.error if replay_run is not None else None,
+        error=replay_run.error if isinstance(replay_run, CapturedRun) else None,
         note=_note(production_run, replay_run, replay_input),
         production_usage=_usage(production_run, prices),
         replay_usage=_usage(replay_run, prices),
+        production_waits=_waits(production_run),
+        replay_waits=_waits(replay_run),
     )
 
 
-def _note(production_run: CapturedRun | None, replay_run: CapturedRun | None,
+def _note(production_run: CapturedRun | CapturedParked | None, replay_run: CapturedRun | CapturedParked | None,
           replay_input: CapturedInput | None) -> str | None:
     notes = []
     if replay_run is None:
         notes.append(NOTE_REPLAY_NOT_FINISHED)
     if production_run is None:
         notes.append(NOTE_NO_PRODUCTION_RUN)
+    elif isinstance(production_run, CapturedParked):
+        notes.append(NOTE_PRODUCTION_WAITING)
     # Outputs of different inputs are not comparable: say so rather than report a silent "changed".
     digests = {r.input_digest for r in (production_run, replay_run, replay_input) if r is not None}
     digests.discard("")
@@ -293,8 +546,16 @@ def _note(production_run: CapturedRun | None, replay_run: CapturedRun | None,
     return "; ".join(notes) or None
 
 
-def _usage(run: CapturedRun | None, prices: PriceTable | None) -> Usage:
+def _usage(run: CapturedRun | CapturedParked | None, prices: PriceTable | None) -> Usage:
     return Usage() if run is None else usage_of(run.calls, prices)
+
+
+def _waits(run: CapturedRun | CapturedParked | None) -> list[WaitEntry]:
+    if run is None:
+        return []
+    if isinstance(run, CapturedParked):
+        return waits_of(run.calls, run.wait, run.action)
+    return waits_of(run.calls)
 
 
 def _total_usage(runs: Iterable[RunDiff]) -> UsageComparison:
@@ -305,7 +566,7 @@ def _total_usage(runs: Iterable[RunDiff]) -> UsageComparison:
     return UsageComparison(production, replay)
 
 
-def _identity(record: CapturedInput | CapturedRun) -> tuple[str, int]:
+def _identity(record: CapturedInput | CapturedRun | CapturedParked) -> tuple[str, int]:
     return (key_digest(record.key), record.seq)
 
 
@@ -313,8 +574,8 @@ def _last_by_identity(records: Iterable[Any]) -> dict[tuple[str, int], Any]:
     return {_identity(record): record for record in records}  # a later record of an identity replaces it
 
 
-def _outputs(run: CapturedRun | None) -> list[Any]:
-    return [] if run is None else [output.output for output in run.outputs]
+def _outputs(run: CapturedRun | CapturedParked | None) -> list[Any]:
+    return [] if not isinstance(run, CapturedRun) else [output.output for output in run.outputs]
 
 
 def _classify(production: list[Any], replay: list[Any]) -> str:
@@ -375,6 +636,46 @@ def _text_section(title: str, headers: list[str], rows: list[list[str]], max_wid
                   empty: str = "none") -> list[str]:
     """A titled table of the report, or the title and ``empty`` when there are no rows."""
     return ["", f"{title} ({len(rows)})", _text_table(headers, rows, max_width) if rows else f"  {empty}"]
+
+
+_NO_WAITS = "no run reached a wait on either side"
+_WAIT_HEADERS = ["key", "seq", "wait", "production", "replay", "change"]
+_WAITING_HEADERS = ["key", "seq", "action", "wait", "wait id", "production"]
+
+
+def _text_waits(report: DiffReport, max_width: int) -> list[str]:
+    """The "Still waiting" and "Waits and decisions" tables, or one line when no run reached a wait."""
+    if not report.wait_rows:
+        return ["", _shorten(f"Waits: none, {_NO_WAITS}", max_width)]
+    waiting = [[_one_line(cell) for cell in row] for row in _waiting_rows(report)]
+    waits = [[_one_line(cell) for cell in row] for row in _wait_rows(report)]
+    return (_text_section("Still waiting", _WAITING_HEADERS, waiting, max_width,
+                          "none: no wait was still open when the replay ended")
+            + _text_section("Waits and decisions", _WAIT_HEADERS, waits, max_width))
+
+
+def _waiting_rows(report: DiffReport) -> list[list[str]]:
+    """Per run the replay left waiting: its open wait, and what production's run did at the same question."""
+    rows = []
+    for run in report.waiting:
+        wait = run.open_wait
+        row = next((row for row in run.waits if row.replay is wait), None)
+        production = row.production.describe() if row is not None and row.production is not None else _NONE
+        rows.append([run.key, str(run.seq), wait.action, wait.asks(), wait.wait_id, production])
+    return rows
+
+
+def _wait_rows(report: DiffReport) -> list[list[str]]:
+    """Per wait of every run: what it asks, production's and the replay's outcome, and what changed."""
+    return [[run.key, str(run.seq), row.asks, _describe(row.production), _describe(row.replay), row.change]
+            for run, row in report.wait_rows]
+
+
+_NONE = "-"
+
+
+def _describe(entry: WaitEntry | None) -> str:
+    return _NONE if entry is None else entry.describe()
 
 
 def _differing_fields(production: list[Any], replay: list[Any]) -> tuple[Any, Any]:
@@ -495,7 +796,10 @@ table.key-runs td:nth-child(3), table.key-runs td:nth-child(4) { width: 35%; }
 pre { margin: 0; white-space: pre-wrap; word-break: break-word; font-size: 0.9em; }
 .status { font-weight: bold; }
 .status-same { color: #2a7a2a; } .status-changed { color: #b36b00; }
-.status-new { color: #1f5fb3; } .status-missing { color: #b32020; }
+.status-new { color: #1f5fb3; } .status-missing { color: #b32020; } .status-waiting { color: #6b3fb3; }
+.change { font-weight: bold; } .change-same { color: #2a7a2a; font-weight: normal; }
+.change-changed, .change-production-waiting, .change-replay-waiting { color: #b36b00; }
+.change-still-waiting { color: #6b3fb3; }
 details { margin: 0.4em 0; } summary { cursor: pointer; }
 table.usage td:not(:first-child) { text-align: right; font-variant-numeric: tabular-nums; }
 .usage-title { margin: 0.6em 0 0.2em; font-weight: bold; }
@@ -558,18 +862,44 @@ def _html_differing(differing: list[RunDiff], cells: dict[int, list[str]]) -> li
                                 cls="runs")]
 
 
+def _html_waits(report: DiffReport) -> list[list[str]]:
+    """The "Still waiting" and "Waits and decisions" sections, or one line when no run reached a wait."""
+    if not report.wait_rows:
+        return [["<h2>Waits and decisions</h2>", f"<p>None: {_NO_WAITS}.</p>"]]
+    still = [f"<h2>Still waiting ({len(report.waiting)})</h2>"]
+    waiting = _waiting_rows(report)
+    still += [_html_table(_WAITING_HEADERS, [[_esc(cell) for cell in row[:3]] + [_pre_text(row[3])]
+                                             + [_esc(cell) for cell in row[4:]] for row in waiting], cls="waiting")
+              if waiting else "<p>None: no wait was still open when the replay ended.</p>"]
+    rows = [[_esc(run.key), _esc(run.seq), _pre_text(row.asks), _esc(_describe(row.production)),
+             _esc(_describe(row.replay)), _change_html(row.change)] for run, row in report.wait_rows]
+    return [still, [f"<h2>Waits and decisions ({len(rows)})</h2>", _html_table(_WAIT_HEADERS, rows, cls="waits")]]
+
+
+def _change_html(change: str) -> str:
+    return f'<span class="change change-{_esc(change.replace(" ", "-"))}">{_esc(change)}</span>'
+
+
+def _waits_cell(run: RunDiff) -> str:
+    """A run's waits in one cell: what each asks, production's outcome -> the replay's."""
+    return "<br>".join(f"{_esc(row.asks)}: {_esc(_describe(row.production))} &rarr; {_esc(_describe(row.replay))}"
+                       for row in run.waits)
+
+
 def _html_runs_by_key(runs: list[RunDiff], cells: dict[int, list[str]]) -> list[str]:
     parts = ["<h2>Runs by key</h2>"]
     if not runs:
         parts.append("<p>No runs were compared.</p>")
     for key, key_runs in _group_by_key(runs):
-        n_differing = sum(1 for run in key_runs if run.status != "same")
-        opened = " open" if n_differing else ""
+        n_differing = sum(1 for run in key_runs if run.status not in ("same", "waiting"))
+        n_waiting = sum(1 for run in key_runs if run.status == "waiting")
+        opened = " open" if n_differing or n_waiting else ""
+        waiting = f", {n_waiting} still waiting" if n_waiting else ""
         parts.append(f"<details{opened}><summary>key {_esc(key)}: {len(key_runs)} run(s), "
-                     f"{n_differing} differing</summary>")
+                     f"{n_differing} differing{waiting}</summary>")
         parts.append(_html_table(
-            ["seq", "status", "production", "replay", "note", "error", "blocked"],
-            [[_esc(run.seq), _status_html(run.status), *cells[id(run)], _esc(run.note or ""),
+            ["seq", "status", "production", "replay", "waits", "note", "error", "blocked"],
+            [[_esc(run.seq), _status_html(run.status), *cells[id(run)], _waits_cell(run), _esc(run.note or ""),
               _pre_text(run.error) if run.error is not None else "", _esc(len(run.blocked))] for run in key_runs],
             cls="key-runs"))
         usage = _total_usage(key_runs)

@@ -7,6 +7,12 @@ resource and arguments' digest; a call that only started is no result), each pro
 order, as the run engine matches journaled calls (:mod:`flink_agents_replay.engine.calls`), and ``blocked`` — or
 ``recorded`` without such a call — raises :class:`~flink_agents_replay.core.errors.CallBlocked` into the action
 and reports the call (:class:`~flink_agents_replay.storage.capture.records.BlockedCall`) for the diff.
+
+A wait (``ctx.wait_for``) with no decision yet gets one by the wait policy (:meth:`ReplayCalls.decide`). Under
+``recorded``, a wait production recorded no decision for stays open when production never finished the run of
+the same input (it was still waiting when the capture ended): the gate answers ``None``, and the replay's run
+parks as production's did, reported as still waiting in the diff. When production finished that run, its new
+wait (the changed code asks another question) is blocked.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class ReplayCalls:
     #: state as of the savepoint, write into the replay's own overlay.
     fork: Fork | None = None
     wait_policy: WaitPolicy = WaitPolicy.RECORDED
+    #: Whether production's capture holds the finished run of this input. Without it (production was still
+    #: waiting when the capture ended, or had not run it), a wait with no recorded decision stays open.
+    production_finished: bool = True
     _unserved: dict[tuple[str, str], JournaledCalls] = field(default_factory=dict, init=False, repr=False)
 
     def admit(self, call: GatedCall) -> GateDecision:
@@ -61,7 +70,8 @@ class ReplayCalls:
 
     def decide(self, wait: GatedWait) -> Decision | Blocked | None:
         """The wait's decision by the wait policy: production's for the same question, or approve or deny all.
-        A wait production recorded no decision for is blocked: a replay does not wait for people."""
+        A wait production recorded no decision for stays open (``None``: the run parks) if production never finished
+        the run either, and is blocked if it did: a replay does not wait for people."""
         if self.wait_policy is WaitPolicy.APPROVE:
             return Decision.approve("the replay's wait policy approves every wait", by="replay")
         if self.wait_policy is WaitPolicy.DENY:
@@ -69,9 +79,12 @@ class ReplayCalls:
         production = self._production_call(GatedWaitCall(wait))
         if production is not None and production.outcome is CallOutcome.RETURNED:
             return production.result
+        if not self.production_finished:
+            return None  # production was still waiting (or never got here): so is the replay, to the diff
         error = CallBlocked(f"replay: wait {wait.name!r} in action {wait.action} (key {wait.key!r} seq {wait.seq}) got "
-                            "no decision: production recorded none for it (it was still waiting, or asked another "
-                            "question); give the replay a wait policy to decide it", DECISION_RESOURCE, wait.name)
+                            "no decision: production recorded none for it in its finished run of this input (the "
+                            "code asks another question); give the replay a wait policy to decide it",
+                            DECISION_RESOURCE, wait.name)
         return Blocked(error=error, report=BlockedCall(wait.event_id, wait.action, -1, DECISION_RESOURCE,
                                                        f"wait {wait.name!r} ({wait.wait_id})"))
 

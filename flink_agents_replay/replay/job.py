@@ -83,8 +83,10 @@ def savepoint_of(env) -> str | None:
 
 
 class CapturedInputParser:
-    """A capture record's value -> ``(CapturedInput, None)``; ``(None, None)`` for a record of another kind (a
-    run); ``(None, reason)`` for one that does not verify.
+    """A capture record's value -> ``(CapturedInput, None)``; ``(CapturedRunEnd, None)`` for a run (production
+    finished it: a run the savepoint holds parked resumes); ``(None, None)`` for a record of another kind (a run
+    parked at a wait: production had not finished it then, so nothing resumes); ``(None, reason)`` for one that
+    does not verify.
 
     Each record is verified for production's capture ``topic`` (a record copied from another capture topic
     fails), its key and seq inside the signed payload, and the key group it carries must be its key's

@@ -17,7 +17,9 @@ interface :class:`ReplayMode` implements structurally). A replay:
   (:class:`~flink_agents_replay.api.call_site.Fork`);
 * gates every call of a run by the side-effect policy, serving ``recorded`` calls from what production's
   run of the same input made (:meth:`~ReplayMode.gate_for`, :class:`~.gate.ReplayCalls`), those calls
-  loaded from the capture when the subtask opens;
+  loaded from the capture when the subtask opens: a finished run's, or, for a run production had parked at a
+  wait and not finished when the capture ended, the calls it made before the wait (the gate then leaves that wait
+  open: the replay's run parks too);
 * reports a failed run in its capture (for the diff) instead of failing the job (``report_failures``).
 """
 
@@ -34,7 +36,7 @@ from flink_agents_replay.integrations.kafka.settings import KafkaSettingsLike
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedParked, CapturedRun
 from flink_agents_replay.storage.formats.state import WaitingInput, decode_waiting
 from flink_agents_replay.storage.journal.checkpoints import describe_partitions
 from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
@@ -84,6 +86,9 @@ class ReplayMode:
         self.kafka_timeout_s = kafka_timeout_s
         self.production_journal: KafkaJournalStore | None = None
         self.recorded_calls: dict[tuple[str, int], RecordedCalls] = {}
+        #: The runs production finished after the savepoint (key digest, seq): a wait of one of them that production
+        #: recorded no decision for is blocked; one of a run production never finished stays open.
+        self.finished_runs: set[tuple[str, int]] = set()
         self.counters: Mapping[str, Any] = {}
         self.subtask = 0
 
@@ -99,7 +104,8 @@ class ReplayMode:
         self._load_recorded_calls(owned)
 
     def _load_recorded_calls(self, owned: range) -> None:
-        """Index the calls production made in the runs after the savepoint (owned partitions only)."""
+        """Index the calls production made in the runs after the savepoint (owned partitions only): of each finished
+        run, and of each run parked at a wait that production did not finish (its calls before the wait)."""
         begun = time.monotonic()
         partitions = set(owned)
         start = {p: o for p, o in self.settings.start_offsets.items() if p in partitions}
@@ -108,10 +114,13 @@ class ReplayMode:
         for record in read_capture(self.kafka, self.settings.production_capture_topic, self.max_parallelism,
                                    decoder, start=start, partitions_to_read=partitions,
                                    timeout_s=self.kafka_timeout_s, skip_invalid=self._skip_invalid):
+            identity = (key_digest(record.key), record.seq)
             if isinstance(record, CapturedRun):
                 runs += 1
-                self.recorded_calls[(key_digest(record.key), record.seq)] = {
-                    (call.event_id, call.action, call.position): call for call in record.calls}
+                self.finished_runs.add(identity)
+            elif not isinstance(record, CapturedParked) or identity in self.finished_runs:
+                continue  # an input; or a parked record of a run already finished (captured again after a failure)
+            self.recorded_calls[identity] = {(call.event_id, call.action, call.position): call for call in record.calls}
         log.info("subtask %d replay from checkpoint %s: read %d production runs (%d inputs with recorded calls) "
                  "from capture %s partitions %s in %.2f s", self.subtask, self.settings.checkpoint_id, runs,
                  len(self.recorded_calls), self.settings.production_capture_topic, describe_partitions(partitions),
@@ -171,9 +180,11 @@ class ReplayMode:
         return waiting.captured_seq
 
     def gate_for(self, key_digest: str, seq: int) -> ReplayCalls:
-        """The side-effect policy for one run, with the calls production's run of the same input made."""
+        """The side-effect policy for one run, with the calls production's run of the same input made, and whether
+        production finished that run."""
         return ReplayCalls(dict(self.settings.policies), self.recorded_calls.pop((key_digest, seq), {}),
-                           self.call_id_prefix, self.fork, self.settings.wait_policy)
+                           self.call_id_prefix, self.fork, self.settings.wait_policy,
+                           production_finished=(key_digest, seq) in self.finished_runs)
 
     def close(self) -> None:
         """Release production's journal."""

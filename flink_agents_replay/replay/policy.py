@@ -8,8 +8,9 @@
   :class:`~flink_agents_replay.core.errors.CallBlocked`, which the action may handle.
 
 Waits (``ctx.wait_for``) follow the replay's :class:`WaitPolicy`: ``recorded`` (the default) gives a wait the
-decision production's run of the same input got for the same question, and blocks it when production recorded
-none; ``approve`` and ``deny`` decide every wait so.
+decision production's run of the same input got for the same question; when production recorded none, the wait
+stays open if production never finished that run either (the replay's run parks, and the diff reports it still
+waiting), and is blocked if it did; ``approve`` and ``deny`` decide every wait so.
 
 Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
 ``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
@@ -40,7 +41,7 @@ class CallPolicy(str, enum.Enum):
 class WaitPolicy(str, enum.Enum):
     """What a replay decides for a run waiting at ``ctx.wait_for``."""
 
-    RECORDED = "recorded"  # production's recorded decision for the same wait; blocked without one
+    RECORDED = "recorded"  # production's recorded decision for the same wait; without one, open or blocked
     APPROVE = "approve"  # approve every wait
     DENY = "deny"  # deny every wait
 

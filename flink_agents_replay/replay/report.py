@@ -9,7 +9,7 @@ from flink_agents_replay.core.errors import SignatureError
 from flink_agents_replay.replay.diff import DiffReport, compare
 from flink_agents_replay.replay.usage import PriceTable
 from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.storage.capture.records import CapturedInput, CapturedParked, CapturedRun
 
 __all__ = ["diff_captures"]
 
@@ -18,7 +18,8 @@ def diff_captures(kafka: Mapping[str, Any], production_capture: str, replay_capt
                   uid: str, verification_keys: tuple[bytes, ...] = (), timeout_s: float = 30.0,
                   prices: PriceTable | None = None,
                   skip_invalid: Callable[[SignatureError], None] | None = None) -> DiffReport:
-    """Compare every run the replay captured with production's run of the same (key, seq).
+    """Compare every run the replay captured with production's run of the same (key, seq): outputs, waits and
+    decisions (finished and parked runs: a run whose last record is a parked one was still waiting).
 
     Reads the replay's capture whole and production's from its earliest kept record (its retention bounds
     it); both are verified with ``signing_key`` (or one of ``verification_keys``) as records of operator ``uid``,
@@ -31,6 +32,6 @@ def diff_captures(kafka: Mapping[str, Any], production_capture: str, replay_capt
                                  skip_invalid=skip_invalid))
     production = (record for record in read_capture(kafka, production_capture, None, decoder, timeout_s=timeout_s,
                                                     skip_invalid=skip_invalid)
-                  if isinstance(record, CapturedRun))
-    return compare(production, [r for r in replayed if isinstance(r, CapturedRun)],
+                  if isinstance(record, (CapturedRun, CapturedParked)))
+    return compare(production, [r for r in replayed if isinstance(r, (CapturedRun, CapturedParked))],
                    [r for r in replayed if isinstance(r, CapturedInput)], prices=prices)

@@ -2,12 +2,16 @@
 
 Production (real Kafka, MiniCluster, capture on) runs an agent whose every input waits for an approval. The
 first input of each key is decided at once; the savepoint is taken once those are answered and the second ones
-are parked, undecided; then the rest are decided (even inputs approved, odd ones denied) and production ends.
+are parked, undecided; then the rest are decided (even inputs approved, odd ones denied), all but one: the last
+key's third input is still waiting when production ends (its capture holds it parked, and no finished run).
 
-Two replays start from that savepoint. ``recorded`` (the default wait policy): the parked runs resume when the
-capture shows production finished them, every wait gets production's recorded decision, and the diff shows no
-change; nothing is paid again (payments, ``recorded`` in the replays, are counted outside the worker).
-``deny``: every wait is denied, and the diff shows every output changed.
+Two replays start from that savepoint, and are compared with ``diff_captures`` (what ``flink-agents-replay diff``
+prints). ``recorded`` (the default wait policy): the parked runs resume when the capture shows production
+finished them, every wait gets production's recorded decision, and the diff shows no change, each run's wait and
+decision the same on both sides; the run production never finished waits in the replay too, at the same wait,
+and the diff reports it still waiting. Nothing is paid again (payments, ``recorded`` in the replays, are counted
+outside the worker). ``deny``: every wait is denied, and the diff shows every output changed and every decision
+the replay changed, the one production never decided included.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from flink_agents_replay.flink.env import create_environment
 from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.local.jars import kafka_connector_jar
-from flink_agents_replay.replay.diff import compare
+from flink_agents_replay.replay.diff import NOTE_PRODUCTION_WAITING
 from flink_agents_replay.replay.job import captured_inputs, prepare_replay, replay_config
+from flink_agents_replay.replay.report import diff_captures
 from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
+from flink_agents_replay.storage.capture.records import CapturedParked, CapturedRun
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import (
@@ -53,6 +58,7 @@ SIGNING_KEY = "replay-waits-signing-key-0123456789"
 MAX_PARALLELISM = 16
 KEYS, PER_KEY = 4, 3
 NAME = "approvals-replayed"
+UNDECIDED = ("key-003", 2)  # (key, n): production never decides it; it is the key's input seq 3
 
 
 def approvals_agent(counter: InvocationCounter) -> Agent:
@@ -86,8 +92,19 @@ def wait_ids(agent: Agent, inputs: list[dict]) -> dict[tuple[str, int], str]:
 
 
 def decisions(ids: dict[tuple[str, int], str], which) -> list[dict]:
-    return [{"key": key, "wait_id": wait_id, "approved": n % 2 == 0, "reason": None if n % 2 == 0 else "odd"}
-            for (key, n), wait_id in ids.items() if which(n)]
+    return [{"key": key, "wait_id": wait_id, "approved": n % 2 == 0, "reason": None if n % 2 == 0 else "odd",
+             "by": "ops"} for (key, n), wait_id in ids.items() if which(n) and (key, n) != UNDECIDED]
+
+
+def captured(bootstrap: str, topic: str) -> list:
+    return list(read_capture({"bootstrap.servers": bootstrap}, topic, MAX_PARALLELISM,
+                             CaptureDecoder(SIGNING_KEY.encode(), default_uid(NAME))))
+
+
+def parked_at_the_end(records: list) -> set[tuple[str, int]]:
+    """The runs whose capture holds a parked record and no finished run: still waiting when it ended."""
+    finished = {(r.key, r.seq) for r in records if isinstance(r, CapturedRun)}
+    return {(r.key, r.seq) for r in records if isinstance(r, CapturedParked)} - finished
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +135,17 @@ def production(kafka_bootstrap, tmp_path_factory):
         wait_until(client, lambda: len(reader.poll(0.1)) >= KEYS, "the first inputs' outputs")
         savepoint = trigger_savepoint(client, work / "savepoints")  # the second inputs parked, undecided
         produce_json(kafka_bootstrap, signals_topic, decisions(ids, lambda n: n > 0))
-        wait_until(client, lambda: len(reader.poll(0.2)) >= len(inputs), "every output", 120)
-    capture = list(read_capture({"bootstrap.servers": kafka_bootstrap}, config["capture_topic"], MAX_PARALLELISM,
-                                CaptureDecoder(SIGNING_KEY.encode(), default_uid(NAME))))
-    return {"bootstrap": kafka_bootstrap, "config": config, "savepoint": savepoint, "counter": counter,
-            "runs": [r for r in capture if isinstance(r, CapturedRun)], "paid": counter.counts()}
+        wait_until(client, lambda: len(reader.poll(0.2)) >= len(inputs) - 1, "every output but the undecided's", 120)
+        # The undecided input's run parked: its capture record is there (captured records are flushed at checkpoints).
+        wait_until(client, lambda: parked_at_the_end(captured(kafka_bootstrap, config["capture_topic"])),
+                   "the undecided run's parked record in the capture", 60)
+    capture = captured(kafka_bootstrap, config["capture_topic"])
+    # Every run was captured parked at its wait, and the undecided one is still waiting at the capture's end.
+    assert {(r.key, r.seq) for r in capture if isinstance(r, CapturedParked)} == {
+        (f"key-{k:03d}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
+    assert parked_at_the_end(capture) == {(UNDECIDED[0], UNDECIDED[1] + 1)}
+    return {"bootstrap": kafka_bootstrap, "config": config, "savepoint": savepoint, "counter": counter, "ids": ids,
+            "paid": counter.counts()}
 
 
 def replay(production, wait_policy: str):
@@ -141,27 +164,62 @@ def replay(production, wait_policy: str):
     connect_to_agent(inputs, approvals_agent(production["counter"]), replay_settings).map(
         str, output_type=Types.STRING()).uid("discard").print()
     env.execute(f"replay {suffix}")
-    replayed = list(read_capture(kafka, capture_topic, MAX_PARALLELISM,
-                                 CaptureDecoder(SIGNING_KEY.encode(), default_uid(NAME))))
-    return compare(production["runs"], [r for r in replayed if isinstance(r, CapturedRun)],
-                   [r for r in replayed if isinstance(r, CapturedInput)])
+    return diff_captures(kafka, config["capture_topic"], capture_topic, signing_key=SIGNING_KEY.encode(),
+                         uid=default_uid(NAME))
 
 
-def test_a_replay_gives_the_parked_and_later_runs_productions_decisions(production):
+def by_run(report) -> dict:
+    return {(run.key, run.seq): run for run in report.runs}
+
+
+def test_a_replay_gives_the_parked_and_later_runs_productions_decisions_and_leaves_the_undecided_waiting(production):
     paid_before = production["counter"].counts()
     report = replay(production, "recorded")
+    text = report.render_text(max_width=200)
     # The savepoint's parked runs (each key's second input) and the later ones: every run after it compared.
-    assert report.summary["compared"] == KEYS * (PER_KEY - 1), report.summary
-    assert report.summary["same"] == report.summary["compared"], report.render_text()
+    compared = KEYS * (PER_KEY - 1)
+    assert report.summary["compared"] == compared, report.summary
+    assert (report.summary["same"], report.summary["waiting"]) == (compared - 1, 1), text
+    assert (report.summary["waits"], report.summary["decisions_changed"]) == (compared, 0), text
+    # Each run's wait and decision, production's and the replay's: the same question, the same decision.
+    undecided = (UNDECIDED[0], UNDECIDED[1] + 1)
+    for (key, seq), run in by_run(report).items():
+        [row] = run.waits
+        assert (row.production.name, row.production.payload, row.replay.payload) == (
+            "refund-approval", {"n": seq - 1}, {"n": seq - 1})
+        if (key, seq) == undecided:
+            continue
+        expected = ("approved by ops", "same") if (seq - 1) % 2 == 0 else ("denied by ops: odd", "same")
+        assert (row.replay.describe(), row.change) == expected and row.production.decision == row.replay.decision
+    # The wait production never decided, in the run it never finished, is still open at the end of the replay:
+    # the replay's run waits at the same wait (production's wait id), and the diff says so.
+    waiting = by_run(report)[undecided]
+    assert (waiting.status, waiting.replay, waiting.note) == ("waiting", [], NOTE_PRODUCTION_WAITING)
+    assert waiting.open_wait.wait_id == production["ids"][UNDECIDED]
+    assert [row.change for row in waiting.waits] == ["still waiting"]
+    assert report.waiting == [waiting] and not report.has_differences
+    still = text.split("Still waiting (1)")[1].split("Waits and decisions")[0]
+    assert UNDECIDED[0] in still and production["ids"][UNDECIDED] in still and "still waiting" in still
+    assert f"Waits and decisions ({compared})" in text and "denied by ops: odd" in text
     assert production["counter"].counts() == paid_before  # the payments are production's recorded ones
 
 
-def test_a_replay_that_denies_every_wait_shows_the_changed_outputs(production):
+def test_a_replay_that_denies_every_wait_shows_the_changed_outputs_and_decisions(production):
     paid_before = production["counter"].counts()
     report = replay(production, "deny")
+    text = report.render_text(max_width=200)
+    compared = KEYS * (PER_KEY - 1)
     # Production approved the even inputs (paid) and denied the odd ones ("odd"); the replay denies all, in its
-    # own words: every run's output changed, and nothing was paid.
-    assert report.summary["changed"] == report.summary["compared"] == KEYS * (PER_KEY - 1), report.render_text()
+    # own words: every run's output changed, and nothing was paid. The run production never finished is new.
+    assert (report.summary["changed"], report.summary["new"]) == (compared - 1, 1), text
+    assert report.summary["compared"] == compared and report.summary["waiting"] == 0
     assert {tuple(run.replay[0]) for run in report.runs} == {("denied", "the replay's wait policy denies every wait")}
-    assert {run.production[0][0] for run in report.runs} == {"paid", "denied"}
+    assert {run.production[0][0] for run in report.runs if run.production} == {"paid", "denied"}
+    # Every decision the replay changed is visible per run, the one production never made included.
+    assert report.summary["decisions_changed"] == compared, text
+    changes = {identity: [row.change for row in run.waits] for identity, run in by_run(report).items()}
+    undecided = (UNDECIDED[0], UNDECIDED[1] + 1)
+    assert changes.pop(undecided) == ["production waiting"]
+    assert set(map(tuple, changes.values())) == {("changed",)}
+    assert "denied by replay: the replay's wait policy denies every wait" in text and "production waiting" in text
     assert production["counter"].counts() == paid_before

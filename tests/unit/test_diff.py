@@ -33,8 +33,8 @@ def test_each_status():
         (1, "same"), (2, "changed"), (3, "new"), (4, "missing"), (5, "same")]
     changed = by_seq(report)[("a", 2)]
     assert (changed.production, changed.replay, changed.note) == (["x"], ["y"], None)
-    assert report.summary == {"compared": 5, "same": 2, "changed": 1, "new": 1, "missing": 1,
-                              "blocked_calls": 0, "errors": 0}
+    assert report.summary == {"compared": 5, "same": 2, "changed": 1, "new": 1, "missing": 1, "waiting": 0,
+                              "blocked_calls": 0, "errors": 0, "waits": 0, "decisions_changed": 0}
 
 
 def test_event_ids_are_not_compared():

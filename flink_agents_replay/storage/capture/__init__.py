@@ -7,7 +7,9 @@ With ``AgentConfig(capture=True)`` the agent's operator writes, to a capture top
 
 * every input it accepts, with the key, the seq it gave the input, its event time and the input itself,
   at the moment it accepts it (the operator is the one place that knows each key's accepted order);
-* what every run produced: its output events and every call it made, with the result.
+* what every run produced: its output events and every call it made, with the result;
+* every run parked at a wait (``ctx.wait_for`` with no decision yet): the wait and the calls so far. A run whose
+  last record is a parked one was still waiting when the capture ended.
 
 Unlike the journal, the capture is not pruned at checkpoints: it keeps what its retention says
 (``capture_topic_config``, 7 days by default). At every checkpoint each subtask also writes a manifest
@@ -41,7 +43,13 @@ from flink_agents_replay.storage.capture.manifest import (
     read_capture_start,
 )
 from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
-from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.storage.capture.records import (
+    BlockedCall,
+    CapturedInput,
+    CapturedOutput,
+    CapturedParked,
+    CapturedRun,
+)
 
-__all__ = ["BlockedCall", "CaptureDecoder", "CaptureDescription", "CapturedInput", "CapturedOutput", "CapturedRun",
-           "CaptureStart", "ManifestEntry", "manifest_topic", "read_capture", "read_capture_start"]
+__all__ = ["BlockedCall", "CaptureDecoder", "CaptureDescription", "CapturedInput", "CapturedOutput", "CapturedParked",
+           "CapturedRun", "CaptureStart", "ManifestEntry", "manifest_topic", "read_capture", "read_capture_start"]

@@ -1,4 +1,8 @@
-"""Reading a capture topic back: its inputs (the replay's source) and its runs (recorded calls, the diff).
+"""Reading a capture topic back: its inputs (the replay's source), its runs and parked runs (recorded calls, the
+diff).
+
+A record of a kind this version does not know (one a later version added) is skipped, not refused: readers of
+0.6 skip 0.7's parked runs so.
 
 Every record is verified as one of the operator's (its uid, the job's keys) *for the topic it is read
 from*: a capture record copied into another capture topic (a replay's capture into production's) fails
@@ -17,13 +21,15 @@ from flink_agents_replay.integrations.kafka.admin import KafkaAdmin
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.integrations.kafka.store import KafkaTopicStore
 from flink_agents_replay.integrations.kafka.topics import CAPTURE
-from flink_agents_replay.storage.capture.records import SIGNED_KEY, CapturedInput, CapturedRun
-from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN, capture_codec
+from flink_agents_replay.storage.capture.records import SIGNED_KEY, CapturedInput, CapturedParked, CapturedRun
+from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, CAPTURED_PARKED, CAPTURED_RUN, capture_codec
 from flink_agents_replay.storage.records.codec import RecordCodec
 
 __all__ = ["CaptureDecoder", "read_capture"]
 
-_KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun}
+_KINDS = {CAPTURED_INPUT: CapturedInput, CAPTURED_RUN: CapturedRun, CAPTURED_PARKED: CapturedParked}
+
+CaptureRecord = CapturedInput | CapturedRun | CapturedParked
 
 
 class CaptureDecoder:
@@ -40,7 +46,7 @@ class CaptureDecoder:
         self.max_parallelism = max_parallelism
 
     def decode(self, value: bytes, where: str = "", *, topic: str,
-               partition: int | None = None) -> CapturedInput | CapturedRun | None:
+               partition: int | None = None) -> CaptureRecord | None:
         """The record read from ``topic`` (and ``partition``, when known), verified; ``None`` for a record of
         another kind."""
         header = RecordCodec.peek_header(value)
@@ -60,7 +66,7 @@ class CaptureDecoder:
             self._check_key_group(record, partition, where)
         return record
 
-    def _check_key_group(self, record: CapturedInput | CapturedRun, partition: int | None, where: str) -> None:
+    def _check_key_group(self, record: CaptureRecord, partition: int | None, where: str) -> None:
         if partition is not None and record.key_group != partition:
             raise SignatureError(f"capture record ({where}) was written to partition {record.key_group} (its key "
                                  f"group) and copied to partition {partition}")
@@ -75,8 +81,8 @@ class CaptureDecoder:
 def read_capture(kafka_config: KafkaSettingsLike, topic: str, partitions: int | None, decoder: CaptureDecoder, *,
                  start: Mapping[int, int] | None = None, partitions_to_read: Iterable[int] | None = None,
                  timeout_s: float = 30.0, skip_invalid: Callable[[SignatureError], None] | None = None,
-                 ) -> Iterator[CapturedInput | CapturedRun]:
-    """Every input and run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
+                 ) -> Iterator[CaptureRecord]:
+    """Every input, run and parked run record of ``topic`` (of ``partitions_to_read``, default all) from ``start``
     (default: the earliest kept) to its end now, in each partition's order.
 
     ``partitions``: the partition count the topic must have (the max parallelism), or ``None`` for whatever

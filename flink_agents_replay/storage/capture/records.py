@@ -1,6 +1,6 @@
-"""What a capture topic holds: the accepted inputs of an agent and what each run produced.
+"""What a capture topic holds: the accepted inputs of an agent, what each run produced, and the runs parked at a wait.
 
-Two record kinds, both in the journal's signed envelope (:mod:`flink_agents_replay.storage.records.codec`), in the
+Three record kinds, all in the journal's signed envelope (:mod:`flink_agents_replay.storage.records.codec`), in the
 partition of the key's key group:
 
 * :class:`CapturedInput`, written when the operator accepts an input and gives it its seq: the recorded
@@ -9,6 +9,11 @@ partition of the key's key group:
 * :class:`CapturedRun`, written when the run's result is applied: its outputs (what a diff compares),
   every call it made or reused with the result (what a replay serves on ``recorded``), and, in a replay,
   the calls its policy blocked and the error that ended the run, if any.
+* :class:`CapturedParked` (since 0.7), written each time a run stops at ``ctx.wait_for`` with no decision and
+  is parked: the wait it waits at and the calls it made so far. Nothing of the run is applied yet; a run that is
+  resumed and finishes is captured as a :class:`CapturedRun` later. So a key and seq whose last record is a
+  parked one, with no run, was still waiting when the capture ended: a replay leaves such a wait open (its
+  decision was never recorded), and the diff reports it (:mod:`flink_agents_replay.replay.diff`).
 
 Kafka record key: ``"{key_group}:{seq}:{kind}:{key_digest}"``. A key may be captured twice at the same
 seq (a failure between writing and the next checkpoint); readers keep the last record. Unlike journal
@@ -26,9 +31,10 @@ from typing import Any
 
 from flink_agents_replay.storage.records.codec import CAPTURE_SIGNED_KEY
 from flink_agents_replay.storage.records.journal import CallRecord
+from flink_agents_replay.storage.records.waits import WaitOpened
 
-__all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedRun", "CapturedRunEnd",
-           "capture_key", "parse_capture_key"]
+__all__ = ["SIGNED_KEY", "BlockedCall", "CapturedInput", "CapturedOutput", "CapturedParked", "CapturedRun",
+           "CapturedRunEnd", "capture_key", "parse_capture_key"]
 
 
 #: What capture records are signed with in place of their Kafka record key.
@@ -78,6 +84,24 @@ class CapturedRun:
     blocked: list[BlockedCall] = field(default_factory=list)
     error: str | None = None  # replay only: the exception that ended the run (its outputs are then empty)
     key_group: int | None = None  # set by the writer; None in records of schema version 1
+
+
+@dataclass(frozen=True)
+class CapturedParked:
+    """A run that stopped at a wait with no decision and was parked (nothing of it applied): the wait, the action
+    and event waiting at it, and the run's calls so far (the wait's ``@wait`` record and earlier waits'
+    ``@decision`` records among them), with the calls a replay's policy blocked. Written each time the run parks:
+    a resumed run that waits again is captured parked again, with its longer list of calls."""
+
+    key: Any
+    seq: int
+    input_digest: str
+    action: str
+    event_id: str
+    wait: WaitOpened
+    calls: list[CallRecord] = field(default_factory=list)
+    blocked: list[BlockedCall] = field(default_factory=list)
+    key_group: int | None = None  # set by the writer
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,25 @@
-"""The capture's records as plain data (schema version 2 of inputs, 4 of runs; see
+"""The capture's records as plain data (schema version 2 of inputs, 4 of runs, 1 of parked runs; see
 :mod:`flink_agents_replay.storage.formats`).
 
-=========  ==============================================================================================
-kind       plain payload (``bytes`` fields are user values, pickled)
-=========  ==============================================================================================
-``input``  ``key`` (bytes), ``seq``, ``event_time``, ``payload`` (bytes), ``input_digest``
-``run``    ``key`` (bytes), ``seq``, ``input_digest``, ``outputs`` (``[event id, output bytes]``), ``calls``
-           (journal call records, :func:`flink_agents_replay.storage.records.schemas.call_to_plain`), ``blocked``
-           (``[event id, action, position, resource, arguments]``), ``error``
-=========  ==============================================================================================
+==========  =============================================================================================
+kind        plain payload (``bytes`` fields are user values, pickled)
+==========  =============================================================================================
+``input``   ``key`` (bytes), ``seq``, ``event_time``, ``payload`` (bytes), ``input_digest``
+``run``     ``key`` (bytes), ``seq``, ``input_digest``, ``outputs`` (``[event id, output bytes]``), ``calls``
+            (journal call records, :func:`flink_agents_replay.storage.records.schemas.call_to_plain`), ``blocked``
+            (``[event id, action, position, resource, arguments]``), ``error``
+``parked``  ``key`` (bytes), ``seq``, ``input_digest``, ``action``, ``event_id``, ``wait`` (the wait as opened,
+            :func:`flink_agents_replay.storage.records.waits.wait_to_plain`: JSON payload), ``calls``,
+            ``blocked`` (as in ``run``)
+==========  =============================================================================================
 
 Version 2 added ``key_group`` to both kinds (the partition the record was written to); version 1 records
 (0.1.0, 0.2.0) read with ``key_group=None``. Run version 3 (0.5) holds calls of journal call schema 2 (their
 ``meta``: latency, a model's tokens; a chat model's answer as plain data). Run version 4 (0.7) holds calls of
 journal call schema 3: a run that waited holds its wait (``@wait``) and the decision it got (``@decision``), which
-a replay gives the same wait (:mod:`flink_agents_replay.replay.policy`).
+a replay gives the same wait (:mod:`flink_agents_replay.replay.policy`). ``parked`` (0.7, version 1, with
+``key_group``) is a run parked at a wait with no decision; readers before 0.7 skip the kind (a reader skips every
+kind it does not know: :mod:`.reader`).
 """
 
 from __future__ import annotations
@@ -23,16 +28,24 @@ from collections.abc import Iterable
 from typing import Any
 
 from flink_agents_replay.core.events import EventTypes
-from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedOutput, CapturedRun
+from flink_agents_replay.storage.capture.records import (
+    BlockedCall,
+    CapturedInput,
+    CapturedOutput,
+    CapturedParked,
+    CapturedRun,
+)
 from flink_agents_replay.storage.formats.plain import dump_user, load_user
 from flink_agents_replay.storage.formats.schema import RecordSchema
 from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
+from flink_agents_replay.storage.records.waits import wait_from_plain, wait_to_plain
 
-__all__ = ["CAPTURED_INPUT", "CAPTURED_RUN", "CAPTURE_SCHEMAS", "capture_codec"]
+__all__ = ["CAPTURED_INPUT", "CAPTURED_PARKED", "CAPTURED_RUN", "CAPTURE_SCHEMAS", "capture_codec"]
 
 CAPTURED_INPUT = "input"
 CAPTURED_RUN = "run"
+CAPTURED_PARKED = "parked"
 
 
 def _input_to_plain(record: CapturedInput) -> dict[str, Any]:
@@ -62,10 +75,27 @@ def _run_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedRun:
                        key_group=plain.get("key_group"))
 
 
+def _parked_to_plain(parked: CapturedParked) -> dict[str, Any]:
+    return {"key": dump_user(parked.key, what="a key"), "seq": parked.seq, "input_digest": parked.input_digest,
+            "action": parked.action, "event_id": parked.event_id, "wait": wait_to_plain(parked.wait),
+            "calls": [call_to_plain(call) for call in parked.calls],
+            "blocked": [[b.event_id, b.action, b.position, b.resource, b.arguments] for b in parked.blocked],
+            "key_group": parked.key_group}
+
+
+def _parked_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedParked:
+    return CapturedParked(load_user(plain["key"]), plain["seq"], plain["input_digest"], plain["action"],
+                          plain["event_id"], wait_from_plain(plain["wait"]),
+                          calls=[call_from_plain(call) for call in plain["calls"]],
+                          blocked=[BlockedCall(*blocked) for blocked in plain["blocked"]],
+                          key_group=plain.get("key_group"))
+
+
 #: The capture topic's record kinds, by header kind.
 CAPTURE_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
     RecordSchema(CAPTURED_INPUT, 2, _input_to_plain, _input_from_plain, CapturedInput),
     RecordSchema(CAPTURED_RUN, 4, _run_to_plain, _run_from_plain, CapturedRun),
+    RecordSchema(CAPTURED_PARKED, 1, _parked_to_plain, _parked_from_plain),
 )}
 
 

@@ -32,8 +32,14 @@ from flink_agents_replay.storage.capture.manifest import (
     ManifestWriter,
     manifest_topic,
 )
-from flink_agents_replay.storage.capture.records import SIGNED_KEY, CapturedInput, CapturedRun, capture_key
-from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, CAPTURED_RUN
+from flink_agents_replay.storage.capture.records import (
+    SIGNED_KEY,
+    CapturedInput,
+    CapturedParked,
+    CapturedRun,
+    capture_key,
+)
+from flink_agents_replay.storage.capture.schemas import CAPTURED_INPUT, CAPTURED_PARKED, CAPTURED_RUN
 from flink_agents_replay.storage.journal.store import Delivery, JournalStore
 from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.storage.records.journal import key_digest
@@ -83,8 +89,13 @@ class CaptureWriter:
         self._append(key_group, CAPTURED_RUN, replace(run, key_group=key_group), key_digest(run.key),
                      f"the captured run of input {run.seq} of key {run.key!r}")
 
-    def _append(self, key_group: int, kind: str, record: CapturedInput | CapturedRun, digest_of_key: str,
-                what: str) -> None:
+    def write_parked(self, key_group: int, parked: CapturedParked) -> None:
+        """Append a run parked at a wait."""
+        self._append(key_group, CAPTURED_PARKED, replace(parked, key_group=key_group), key_digest(parked.key),
+                     f"the captured parked run of input {parked.seq} of key {parked.key!r}")
+
+    def _append(self, key_group: int, kind: str, record: CapturedInput | CapturedRun | CapturedParked,
+                digest_of_key: str, what: str) -> None:
         value = self.codec.encode(SIGNED_KEY, kind, record, topic=self.store.topic, partition=None, what=what)
         delivery = self.store.append(key_group, capture_key(key_group, record.seq, kind, digest_of_key), value)
         with self._lock:
