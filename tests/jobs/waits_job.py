@@ -9,6 +9,9 @@ answers that it was denied. Decisions come from ``--signals-topic`` (JSON ``{"ke
 :class:`~flink_agents_replay.testing.counter.InvocationCounter` file, outside the worker: ``lookup:<ref>``,
 ``pay:<ref>`` and ``pay-id:<ref>|<call id>`` (a payment service applies a call id once). Used by
 ``tests/integration/test_waits_sigkill.py``.
+
+With ``--later-inputs run`` the job runs :func:`later_inputs_agent` instead, with
+``later_inputs_while_waiting="run"`` (``tests/integration/test_waits_later_inputs.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,43 @@ def refund_agent(counter: InvocationCounter, *, name: str, pay_delay_s: float = 
                                          "pay": Tool(pay, side_effects="external")})
 
 
+def later_inputs_agent(counter: InvocationCounter, *, name: str, pay_delay_s: float = 0.0) -> Agent:
+    """Even inputs wait for approval, odd ones do not; each run reports the inputs of its key it saw done in memory
+    as it started (``seen``), notes them (``seen:<ref>|<seen>``: a run that saw other memory in another attempt
+    notes a second value), pays with them as an argument, and writes ``done.<n>``."""
+
+    def note(reference: str, seen: list) -> None:
+        counter.increment(f"seen:{reference}|{json.dumps(seen)}")
+
+    def lookup(key: str, n: int) -> str:
+        counter.increment(f"lookup:{key}/{n}")
+        return f"{key}/{n}"
+
+    def pay(reference: str, seen: list) -> str:
+        counter.increment(f"pay:{reference}")
+        counter.increment(f"pay-id:{reference}|{current_call_id()}")
+        time.sleep(pay_delay_s)
+        return f"paid {reference}"
+
+    class LaterInputs(Agent):
+        @action(InputEvent)
+        def refund(event, ctx):
+            n = event.input["n"]
+            reference = ctx.call("lookup", event.input["key"], n)
+            seen = sorted(int(m) for m in ctx.memory.get("done", {}))
+            ctx.call("note", reference, seen)
+            outcome = "free"
+            if n % 2 == 0:
+                decision = ctx.wait_for("refund-approval", {"reference": reference, "n": n}, timeout_s=3600)
+                outcome = ctx.call("pay", reference, seen) if decision.approved else "denied"
+            ctx.memory.set(f"done.{n}", outcome)
+            ctx.send_event(OutputEvent(output=[outcome, reference, seen]))
+
+    return LaterInputs(name=name, resources={"lookup": Tool(lookup, side_effects="none"),
+                                             "note": Tool(note, side_effects="none"),
+                                             "pay": Tool(pay, side_effects="external")})
+
+
 def decision_for(payload: dict) -> dict:
     """What the people decide: even inputs approved, odd ones denied."""
     approved = payload["n"] % 2 == 0
@@ -76,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-interval-ms", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--pay-delay-s", type=float, default=0.3)
+    parser.add_argument("--later-inputs", choices=("hold", "run"), default="hold")
     return parser.parse_args(argv)
 
 
@@ -86,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     keyed = keyed_json_inputs(env, args.bootstrap_servers, args.input_topic)
     signals = keyed_json_inputs(env, args.bootstrap_servers, args.signals_topic, source_uid="signals",
                                 parse_uid="parse-signals")
-    agent = refund_agent(InvocationCounter(args.counter_path), name=args.agent_name, pay_delay_s=args.pay_delay_s)
+    make_agent = later_inputs_agent if args.later_inputs == "run" else refund_agent
+    agent = make_agent(InvocationCounter(args.counter_path), name=args.agent_name, pay_delay_s=args.pay_delay_s)
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
-              "signing_key": args.signing_key, "max_concurrent_runs": 4}
+              "signing_key": args.signing_key, "max_concurrent_runs": 4,
+              "later_inputs_while_waiting": args.later_inputs}
     outputs = connect_to_agent(keyed, agent, config, signals=signals)
     prefix = args.transactional_id_prefix
     (outputs.map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING())
