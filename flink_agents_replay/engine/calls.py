@@ -140,6 +140,8 @@ class ActionCalls:
         digest = digest_value((WAIT_RESOURCE, name, payload))
         wait = self._opened(name, payload, timeout_s, digest)
         position, record = self.match(DECISION_RESOURCE, digest)
+        if record is not None and self._resumes_later(wait):
+            record = None  # it parked here while the key's later inputs ran: it parks again, to resume in that order
         if record is not None and record.outcome is CallOutcome.RETURNED:
             decision = record.result  # decided in an earlier attempt of this resumed run
             self.context.calls.append(record)
@@ -157,6 +159,10 @@ class ActionCalls:
             raise WaitTimedOutError(f"no decision for wait {name!r} ({wait.wait_id}) in action {self.site.action} "
                                     f"within {timeout_s} s: give on_timeout= to carry on without one")
         return on_timeout
+
+    def _resumes_later(self, wait: WaitOpened) -> bool:
+        history = self.context.history
+        return history is not None and history.resumed_later(self.context.run.seq, wait.wait_id)
 
     def _approve(self, resource_name: str, tool: Tool, args: tuple, kwargs: dict) -> None:
         """Wait for the approval of a call to ``tool``; raise :class:`ToolCallDeniedError` unless approved."""

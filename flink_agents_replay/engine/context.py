@@ -116,6 +116,7 @@ class RunInput:
     #: A resumed run whose key's later inputs ran while it waited: the seq of the key's last accepted input now
     #: (journaled in a resumed record, so a restore resumes it at the same place in the key's order).
     resumed_after: int | None = None
+    resumed_wait: str | None = None  # the wait it resumes from (with ``resumed_after``)
 
 
 #: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.

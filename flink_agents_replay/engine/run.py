@@ -108,9 +108,10 @@ def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> 
     if waiting.retried:
         history.retried[(waiting.seq, waiting.event_id, waiting.action)] = dict(waiting.retried)
     if recovered is not None:
-        history.merge_seq(recovered, waiting.seq)
-        recovered.drop_seq(waiting.seq)  # the resumed run's now: the key's recovered history may end
-        recovered.drop_through_seq(waiting.seq)
+        taken = recovered.take_seq(waiting.seq, waiting.wait.wait_id)  # the resumed run's now
+        history.merge_seq(taken, waiting.seq)
+        history.resumes = taken.resumes
+        recovered.drop_through_seq(waiting.seq - 1 if taken.resumes else waiting.seq)  # the key's history may end
     return history
 
 
@@ -157,7 +158,8 @@ def execute_run(
                       what=f"the accepted record of input {run.seq}")
     elif journal is not None and run.resumed_after is not None:
         journal.write(journal_key(run.key_group, run.seq, first.id, RESUMED_ACTION, context.digest_of_key),
-                      RecordKind.RESUMED, ResumedRecord(run.seq, run.resumed_after, context.input_digest),
+                      RecordKind.RESUMED,
+                      ResumedRecord(run.seq, run.resumed_after, run.resumed_wait or "", context.input_digest),
                       what=f"the resumed record of input {run.seq}")
     # A run with a decision (resumed, or reusing a journaled one) may end on its wait's timeout or denial: then its
     # memory stays as it was (see _ends_the_run).
@@ -189,8 +191,9 @@ def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: Run
              acknowledge: bool) -> RunResult:
     """The result of a run stopped at a wait: its records so far, nothing to apply."""
     run, site = context.run, pending.site
-    if context.history is not None:
-        context.history.drop_through_seq(run.seq)  # the records travel with the result now
+    history = context.history
+    if history is not None:  # the records travel with the result now; those of a resume to come stay for it
+        history.drop_through_seq(run.seq - 1 if history.resumed_later(run.seq, pending.wait.wait_id) else run.seq)
     if context.journal is not None and acknowledge:
         context.journal.acknowledge()
     records: list[CallRecord | CompletionRecord] = [*context.completions, *context.calls]
@@ -266,6 +269,8 @@ def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStat
     if history is None:
         return None
     completion = history.completion(run.seq, site.event.id, site.action)
+    if completion is not None and history.parked_first(run.seq, site.event.id, site.action):
+        return None  # it parked at a wait in here first and resumed later: it parks again (ActionCalls.wait_for)
     if completion is not None and not site.spec.wrote(completion.fingerprint):
         completion = _check_fingerprint(completion, site.spec, run, context.fingerprint_policy, stats)
     if completion is None:

@@ -399,6 +399,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if recorded == waiting_run.seq or (recorded is None and self.order.recorded_next_input(key) is None):
             self.order.resuming()
             self._submit_resumed(key, waiting_run, decision, ctx)
+        elif recorded is None:
+            self.order.hold_for_recorded(ctx)  # resumes after that input, or when it does not come back
 
     def _resume_next(self, key, ctx) -> bool:
         """The key is idle: resume a parked run kept aside that has its decision (the one the journal recorded
@@ -448,7 +450,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
             history = resume_history(waiting_run, history)
             run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch,
                            decisions={} if decision is None else {waiting_run.wait.wait_id: decision}, resuming=True,
-                           resumed_after=self._accepted_seq() if kept_aside else None)
+                           resumed_after=self._accepted_seq() if kept_aside else None,
+                           resumed_wait=waiting_run.wait.wait_id)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:
@@ -486,7 +489,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
     def _drop_check(self, key, ctx) -> None:
         """Delete the key's pending check timer, if it has one."""
         when = self._checks.pop(key, None)
-        if when is not None:
+        # Flink keeps one timer per key and time: a check on a kept-aside run's deadline is the deadline too.
+        if when is not None and not (self.run_later_inputs and self.waits.deadline_at(when)):
             ctx.timer_service().delete_processing_time_timer(when)
 
     def _count_applied(self, how: str) -> None:

@@ -91,6 +91,11 @@ class OrderRestoration:
         history = self.journal.index.history(key_digest(key))
         return history.recorded_resume(self.seq_state.value() or 0) if history is not None else None
 
+    def hold_for_recorded(self, ctx) -> None:
+        """A parked run has its decision but the journal recorded an input of the key next: wait for it, bounded
+        (when it does not come back, :meth:`give_up` and the run resumes)."""
+        self._await_predecessor(ctx)
+
     def resuming(self) -> None:
         """A parked run of the key resumes now: a wait for it is over."""
         if self.journal.restored:

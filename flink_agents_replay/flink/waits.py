@@ -2,10 +2,12 @@
 
 A run that stops at ``ctx.wait_for`` comes back from the engine as *waiting*
 (:attr:`flink_agents_replay.engine.RunResult.waiting`). The operator then **parks** it: the run's records so
-far go to the key's ``waiting_run`` state, its input stays the key's run in flight (the key's later inputs wait
-behind it, in order, without counting toward the input hold: they could otherwise hold back the very decision
-that frees them), a processing-time timer is set at the wait's deadline, and the run's slot and thread are
-free. Nothing of the run is applied: no memory update, no output.
+far go to the key's ``parked_runs`` state (by seq; ``parked_waits`` indexes them by wait id, with the deadline),
+a processing-time timer is set at the wait's deadline, and the run's slot and thread are free. Nothing of the run
+is applied: no memory update, no output. By default its input stays the key's run in flight: the key's later
+inputs wait behind it, in order, without counting toward the input hold (they could otherwise hold back the very
+decision that frees them). With ``later_inputs_while_waiting="run"`` the operator keeps it aside instead (its
+input and starting memory in the entry) and runs the key's next input; a key may then hold several parked runs.
 
 Decisions arrive as :class:`~flink_agents_replay.flink.signals.Signal` s on the key. Each received decision
 is kept in the key's ``decisions`` map state by wait id (:class:`~flink_agents_replay.storage.records.parked.
@@ -137,6 +139,10 @@ class OperatorWaits:
         """The seqs of the current key's parked runs."""
         return frozenset(self.runs.keys())
 
+    def deadline_at(self, when: int) -> bool:
+        """Whether a parked run of the current key has its deadline at ``when`` (epoch ms)."""
+        return any(decode_parked_wait(raw).deadline_ms == when for raw in self.waits.values())
+
     def decided(self) -> list[int]:
         """The current key's parked runs whose decision was applied and that are not under way yet, in the order
         their decisions came."""
@@ -144,8 +150,8 @@ class OperatorWaits:
         for wait_id, raw in self.waits.items():
             received = self._decision(wait_id)
             if received is not None and received.status is DecisionStatus.APPLIED:
-                ready.append((received.received_at_ms, decode_parked_wait(raw).seq))
-        return [seq for _, seq in sorted(ready)]
+                ready.append((received.arrival, received.received_at_ms, decode_parked_wait(raw).seq))
+        return [seq for *_, seq in sorted(ready)]
 
     def decision_for(self, seq: int) -> tuple[WaitingRun, Decision | None] | None:
         """The parked run ``seq`` and its applied decision (``None`` in a replay, whose gate decides), or ``None``
@@ -255,8 +261,12 @@ class OperatorWaits:
     def _early_count(self) -> int:
         return sum(decode_decision(raw).status is DecisionStatus.EARLY for raw in self.decisions.values())
 
+    def _next_arrival(self) -> int:
+        return 1 + max((decode_decision(raw).arrival for raw in self.decisions.values()), default=0)
+
     def _apply(self, key: Any, waiting: WaitingRun, received: ReceivedDecision, ctx) -> Iterator[WaitEvent]:
-        self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.APPLIED, keep_until_ms=None))
+        self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.APPLIED, keep_until_ms=None,
+                                                 arrival=self._next_arrival()))
         self.counters["waits_timed_out" if received.decision.timed_out else "decisions_applied"].inc()
         yield self._event("resumed", key, waiting, decision=received.decision)
         self._resume(key, waiting, received.decision, ctx)

@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "resources: none/idempotent live, external blocked")
     parser.add_argument("--waits", default="recorded", choices=["recorded", "approve", "deny"],
                         help="what waits (ctx.wait_for) get: production's recorded decisions (a wait production "
-                             "recorded none for is blocked), or approve all, or deny all (default recorded)")
+                             "never decided stays open if production never finished the run either, and is "
+                             "blocked if it did), or approve all, or deny all (default recorded)")
     parser.add_argument("--key-type", default="STRING", choices=["STRING", "LONG", "INT"])
     parser.add_argument("--max-parallelism", type=int, default=128, help="the production job's (default 128)")
     parser.add_argument("--parallelism", type=int, default=2)

@@ -27,12 +27,12 @@ def _call(seq: int, position: int = 0) -> CallRecord:
     return CallRecord(seq, 0, f"e{seq}", "act", position, "tool", "d", CallOutcome.RETURNED, "r", f"in{seq}")
 
 
-def _history() -> KeyHistory:
+def _history(wait_id: str = "w1") -> KeyHistory:
     """Run 1 parked; 2 accepted and ran; 1 resumed after 2 and called again; 3 accepted."""
     history = KeyHistory()
     history.add_accepted(AcceptedRecord(2, "in2"))
     history.add_call(_call(2))
-    history.add_resumed(ResumedRecord(1, after=2, input_digest="in1"))
+    history.add_resumed(ResumedRecord(1, after=2, wait_id=wait_id, input_digest="in1"))
     history.add_call(_call(1, position=1))
     history.add_accepted(AcceptedRecord(3, "in3"))
     return history
@@ -42,8 +42,27 @@ def test_a_recorded_resume_comes_before_the_next_recorded_input():
     history = _history()
     assert history.recorded_resume(1) is None and history.recorded_resume(2) == 1
     assert history.recorded_input(3) == "in3"
-    history.drop_seq(1)  # the run resumes: its records and its resume record are taken
+    taken = history.take_seq(1, "w1")  # the run resumes: its records and its resume record are taken
     assert history.recorded_resume(2) is None and not history.recorded_calls(1, "e1", "act")
+    assert taken.recorded_calls(1, "e1", "act")[1] is not None and taken.resumes == []
+
+
+def test_a_resume_recorded_again_by_a_later_attempt_supersedes_the_first():
+    history = _history()
+    history.add_resumed(ResumedRecord(1, after=3, wait_id="w1", input_digest="in1"))  # resumed elsewhere, after 3
+    assert history.resumes == [(3, 1, "w1")] and history.recorded_resume(2) is None
+    history.add_resumed(ResumedRecord(1, after=3, wait_id="w1", input_digest="in1"))  # the same again
+    assert history.resumes == [(3, 1, "w1")]
+
+
+def test_a_run_that_resumed_twice_keeps_its_records_for_the_second_resume():
+    history = _history()
+    history.add_resumed(ResumedRecord(1, after=3, wait_id="w2", input_digest="in1"))
+    assert history.resumed_later(1, "w1") and history.resumed_later(1, "w2")
+    taken = history.take_seq(1, "w1")
+    assert taken.resumes == [(3, 1, "w2")] and history.resumes == [(3, 1, "w2")]
+    assert history.recorded_calls(1, "e1", "act")[1] is not None  # still there for the resume from w2
+    assert history.take_seq(1, "w2").resumes == [] and not history.recorded_calls(1, "e1", "act")
 
 
 def test_a_later_run_finishing_keeps_the_records_of_runs_held_parked():
@@ -73,7 +92,7 @@ def test_resume_history_takes_the_seq_and_its_resume_record_from_the_recovered_h
             ctx.send_event(OutputEvent(output=ctx.wait_for("ok?", {"n": event.input})))
 
     waiting = execute_run(Asks(), RunInput("k", 0, 1, 1), {}).waiting
-    recovered = _history()
+    recovered = _history(wait_id=waiting.wait.wait_id)
     recovered.held = frozenset({5})
     history = resume_history(waiting, recovered)
     assert history.recorded_calls(1, "e1", "act")[1] is not None  # merged into the resumed run's history

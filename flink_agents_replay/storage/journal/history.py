@@ -37,8 +37,8 @@ class KeyHistory:
     #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
     retried: dict[ActionSlot, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     input_digests: dict[int, str] = field(default_factory=dict)
-    #: Parked runs that resumed, in journal order: (seq of the key's last accepted input then, seq resumed).
-    resumes: list[tuple[int, int]] = field(default_factory=list)
+    #: Parked runs that resumed, in journal order: (seq of the key's last accepted input then, seq resumed, wait).
+    resumes: list[tuple[int, int, str]] = field(default_factory=list)
     #: Seqs of the key's runs parked at a wait while its later inputs run: what they journaled after an earlier
     #: resume outlives the later runs (set by the operator before each run of the key).
     held: frozenset[int] = frozenset()
@@ -51,12 +51,27 @@ class KeyHistory:
         self.accepted[record.seq] = record.input_digest
 
     def add_resumed(self, record: ResumedRecord) -> None:
-        """File a resumed record."""
-        self.resumes.append((record.after, record.seq))
+        """File a resumed record; a later one for the same wait (an attempt after a restore resumed it again)
+        supersedes the earlier."""
+        self.resumes = [entry for entry in self.resumes if entry[1:] != (record.seq, record.wait_id)]
+        self.resumes.append((record.after, record.seq, record.wait_id))
 
     def recorded_resume(self, after: int) -> int | None:
         """The seq of the parked run the journal recorded resuming next after accepted seq ``after``, if any."""
-        return next((seq for at, seq in self.resumes if at == after), None)
+        return next((seq for at, seq, _ in self.resumes if at == after), None)
+
+    def resumed_later(self, seq: int, wait_id: str) -> bool:
+        """Whether the journal recorded run ``seq`` resuming from wait ``wait_id`` (still to come: it parked there
+        first, while the key's later inputs ran)."""
+        return any(entry[1:] == (seq, wait_id) for entry in self.resumes)
+
+    def parked_first(self, seq: int, event: str, action: str) -> bool:
+        """Whether the action execution opened a wait that the journal recorded its run resuming from later (so a
+        run of ``seq`` must park there again, and its completion waits for that resume)."""
+        waits = {entry[2] for entry in self.resumes if entry[1] == seq}
+        return bool(waits) and any(
+            record.resource == "@wait" and getattr(record.result, "wait_id", None) in waits
+            for record in self.calls.get((seq, event, action), {}).values())
 
     def add_completion(self, record: CompletionRecord) -> None:
         """File a completion record."""
@@ -140,7 +155,7 @@ class KeyHistory:
         for seq in [s for s in self.accepted if RunPosition(s, -1) > position]:
             del self.accepted[seq]
             dropped += 1
-        kept = [(after, seq) for after, seq in self.resumes if RunPosition(after, _LAST) <= position]
+        kept = [entry for entry in self.resumes if RunPosition(entry[0], _LAST) <= position]
         dropped += len(self.resumes) - len(kept)
         self.resumes = kept
         self._rebuild_input_digests()
@@ -167,14 +182,19 @@ class KeyHistory:
     def drop_through_seq(self, seq: int) -> None:
         """Forget everything at or before ``seq`` (those inputs are done), but the runs :attr:`held` parked."""
         self._drop(lambda s: s <= seq and s not in self.held)
-        self.resumes = [(after, resumed) for after, resumed in self.resumes if after >= seq]
+        self.resumes = [entry for entry in self.resumes if entry[0] >= seq]
 
-    def drop_seq(self, seq: int) -> None:
-        """Forget what the history holds of ``seq`` and its first recorded resume (the parked run resumes now)."""
-        self._drop(lambda s: s == seq)
-        at = next((index for index, (_, resumed) in enumerate(self.resumes) if resumed == seq), None)
-        if at is not None:
-            del self.resumes[at]
+    def take_seq(self, seq: int, wait_id: str) -> KeyHistory:
+        """What the history holds of ``seq``, whose parked run resumes from ``wait_id`` now, as a history of its own
+        (with the resumes recorded for the run's later waits). Taken out, unless such a resume is recorded: the run
+        parks there again, and resumes from this history then."""
+        self.resumes = [entry for entry in self.resumes if entry[1:] != (seq, wait_id)]
+        taken = KeyHistory()
+        taken.merge_seq(self, seq)
+        taken.resumes = [entry for entry in self.resumes if entry[1] == seq]
+        if not taken.resumes:
+            self._drop(lambda s: s == seq)
+        return taken
 
     def _drop(self, done) -> None:
         for slot in [s for s in self.completions if done(s[0])]:

@@ -127,10 +127,12 @@ class AcceptedRecord:
 
 @dataclass
 class ResumedRecord:
-    """A parked run of a key resumed: its seq, and the seq of the key's last accepted input then (``after``)."""
+    """A parked run of a key resumed: its seq, the seq of the key's last accepted input then (``after``), and the
+    wait it resumed from."""
 
     seq: int
     after: int
+    wait_id: str
     input_digest: str = ""
 
 

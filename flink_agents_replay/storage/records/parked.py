@@ -125,17 +125,19 @@ class ReceivedDecision:
     received_at_ms: int
     keep_until_ms: int | None
     signal_id: str | None = None
+    arrival: int = 0  # its place among the key's decisions as they came (decisions of one millisecond too)
 
 
 def encode_decision(received: ReceivedDecision) -> bytes:
     """State bytes of a received decision."""
     return encode_entry({"decision": decision_to_plain(received.decision), "status": received.status.value,
                          "received_at_ms": received.received_at_ms, "keep_until_ms": received.keep_until_ms,
-                         "signal_id": received.signal_id})
+                         "signal_id": received.signal_id, "arrival": received.arrival})
 
 
 def decode_decision(raw: bytes) -> ReceivedDecision:
     """The received decision :func:`encode_decision` wrote."""
     plain: dict[str, Any] = decode_entry(raw, "a received decision")
     return ReceivedDecision(decision_from_plain(plain["decision"]), DecisionStatus(plain["status"]),
-                            plain["received_at_ms"], plain["keep_until_ms"], plain.get("signal_id"))
+                            plain["received_at_ms"], plain["keep_until_ms"], plain.get("signal_id"),
+                            plain.get("arrival", 0))

@@ -5,7 +5,7 @@
 kind           plain payload (``bytes`` fields are user values, pickled)
 =============  ==========================================================================================
 ``accepted``   ``seq``, ``input_digest``, ``event_time``
-``resumed``    ``seq``, ``after``, ``input_digest`` (new in 0.7)
+``resumed``    ``seq``, ``after``, ``wait_id``, ``input_digest`` (new in 0.7)
 ``call``       ``seq``, ``order``, ``event_id``, ``action``, ``position``, ``resource``, ``args_digest``,
                ``outcome`` (``started``/``returned``/``raised``), ``result`` (``None``; the return value as
                bytes; a chat model's answer as ``{"chat": ...}``, :mod:`flink_agents_replay.storage.records.chat`; a
@@ -69,11 +69,11 @@ def _accepted_from_plain(plain: dict[str, Any], _: EventTypes) -> AcceptedRecord
 
 
 def _resumed_to_plain(record: ResumedRecord) -> dict[str, Any]:
-    return {"seq": record.seq, "after": record.after, "input_digest": record.input_digest}
+    return {"seq": record.seq, "after": record.after, "wait_id": record.wait_id, "input_digest": record.input_digest}
 
 
 def _resumed_from_plain(plain: dict[str, Any], _: EventTypes) -> ResumedRecord:
-    return ResumedRecord(plain["seq"], plain["after"], plain["input_digest"])
+    return ResumedRecord(plain["seq"], plain["after"], plain["wait_id"], plain["input_digest"])
 
 
 def call_to_plain(record: CallRecord) -> dict[str, Any]:
