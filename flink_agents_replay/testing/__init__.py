@@ -14,7 +14,8 @@ In the spirit of ``temporalio.testing``: a small public surface here, the machin
 - :class:`AgentTestEnvironment`: ``start_local()`` / ``from_bootstrap(...)`` (context managers), ``run(...)``.
 - :class:`FailOver`: fail the job over once (Flink restarts it in the MiniCluster, no process is killed).
 - :class:`AgentRunResult`: the committed outputs (:class:`CommittedOutput`), the calls counted during the
-  run, whether the fail-over fired, and the job's failure as a value (``None``: it finished).
+  run, whether the fail-over fired, the job's failure as a value (``None``: it finished), and the runs left
+  waiting at ``ctx.wait_for`` (:class:`OpenWait`: the environment sends no decisions).
 - :class:`InvocationCounter`: named counters in a SQLite file, safe across threads, processes and restarts.
 - :class:`CommittedReader`: read any topic as a ``read_committed`` consumer.
 
@@ -29,6 +30,7 @@ from flink_agents_replay.testing._environment import (
     CommittedOutput,
     FailOver,
     InjectedFailover,
+    OpenWait,
 )
 from flink_agents_replay.testing.committed import CommittedReader
 from flink_agents_replay.testing.counter import InvocationCounter
@@ -41,4 +43,5 @@ __all__ = [
     "FailOver",
     "InjectedFailover",
     "InvocationCounter",
+    "OpenWait",
 ]

@@ -65,6 +65,22 @@ class FailOver:
 
 
 @dataclass(frozen=True)
+class OpenWait:
+    """A run still waiting at ``ctx.wait_for`` when the run ended: its key and seq, the wait's id, name and payload.
+
+    :meth:`AgentTestEnvironment.run` sends no decisions (its input ends; a wait's deadline cannot pass after
+    that): an agent that waits leaves its runs parked, and their outputs are not there. Test waits with a job of
+    your own that reads decisions (``connect_to_agent(..., signals=...)``; README, *Waiting for people*).
+    """
+
+    key: str
+    seq: int
+    wait_id: str
+    name: str
+    payload: Any
+
+
+@dataclass(frozen=True)
 class CommittedOutput:
     """One output of the agent as the output topic holds it (committed): the key, the input's seq and the output."""
 
@@ -125,6 +141,8 @@ class AgentRunResult:
     output_topic: str
     journal_topic: str
     failure_message: str | None = None
+    #: Runs parked at a wait when the run ended (:class:`OpenWait`): their outputs are missing.
+    open_waits: tuple[OpenWait, ...] = ()
 
     def outputs_by_key(self) -> dict[str, list[Any]]:
         """Each key's outputs (their ``output`` values), in seq order."""
@@ -159,6 +177,24 @@ class _FailOnce:
 def _encode_output(output) -> str:
     return json.dumps({"key": output.key, "seq": output.seq, "event_id": output.event_id, "output": output.output},
                       sort_keys=True)
+
+
+def _encode_wait_event(event) -> str:
+    return json.dumps({"kind": event.kind, "key": event.key, "seq": event.seq, "wait_id": event.wait_id,
+                       "name": event.name, "payload": event.payload})
+
+
+def _open_waits(events: Iterable[bytes]) -> tuple[OpenWait, ...]:
+    """The waits opened and not closed (a resumed run that finished closes its wait)."""
+    opened: dict[str, OpenWait] = {}
+    for raw in events:
+        event = json.loads(raw)
+        if event["kind"] == "opened":
+            opened[event["wait_id"]] = OpenWait(event["key"], event["seq"], event["wait_id"], event["name"],
+                                                event["payload"])
+        elif event["kind"] in ("closed", "resumed"):
+            opened.pop(event["wait_id"], None)
+    return tuple(opened.values())
 
 
 def _decode_output(value: bytes) -> CommittedOutput:
@@ -234,7 +270,7 @@ class AgentTestEnvironment:
         self._ship_by_value([sys.modules[type(agent).__module__], *pickle_by_value])
         suffix = uuid.uuid4().hex[:10]
         topics = {"input": f"testenv-in-{suffix}", "output": f"testenv-out-{suffix}",
-                  "journal": f"testenv-journal-{suffix}"}
+                  "journal": f"testenv-journal-{suffix}", "waits": f"testenv-waits-{suffix}"}
         self._create_topics(inputs=list(inputs), key=key, topics=topics)
         agent_config = {"kafka": {"bootstrap.servers": self.bootstrap_servers}, "signing_key": self.signing_key,
                         "journal_topic": topics["journal"], **(config or {})}
@@ -249,11 +285,13 @@ class AgentTestEnvironment:
             failure = exc
             message = python_exception_line(str(exc)) or str(exc).strip().split("\n", 1)[0]
         outputs = self._read_outputs(topics["output"], timeout_s)
+        open_waits = _open_waits(self._read_topic(topics["waits"], bytes, timeout_s))
         after = self.counter.counts()
         counts = {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
         return AgentRunResult(outputs=tuple(outputs), call_counts=counts, failed_over=bool(claims.count("fired")),
                               failure=failure, input_topic=topics["input"], output_topic=topics["output"],
-                              journal_topic=_journal_topic(agent, agent_config), failure_message=message)
+                              journal_topic=_journal_topic(agent, agent_config), failure_message=message,
+                              open_waits=open_waits)
 
     @staticmethod
     def _ship_by_value(modules: Iterable[ModuleType]) -> None:
@@ -269,7 +307,7 @@ class AgentTestEnvironment:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER})
-        created = admin.create_topics([NewTopic(topics["input"], 1, 1), NewTopic(topics["output"], 1, 1)],
+        created = admin.create_topics([NewTopic(topics[name], 1, 1) for name in ("input", "output", "waits")],
                                       request_timeout=30)
         for future in created.values():
             future.result(timeout=60)
@@ -289,7 +327,7 @@ class AgentTestEnvironment:
         from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
 
         from flink_agents_replay.flink.env import create_environment
-        from flink_agents_replay.flink.pipeline import connect_to_agent
+        from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events
         from flink_agents_replay.jobs.connector import require_kafka_connector
         from flink_agents_replay.testing.jobs import connector_jars, exactly_once_string_sink
 
@@ -310,12 +348,18 @@ class AgentTestEnvironment:
                                   output_type=Types.PICKLED_BYTE_ARRAY()).uid("fail-over")
         sink = exactly_once_string_sink(self.bootstrap_servers, topics["output"], f"testenv-{uuid.uuid4().hex[:8]}")
         outputs.map(_encode_output, output_type=Types.STRING()).uid("encode").sink_to(sink).uid("outputs")
+        waits = exactly_once_string_sink(self.bootstrap_servers, topics["waits"], f"testenv-{uuid.uuid4().hex[:8]}")
+        wait_events(outputs).map(_encode_wait_event, output_type=Types.STRING()).uid("encode-waits").sink_to(
+            waits).uid("waits")
         return env
 
     def _read_outputs(self, topic: str, timeout_s: float) -> list[CommittedOutput]:
+        return self._read_topic(topic, _decode_output, timeout_s)
+
+    def _read_topic(self, topic: str, decode: Callable[[bytes], Any], timeout_s: float) -> list:
         from flink_agents_replay.testing.committed import CommittedReader
 
-        with CommittedReader(self.bootstrap_servers, topic, _decode_output) as reader:
+        with CommittedReader(self.bootstrap_servers, topic, decode) as reader:
             return list(reader.read_to_committed_end(timeout_s))
 
 

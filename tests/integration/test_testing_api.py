@@ -68,3 +68,20 @@ def test_an_action_that_raises_ends_the_run_with_its_python_exception_readable(k
                          key=lambda record: record["customer"])
     assert result.failure is not None and result.outputs == ()
     assert result.failure_message == "ValueError: refund of 7 over the limit", result.failure_message
+
+
+class AskingAgent(Agent):
+    @action(InputEvent)
+    def ask(event, ctx):
+        if event.input["n"] > 1:
+            ctx.wait_for("refund-approval", {"n": event.input["n"]})
+        ctx.send_event(OutputEvent(output=event.input["n"]))
+
+
+def test_runs_left_waiting_are_reported_not_lost(kafka_bootstrap):
+    with AgentTestEnvironment.from_bootstrap(kafka_bootstrap) as env:
+        result = env.run(AskingAgent(name="asking", resources={}), key=lambda record: record["customer"],
+                         inputs=[{"customer": "c0", "n": 1}, {"customer": "c0", "n": 2}, {"customer": "c1", "n": 3}])
+    assert result.failure is None and result.outputs_by_key() == {"c0": [1]}
+    assert sorted((w.key, w.seq, w.name, w.payload["n"]) for w in result.open_waits) == [
+        ("c0", 2, "refund-approval", 2), ("c1", 1, "refund-approval", 3)]

@@ -10,7 +10,13 @@ import pytest
 import flink_agents_replay.testing as testing
 from flink_agents_replay.examples import support_triage
 from flink_agents_replay.testing import AgentRunResult, CommittedOutput, FailOver
-from flink_agents_replay.testing._environment import _decode_output, _FailOnce, _worker_cannot_import
+from flink_agents_replay.testing._environment import (
+    OpenWait,
+    _decode_output,
+    _FailOnce,
+    _open_waits,
+    _worker_cannot_import,
+)
 
 
 def _result(*outputs: CommittedOutput) -> AgentRunResult:
@@ -20,7 +26,7 @@ def _result(*outputs: CommittedOutput) -> AgentRunResult:
 
 def test_the_public_surface_is_small_and_typed():
     assert set(testing.__all__) == {"AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "CommittedReader",
-                                    "FailOver", "InjectedFailover", "InvocationCounter"}
+                                    "FailOver", "InjectedFailover", "InvocationCounter", "OpenWait"}
     with pytest.raises(TypeError):
         FailOver(3)  # keyword-only
     with pytest.raises(ValueError, match="at least 1"):
@@ -34,6 +40,16 @@ def test_outputs_by_key_follow_seq_and_duplicates_are_found_by_event_id():
         "a": ["first", "second"], "b": ["x"]}
     assert _result(late, early).duplicate_outputs() == []
     assert _result(early, late, again).duplicate_outputs() == [early, again]
+
+
+def test_open_waits_are_those_opened_and_not_closed_or_resumed():
+    def event(kind, wait_id, n=1):
+        return json.dumps({"kind": kind, "key": "k", "seq": n, "wait_id": wait_id, "name": "ok?",
+                           "payload": {"n": n}}).encode()
+
+    events = [event("opened", "w1"), event("opened", "w2", 2), event("resumed", "w1"), event("closed", "w1"),
+              event("decision_early", "w3")]
+    assert _open_waits(events) == (OpenWait("k", 2, "w2", "ok?", {"n": 2}),)
 
 
 def test_committed_outputs_decode_from_the_topic_format():
