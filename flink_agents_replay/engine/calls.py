@@ -123,7 +123,7 @@ class ActionCalls:
             self._approve(resource_name, resource, args, kwargs)
         position, record = self.match(resource_name, args_digest)
         try:
-            result = self._call_at(position, record, resource_name, args_digest, args, kwargs)
+            result = self._call_at(position, record, resource_name, resource, args_digest, args, kwargs)
         except Exception:
             self.steps.append(CallStep(raised=(position,)))
             raise
@@ -258,9 +258,8 @@ class ActionCalls:
             what=f"the result of call {position} to {resource_name!r} in action {site.action}",
         )
 
-    def _call_at(self, position: int, record: CallRecord | None, resource_name: str, args_digest: str,
-                 args: tuple, kwargs: dict) -> Any:
-        resource = self.scope.agent.resource(resource_name)
+    def _call_at(self, position: int, record: CallRecord | None, resource_name: str, resource: Any,
+                 args_digest: str, args: tuple, kwargs: dict) -> Any:
         if record is not None and record.outcome is not CallOutcome.STARTED:
             self.stats.calls_reused += 1
             self.context.calls.append(record)

@@ -304,7 +304,9 @@ def _executed(context: RunContext, scope: Scope, site: ActionSite, state: Memory
         # A sub-agent's records share its parent action's order: only top-level steps can diverge. A completion
         # the fingerprint policy set aside is no divergence either: the action ran there, under other code.
         completed = history.completion(run.seq, site.event.id, site.action) is not None
-        if not scope.is_child and not completed and not (under_recorded_event and not recorded and not retried):
+        parked = history.parked_in(run.seq, site.event.id, site.action)  # later inputs may have run meanwhile
+        if (not scope.is_child and not completed and not parked
+                and not (under_recorded_event and not recorded and not retried)):
             _drop_if_diverged(context, site, stats)
     sent = execute_action(context, scope, site, state, recorded, retried, stats)
     stats.actions_executed += 1

@@ -408,8 +408,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
         recorded = self.order.recorded_resume(key)
         if recorded is not None:
             candidates = [recorded]
-        elif self.order.recorded_next_input(key) is not None:
-            return False  # the journal recorded an input next
+        elif self.order.recorded_next_input(key) is not None:  # the journal recorded an input next
+            if self.waits.decided():
+                self.order.hold_for_recorded(ctx)  # bounded: a decided run resumes when that input does not come
+            return False
         else:
             candidates = self.waits.decided()
         for seq in candidates:

@@ -581,10 +581,6 @@ def test_a_decided_run_held_back_for_a_recorded_input_that_never_comes_back_resu
     assert restored.count("order_restore_timeouts") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="when a run of the key ends and the journal recorded an input next, "
-                                       "operator._resume_next leaves a decided run kept aside waiting for that input "
-                                       "with no bounded wait (no pending input, so order restoration starts none): "
-                                       "if it never comes back, the run never resumes")
 def test_a_run_decided_during_a_replayed_run_resumes_when_the_next_recorded_input_never_comes_back(world):
     effects = Effects()
     sim = run_mode(world, effects)

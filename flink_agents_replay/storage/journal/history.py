@@ -73,6 +73,15 @@ class KeyHistory:
             record.resource == "@wait" and getattr(record.result, "wait_id", None) in waits
             for record in self.calls.get((seq, event, action), {}).values())
 
+    def parked_in(self, seq: int, event: str, action: str) -> bool:
+        """Whether the action execution stopped at a wait in the recorded history (a ``@wait`` without its
+        ``@decision``, or one it resumed from later): the key's later inputs may have run meanwhile, and their
+        records are no divergence."""
+        calls = list(self.calls.get((seq, event, action), {}).values())
+        decided = {record.args_digest for record in calls if record.resource == "@decision"}
+        return (any(record.resource == "@wait" and record.args_digest not in decided for record in calls)
+                or self.parked_first(seq, event, action))
+
     def add_completion(self, record: CompletionRecord) -> None:
         """File a completion record."""
         self._note_input(record.seq, record.input_digest)
