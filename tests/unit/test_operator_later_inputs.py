@@ -605,12 +605,7 @@ def test_a_run_decided_during_a_replayed_run_resumes_when_the_next_recorded_inpu
     assert ns(restored.outputs) == [2, 1], "the wait for input 3 is bounded: run 1 resumes once it timed out"
 
 
-DIVERGENCE = ("engine/run.py _executed -> _drop_if_diverged: a run restored in flight from before it parked "
-              "re-executes its waiting action, which has no completion, while the later inputs that ran as it waited "
-              "have records of later seqs; taken for a divergence, those are dropped and their calls made again")
 
-
-@pytest.mark.xfail(strict=True, reason=DIVERGENCE)
 def test_a_later_input_that_ran_while_a_run_parked_after_the_checkpoint_is_reused(world):
     effects = Effects()
     first, second = wait_input(1, write={"x": 1}), plain_input(2, write={"x": 2})
@@ -633,7 +628,6 @@ def test_a_later_input_that_ran_while_a_run_parked_after_the_checkpoint_is_reuse
     assert restored.count("divergences") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=DIVERGENCE)
 def test_a_crash_after_a_run_parked_and_its_later_input_ran_keeps_their_order(world):
     """The checkpoint holds run 1 in flight (before it parked); after it, run 1 parks, input 2 runs, run 1 resumes
     and is cut short after its act call. The restored attempt must park run 1 again and resume it after input 2."""
