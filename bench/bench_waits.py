@@ -111,8 +111,8 @@ def waits_agent(name: str, *, call_s: float, payload_bytes: int, calls_before_wa
 
 def install_hook_timer() -> None:
     """Time the operator's wait bookkeeping on the task thread (CPU seconds): ``OperatorWaits.on_timer``, which
-    every processing-time timer of every key passes through, and the parked-run check (``run_state.value()``)
-    a queued input makes. Called by the worker; idempotent. The samples wait on the class
+    every processing-time timer of every key passes through, and the parked-run check (``runs.is_empty()``, the
+    ``parked_runs`` map state) a queued input makes. Called by the worker; idempotent. The samples wait on the class
     (``OperatorWaits.bench_hook_cpu``) until :func:`stamp_output` carries them out with an output."""
     from flink_agents_replay.flink.waits import OperatorWaits
 
@@ -123,15 +123,15 @@ def install_hook_timer() -> None:
     original = OperatorWaits.on_timer
 
     class TimedState:
-        """``run_state``, its reads outside ``on_timer`` timed."""
+        """The ``parked_runs`` map state, its emptiness checks outside ``on_timer`` timed."""
 
         def __init__(self, state, owner):
             self._state, self._owner = state, owner
 
-        def value(self):
+        def is_empty(self):
             began = time.thread_time()
             try:
-                return self._state.value()
+                return self._state.is_empty()
             finally:
                 if not self._owner.bench_in_timer:
                     checks.append(time.thread_time() - began)
@@ -141,8 +141,8 @@ def install_hook_timer() -> None:
 
     def on_timer(self, key, timestamp, ctx):
         self.bench_in_timer = True
-        if not isinstance(self.run_state, TimedState):
-            self.run_state = TimedState(self.run_state, self)
+        if not isinstance(self.runs, TimedState):
+            self.runs = TimedState(self.runs, self)
         began = time.thread_time()
         try:
             yield from original(self, key, timestamp, ctx)
@@ -513,12 +513,13 @@ class Entries:
     waiting_run: int
     in_flight: int
     seq: int
+    parked_wait: int  # its index entry by wait id (``parked_waits``: seq and deadline), with the wait id
     payload: int  # the wait's payload as JSON (inside waiting_run)
     payload_copies: int  # how many times waiting_run holds the payload
 
     @property
     def total(self) -> int:
-        return self.waiting_run + self.in_flight + self.seq
+        return self.waiting_run + self.in_flight + self.seq + self.parked_wait
 
 
 def representative_entries(args) -> Entries:
@@ -526,7 +527,7 @@ def representative_entries(args) -> Entries:
     from flink_agents_replay.core.keygroups import key_group
     from flink_agents_replay.engine import RunInput, execute_run
     from flink_agents_replay.storage.formats.state import InFlightInput, encode_in_flight
-    from flink_agents_replay.storage.records.parked import encode_waiting_run
+    from flink_agents_replay.storage.records.parked import ParkedWait, encode_parked_wait, encode_waiting_run
 
     agent = waits_agent("waits-entries", call_s=0.0, payload_bytes=args.payload_bytes,
                         calls_before_wait=args.calls_before_wait)
@@ -539,7 +540,9 @@ def representative_entries(args) -> Entries:
     waiting_run = encode_waiting_run(result.waiting)
     payload = json.dumps(result.waiting.wait.payload, separators=(",", ":")).encode()
     note = json.dumps(result.waiting.wait.payload["note"]).encode()
-    return Entries(len(waiting_run), len(encode_in_flight(InFlightInput(1, record, now_ms, now_ms))), 8,
+    wait = result.waiting.wait
+    parked_wait = len(encode_parked_wait(ParkedWait(1, wait.deadline_ms))) + len(wait.wait_id) + 8  # + seq key
+    return Entries(len(waiting_run), len(encode_in_flight(InFlightInput(1, record, now_ms, now_ms))), 8, parked_wait,
                    len(payload), waiting_run.count(note) if len(note) > 20 else -1)
 
 
@@ -678,7 +681,7 @@ def memory_tables(points: list[Point], control: Point | None, entries: Entries, 
                    "target <= 4,096 beyond payload"], table)
     print(f"entries per parked run (representative run, bytes): waiting_run {entries.waiting_run} (payload "
           f"{entries.payload} B of JSON, its text held {entries.payload_copies} time(s)), in_flight "
-          f"{entries.in_flight}, seq {entries.seq}: {entries.total} in all")
+          f"{entries.in_flight}, seq {entries.seq}, parked wait {entries.parked_wait}: {entries.total} in all")
     growth = []
     for name in set(last.heap.by_class) | set(base.heap.by_class):
         count_now, bytes_now = last.heap.by_class.get(name, (0, 0))
