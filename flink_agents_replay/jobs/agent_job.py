@@ -85,6 +85,9 @@ def _add_approval_arguments(parser: argparse.ArgumentParser) -> None:
                              "amount only once a person approved it (--signals-topic); default: no refunds")
     parser.add_argument("--approval-timeout-s", type=float, default=60.0,
                         help="how long a refund waits for its approval before it is declined (default 60)")
+    parser.add_argument("--later-inputs-while-waiting", choices=("hold", "run"), default="hold",
+                        help="what a customer's later tickets do while one waits for an approval: wait behind it "
+                             "(hold, the default) or run meanwhile (run)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,6 +180,7 @@ def build(args: argparse.Namespace):
         "max_concurrent_runs": args.max_concurrent_runs,
         "durability": args.durability,
         "capture": args.capture,
+        "later_inputs_while_waiting": args.later_inputs_while_waiting,
         # In the capture manifest: a replay refuses to write there.
         "output_topics": [args.output_topic, args.dead_letter_topic, *([args.waits_topic] if args.waits_topic else [])],
     }

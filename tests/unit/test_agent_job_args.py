@@ -26,3 +26,12 @@ def test_signals_and_waits_topics_are_optional(monkeypatch):
     args = agent_job.parse_args([*COMMON, "--signals-topic", "decisions", "--waits-topic", "waits"])
     assert (args.signals_topic, args.waits_topic) == ("decisions", "waits")
     assert agent_job.WAITS_TOPIC_CONFIG == {"cleanup.policy": "compact"}
+
+
+def test_later_tickets_hold_by_default_and_may_run_while_one_waits(monkeypatch, capsys):
+    monkeypatch.setenv("FLINK_AGENTS_REPLAY_SIGNING_KEY", "0123456789abcdef0123")
+    assert agent_job.parse_args(COMMON).later_inputs_while_waiting == "hold"
+    assert agent_job.parse_args([*COMMON, "--later-inputs-while-waiting", "run"]).later_inputs_while_waiting == "run"
+    with pytest.raises(SystemExit):
+        agent_job.parse_args([*COMMON, "--later-inputs-while-waiting", "skip"])
+    assert "invalid choice: 'skip'" in capsys.readouterr().err
