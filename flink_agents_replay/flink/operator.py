@@ -557,7 +557,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             if self._resumed.pop(key):  # kept aside: its writes go over what the key's later runs wrote
                 memory = _written_over(self.memory_state.value(), result.memory_updates)
             yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism),
-                                                      result.seq, ctx, reason=result.error))
+                                                      result.seq, ctx, reason=result.error, calls=result.calls))
         self.memory_state.update(encode_memory(memory, what=f"the memory of key {key!r} after input {result.seq}"))
         self.in_flight_state.clear()
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)

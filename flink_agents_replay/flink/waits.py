@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from flink_agents_replay.flink.signals import MalformedSignal, Signal
+from flink_agents_replay.storage.records.journal import CallRecord
 from flink_agents_replay.storage.records.parked import (
     DecisionStatus,
     ParkedWait,
@@ -50,7 +51,7 @@ from flink_agents_replay.storage.records.parked import (
     encode_parked_wait,
     encode_waiting_run,
 )
-from flink_agents_replay.storage.records.waits import Decision
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, WAIT_RESOURCE, Decision
 
 __all__ = ["OperatorWaits", "WaitEvent"]
 
@@ -62,7 +63,8 @@ class WaitEvent:
     """What happened to a wait, for people and systems that decide (a chat, a ticket system).
 
     ``kind``: ``opened`` (a run waits: ``name``, ``payload`` and ``deadline_ms`` say for what), ``resumed`` (its
-    decision was applied; ``timed_out`` ones say so in ``decision``), ``closed`` (its run finished; ``reason``
+    decision was applied; ``timed_out`` ones say so in ``decision``), ``closed`` (its run finished; ``decision`` is
+    the one its effects followed, the journaled one after a restore, which may differ from ``resumed``'s; ``reason``
     when a timeout or denial the action did not handle ended it, with no output and its memory as before),
     ``decision_early`` (a decision for no wait of the key yet: kept for ``early_decision_ttl_s``),
     ``decision_ignored`` (a duplicate: the wait has its decision), ``decision_unmatched`` (an early decision
@@ -191,9 +193,10 @@ class OperatorWaits:
         if received is not None and received.status is DecisionStatus.EARLY:
             yield from self._apply(key, waiting, received, ctx)
 
-    def finished(self, key: Any, group: int, seq: int, ctx, *, reason: str | None = None) -> Iterator[WaitEvent]:
-        """The key's resumed run ``seq`` finished (``reason``: the timeout or denial that ended it): its wait is
-        closed (its decision kept a while for duplicates)."""
+    def finished(self, key: Any, group: int, seq: int, ctx, *, reason: str | None = None,
+                 calls: Iterable[CallRecord] = ()) -> Iterator[WaitEvent]:
+        """The key's resumed run ``seq`` finished (``reason``: the timeout or denial that ended it; ``calls``: its
+        calls, with the decision it used): its wait is closed (its decision kept a while for duplicates)."""
         waiting = self.parked(seq)
         if waiting is None:
             return
@@ -202,7 +205,7 @@ class OperatorWaits:
         self._opened(group, -1)
         self._close(waiting.wait.wait_id, ctx)
         yield from self._expire(key, _now_ms())
-        yield replace(self._event("closed", key, waiting), reason=reason)
+        yield replace(self._event("closed", key, waiting, decision=_used_decision(waiting, calls)), reason=reason)
 
     def _close(self, wait_id: str, ctx) -> None:
         """The wait's run went past it: its decision is kept ``early_decision_ttl_s`` more, to recognise a duplicate,
@@ -304,6 +307,15 @@ class OperatorWaits:
         wait = waiting.wait
         return WaitEvent(kind, key, wait.wait_id, self.agent_name, waiting.action, waiting.seq, wait.name,
                          wait.payload, wait.deadline_ms, wait.opened_at_ms, decision)
+
+
+def _used_decision(waiting: WaitingRun, calls: Iterable[CallRecord]) -> Decision | None:
+    """The decision the run journaled (or reused) for its parked wait: a ``@decision`` call asking what the wait's
+    ``@wait`` call asked."""
+    asked = next((record.args_digest for record in waiting.records if isinstance(record, CallRecord)
+                  and record.resource == WAIT_RESOURCE and record.result == waiting.wait), None)
+    return next((call.result for call in calls if call.resource == DECISION_RESOURCE and call.args_digest == asked),
+                None)
 
 
 def _now_ms() -> int:

@@ -10,8 +10,10 @@ import pytest
 
 from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink.signals import MalformedSignal, Signal, parse_signal
 from flink_agents_replay.flink.waits import OperatorWaits
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
 from flink_agents_replay.storage.records.parked import decode_decision
 from flink_agents_replay.storage.records.waits import Decision
 
@@ -223,3 +225,18 @@ def test_closed_decisions_expire_at_their_own_timer_and_a_run_waiting_again_clos
     assert {decode_decision(raw).status.value for raw in operator_waits.decisions.values()} == {"closed"}
     assert kinds(operator_waits.on_timer("k", max(context.timers), context)) == []
     assert len(operator_waits.decisions) == 0  # both dropped at their timers
+
+
+def test_the_closed_event_names_the_decision_the_run_used_which_a_restore_may_have_taken_from_the_journal():
+    operator_waits, _, _, context = waits()
+    waiting, _ = parked(operator_waits, context)
+    list(operator_waits.on_signal(Signal("k", waiting.wait.wait_id, Decision.approve(by="ana")), context))
+    journaled = Decision(timed_out=True, by="timeout")  # what an earlier attempt journaled: the effects follow it
+    resumed = RunInput("k", 3, 1, 1, decisions={waiting.wait.wait_id: Decision.approve(by="ana")}, resuming=True)
+    history = resume_history(waiting)
+    opened = next(r for r in waiting.records if getattr(r, "resource", "") == "@wait")
+    history.add_call(CallRecord(1, 0, waiting.event_id, waiting.action, 1, "@decision", opened.args_digest,
+                                CallOutcome.RETURNED, journaled, opened.input_digest))
+    result = execute_run(Asks(), resumed, {}, history=history)
+    [closed] = operator_waits.finished("k", 3, 1, context, calls=result.calls)
+    assert closed.kind == "closed" and closed.decision == journaled
