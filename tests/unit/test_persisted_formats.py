@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,22 @@ from flink_agents_replay.storage.records.journal import (
     CallRecord,
     CompletionRecord,
     RecordKind,
+    ResumedRecord,
     journal_key,
     key_digest,
 )
-from flink_agents_replay.storage.records.parked import decode_decision, decode_waiting_run
+from flink_agents_replay.storage.records.parked import (
+    DecisionStatus,
+    ParkedWait,
+    ReceivedDecision,
+    WaitingRun,
+    decode_decision,
+    decode_parked_wait,
+    decode_waiting_run,
+    encode_decision,
+    encode_parked_wait,
+    encode_waiting_run,
+)
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.schemas import call_from_plain, call_to_plain
 from flink_agents_replay.storage.records.waits import Decision, WaitOpened
@@ -91,6 +104,7 @@ def _journal_records() -> list[tuple[RecordKind, object]]:
             sent, 6, "in-1")),
         (RecordKind.ACTION_FAILED, ActionFailedRecord(1, 1, "ev-1", "answer", "RuntimeError: x", "in-1", [0, 2])),
         (RecordKind.ATTEMPT, {"version": 1, "job_id": "abc", "attempt": 2, "subtask": 1}),
+        (RecordKind.RESUMED, ResumedRecord(1, 3, "agent:refund:1:1:0123456789abcdef01234567", "in-1")),
     ]
 
 
@@ -140,6 +154,22 @@ def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
     assert all(PACKAGE not in entry for entry in entries)
     assert (decode_waiting(entries[0]), decode_in_flight(entries[1]), decode_memory(entries[2])) == (
         waiting, in_flight, memory)
+
+
+def test_parked_run_entries_round_trip_and_name_no_package_module():
+    wait = WaitOpened("agent:refund:2:1:0123456789abcdef01234567", "refund-approval", {"amount": 120},
+                      1_700_000_360_000, 1_700_000_000_000)
+    opened = CallRecord(2, 0, "ev-1", "refund", 1, "@wait", "d", CallOutcome.RETURNED, wait, "in-2")
+    lookup = CallRecord(2, 0, "ev-1", "refund", 0, "orders", "a0", CallOutcome.RETURNED, {"total": 120}, "in-2")
+    held = WaitingRun(wait, 2, "refund", "ev-1", 0, [lookup, opened], {})
+    aside = WaitingRun(wait, 2, "refund", "ev-1", 0, [lookup, opened], {0: 1}, input=("a", {1}), event_time=7,
+                       memory=encode_memory({"done": {"1": "free"}}), kept_aside=True)
+    received = ReceivedDecision(Decision(approved=True, value=[1], by="ana"), DecisionStatus.APPLIED, 5, None, "s", 4)
+    entries = [encode_waiting_run(held), encode_waiting_run(aside), encode_parked_wait(ParkedWait(2, None)),
+               encode_decision(received)]
+    assert all(PACKAGE not in entry for entry in entries)
+    assert [decode_waiting_run(entry, EventTypes()) for entry in entries[:2]] == [held, aside]
+    assert (decode_parked_wait(entries[2]), decode_decision(entries[3])) == (ParkedWait(2, None), received)
 
 
 def test_a_package_exception_comes_back_as_itself_without_its_constructor():
@@ -243,6 +273,13 @@ def test_journal_records_written_by_earlier_versions_still_read(version):
             {"order": "O-1", "amount": 120.5, "lines": [1, 2]}, 1_700_000_360_000, 1_700_000_000_000)
         assert records["call_decision"].result == Decision(approved=False, value={"amount": 60}, reason="half only",
                                                            by="ana", decided_at_ms=1_700_000_100_000)
+    if "resumed" in records:  # 0.7.0 on: where a parked run kept aside resumed among its key's later inputs
+        resumed = records["resumed"]
+        assert type(resumed) is ResumedRecord
+        assert (resumed.seq, resumed.after, resumed.wait_id, resumed.input_digest) == (
+            4, 6, "triage:refund:4:1:0123456789abcdef01234567", "in-4")
+        assert base64.b64decode(fixture["journal"]["resumed"]["record_key"]).split(b":")[3] == b"_resumed"
+    assert ("resumed" in records) == (version >= "v0_7_0")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -279,6 +316,36 @@ def test_waiting_runs_and_decisions_written_by_earlier_versions_still_read(versi
     received = decode_decision(state["decision"])
     assert (received.decision.approved, received.decision.by, received.status.value, received.signal_id) == (
         True, "ana", "early", "sig-1")
+    assert (received.received_at_ms, received.keep_until_ms, received.arrival) == (
+        1_700_000_001_000, 1_700_003_601_000, 0)  # an early decision has no place among applied ones yet
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if "waiting_run_kept_aside" in _fixture(v)["state"]])
+def test_runs_kept_aside_their_wait_index_and_applied_decisions_written_by_earlier_versions_still_read(version):
+    """``later_inputs_while_waiting="run"`` (0.7.0 on): a parked run kept aside with its input, event time and the
+    key's memory as it started; its entry in the key's wait index; a decision applied, with its arrival."""
+    state = {name: base64.b64decode(raw) for name, raw in _fixture(version)["state"].items()}
+    for name in ("waiting_run_kept_aside", "parked_wait", "decision_applied"):
+        assert PACKAGE not in state[name], name
+    run = decode_waiting_run(state["waiting_run_kept_aside"], EventTypes([Classified]))
+    assert run.kept_aside is True
+    assert (run.wait.wait_id, run.wait.name, run.wait.payload, run.wait.deadline_ms, run.wait.opened_at_ms) == (
+        "triage:refund:4:1:0123456789abcdef01234567", "refund-approval", {"amount": 120}, 1_700_000_360_000,
+        1_700_000_000_000)
+    assert (run.seq, run.action, run.event_id, run.order, run.retried) == (4, "refund", "ev-2", 1, {0: 1})
+    assert run.input == {"order": "O-4", "amount": 120, "lines": (1, 2)} and type(run.input["lines"]) is tuple
+    assert run.event_time == 1_700_000_000_400
+    assert decode_memory(run.memory) == {"done": {"1": "free"}, "count": 2}
+    completion, lookup, opened = run.records
+    assert (completion.seq, completion.action, completion.memory_updates[0].path) == (4, "classify", "count")
+    assert type(completion.sent_events[0]).__name__ == "Classified" and completion.sent_events[0].id == "ev-2"
+    assert (lookup.resource, lookup.position, lookup.result) == ("orders", 0, {"total": 120})
+    assert (opened.resource, opened.position, opened.result) == ("@wait", 1, run.wait)
+    assert decode_parked_wait(state["parked_wait"]) == ParkedWait(4, 1_700_000_360_000)
+    applied = decode_decision(state["decision_applied"])
+    assert applied == ReceivedDecision(Decision(approved=False, value={"amount": 60}, reason="half", by="bo",
+                                                decided_at_ms=1_700_000_002_000),
+                                       DecisionStatus.APPLIED, 1_700_000_002_500, None, "sig-2", arrival=3)
 
 
 @pytest.mark.parametrize("version", [v for v in VERSIONS if "memory_package_objects" in _fixture(v)["state"]])
@@ -350,12 +417,18 @@ def test_events_of_the_testing_api_name_no_module_of_the_package_either():
     assert type(codec.decode(RECORD_KEY, value, **HERE).payload.sent_events[0]) is TestingClassified
 
 
-@pytest.mark.parametrize("version", [v for v in VERSIONS if v != "v0_1_0" and (FIXTURES / v / "fixture.json").exists()])
-def test_what_a_real_job_of_this_format_left_behind_names_no_module_of_the_package(version):
-    """The savepoint and the journal, capture and manifest topics a job wrote (tests/fixtures/compat/v*/)."""
+#: The fixtures a real job left behind (``make_fixtures.py``: ``v*/``; ``make_waits_fixtures.py``: ``v*/waits/``).
+JOB_FIXTURES = sorted(str(path.parent.relative_to(FIXTURES)) for pattern in ("v*/fixture.json", "v*/waits/fixture.json")
+                      for path in FIXTURES.glob(pattern))
+
+
+@pytest.mark.parametrize("fixture", [f for f in JOB_FIXTURES if not f.startswith("v0_1_0")])
+def test_what_a_real_job_of_this_format_left_behind_names_no_module_of_the_package(fixture):
+    """The savepoint and the journal, capture and manifest topics a job wrote (tests/fixtures/compat/v*/, and
+    v*/waits/ with runs parked at a wait)."""
     import gzip
 
-    directory = FIXTURES / version
+    directory = FIXTURES / fixture
     assert PACKAGE not in (directory / "savepoint" / "_metadata").read_bytes()
     values = 0
     for dump in directory.glob("*.dump.jsonl.gz"):
@@ -366,6 +439,42 @@ def test_what_a_real_job_of_this_format_left_behind_names_no_module_of_the_packa
                 values += 1
                 assert PACKAGE not in base64.b64decode(record["value"]), f"{dump.name} offset {record.get('offset')}"
     assert values > 100
+
+
+def _markers(metadata: bytes) -> list[dict]:
+    """The checkpoint markers (JSON in the operators' union state) a savepoint's ``_metadata`` holds inline."""
+    decoder = json.JSONDecoder()
+    text = metadata.decode("latin-1")
+    return [decoder.raw_decode(text, start)[0] for start in (
+        index for index in range(len(text)) if text.startswith('{"version": ', index))]
+
+
+@pytest.mark.parametrize("fixture", [f for f in JOB_FIXTURES if f.endswith("waits")])
+def test_a_fixture_with_parked_runs_holds_them_in_its_savepoint_and_its_journal_resumed_records(fixture):
+    """What ``make_waits_fixtures.py`` says the fixture holds: markers of version 2 whose ``waits_open`` count the
+    runs parked at the savepoint by key group, for both agents and subtasks; and in the journal, ``resumed`` records
+    (a run kept aside resumed before and one after the savepoint)."""
+    import gzip
+
+    from flink_agents_replay.core.keygroups import key_group
+
+    directory = FIXTURES / fixture
+    description = json.loads((directory / "fixture.json").read_text())
+    parked = json.loads((directory / "expected.json").read_text())["parked_at_savepoint"]
+    markers = _markers((directory / "savepoint" / "_metadata").read_bytes())
+    assert sorted((m["version"], m["subtask"]) for m in markers) == [(2, 0), (2, 0), (2, 1), (2, 1)]
+    assert len({m["topic_id"] for m in markers}) == 2  # one journal per agent
+    waits_open = Counter()
+    for marker in markers:
+        waits_open.update({int(group): n for group, n in marker["waits_open"].items()})
+    assert waits_open == Counter(key_group(key, "STRING", description["max_parallelism"]) for key, _ in parked)
+    resumed = []
+    for dump in description["dumps"].values():
+        with gzip.open(directory / dump, "rt") as lines:
+            records = [json.loads(line) for line in list(lines)[1:]]
+        resumed += [base64.b64decode(r["key"]).split(b":")[1] for r in records
+                    if r.get("key") and base64.b64decode(r["key"]).split(b":")[3:4] == [b"_resumed"]]
+    assert sorted(resumed) == [b"1", b"3"], resumed  # r-0's seq 1 (before the savepoint), r-1's seq 3 (after)
 
 
 @dataclass(slots=True)
