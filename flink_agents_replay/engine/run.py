@@ -111,7 +111,7 @@ def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> 
         taken = recovered.take_seq(waiting.seq, waiting.wait.wait_id)  # the resumed run's now
         history.merge_seq(taken, waiting.seq)
         history.resumes = taken.resumes
-        recovered.drop_through_seq(waiting.seq - 1 if taken.resumes else waiting.seq)  # the key's history may end
+        recovered.drop_through_seq(waiting.seq)  # the key's recovered history may end
     return history
 
 
@@ -191,12 +191,14 @@ def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: Run
              acknowledge: bool) -> RunResult:
     """The result of a run stopped at a wait: its records so far, nothing to apply."""
     run, site = context.run, pending.site
+    records: list[CallRecord | CompletionRecord] = [*context.completions, *context.calls]
     history = context.history
-    if history is not None:  # the records travel with the result now; those of a resume to come stay for it
-        history.drop_through_seq(run.seq - 1 if history.resumed_later(run.seq, pending.wait.wait_id) else run.seq)
+    if history is not None:  # the records travel with the result now
+        if history.resumed_later(run.seq, pending.wait.wait_id):  # and what it journaled after a resume to come
+            records += [record for record in history.take_records(run.seq) if record not in records]
+        history.drop_through_seq(run.seq)
     if context.journal is not None and acknowledge:
         context.journal.acknowledge()
-    records: list[CallRecord | CompletionRecord] = [*context.completions, *context.calls]
     waiting = WaitingRun(pending.wait, run.seq, site.action, site.event.id, site.order, records, pending.retried)
     return RunResult(run.seq, memory, [], stats, list(context.calls), list(context.blocked), context.input_digest,
                      waiting=waiting)

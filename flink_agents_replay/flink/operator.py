@@ -443,8 +443,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         group = key_group(key, self.key_type, self.max_parallelism)
         digest = key_digest(key)
         history = self.journal.history(digest)
-        if history is not None:  # the key's parked runs: their records outlive this run's
-            history.held = self.waits.parked_seqs() - {seq} if self.waits.any_parked() else frozenset()
+        if history is not None and self.waits.any_parked():
+            self._adopt_records(history, resuming=seq if resume is not None else None)
         journal = self.journal.run_journal(group)
         run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch)
         if resume is not None:
@@ -472,6 +472,15 @@ class ActionExecutionOperator(KeyedProcessFunction):
         else:
             self.hold.runs_waiting_for_slot(self.runs.waiting_for_slot())
         self._schedule_check(key, ctx)
+
+    def _adopt_records(self, history, resuming: int | None) -> None:
+        """While a restore replays: what the journal holds of the key's parked runs (journaled after a resume, before
+        the failure) goes into their parked entries: it travels with them, outlives the later runs that finish
+        first, and the key's recovered history can end (a wait of days must not hold pruning back)."""
+        for seq in self.waits.parked_seqs() - {resuming}:
+            records = history.take_records(seq)
+            if records:
+                self.waits.add_records(seq, records)
 
     def _schedule_check(self, key, ctx) -> None:
         """Have the key's run check registered: the fallback behind wake-ups, or the polling interval without them.

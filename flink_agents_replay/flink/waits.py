@@ -141,6 +141,11 @@ class OperatorWaits:
         """The seqs of the current key's parked runs."""
         return frozenset(self.runs.keys())
 
+    def add_records(self, seq: int, records: list) -> None:
+        """Records the journal holds of the parked run ``seq`` (see the operator's ``_adopt_records``)."""
+        waiting = self.parked(seq)
+        self.runs.put(seq, encode_waiting_run(replace(waiting, records=[*waiting.records, *records])))
+
     def deadline_at(self, when: int) -> bool:
         """Whether a parked run of the current key has its deadline at ``when`` (epoch ms)."""
         return any(decode_parked_wait(raw).deadline_ms == when for raw in self.waits.values())

@@ -55,25 +55,22 @@ def test_a_resume_recorded_again_by_a_later_attempt_supersedes_the_first():
     assert history.resumes == [(3, 1, "w1")]
 
 
-def test_a_run_that_resumed_twice_keeps_its_records_for_the_second_resume():
+def test_a_run_that_resumed_twice_takes_its_records_and_the_second_resume_with_it():
     history = _history()
     history.add_resumed(ResumedRecord(1, after=3, wait_id="w2", input_digest="in1"))
     assert history.resumed_later(1, "w1") and history.resumed_later(1, "w2")
     taken = history.take_seq(1, "w1")
-    assert taken.resumes == [(3, 1, "w2")] and history.resumes == [(3, 1, "w2")]
-    assert history.recorded_calls(1, "e1", "act")[1] is not None  # still there for the resume from w2
-    assert history.take_seq(1, "w2").resumes == [] and not history.recorded_calls(1, "e1", "act")
+    assert taken.resumes == [(3, 1, "w2")] and history.resumes == [(3, 1, "w2")]  # it orders the key's inputs too
+    assert taken.recorded_calls(1, "e1", "act")[1] is not None and not history.recorded_calls(1, "e1", "act")
+    assert taken.resumed_later(1, "w2") and taken.take_records(1)  # parked again at w2: they travel on
 
 
-def test_a_later_run_finishing_keeps_the_records_of_runs_held_parked():
+def test_a_parked_runs_records_are_taken_out_to_travel_with_it_and_its_resume_stays_to_order_the_key():
     history = _history()
-    history.held = frozenset({1})
-    history.drop_through_seq(2)
-    assert history.recorded_calls(1, "e1", "act")[1] is not None  # 1's call after its resume survives
+    taken = history.take_records(1)
+    assert [(r.seq, r.position) for r in taken] == [(1, 1)] and not history.recorded_calls(1, "e1", "act")
+    history.drop_through_seq(2)  # the later run finished
     assert history.recorded_resume(2) == 1 and not history.recorded_calls(2, "e2", "act")
-    history.held = frozenset()
-    history.drop_through_seq(2)
-    assert not history.recorded_calls(1, "e1", "act")
 
 
 def test_giving_up_on_a_recorded_resume_drops_it_with_the_later_records():

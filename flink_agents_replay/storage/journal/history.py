@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from flink_agents_replay.storage.records.journal import (
     AcceptedRecord,
@@ -20,10 +21,19 @@ from flink_agents_replay.storage.records.journal import (
     ResumedRecord,
     RunPosition,
 )
+from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, WAIT_RESOURCE
 
-__all__ = ["ActionSlot", "KeyHistory"]
+__all__ = ["ActionSlot", "KeyHistory", "Resume"]
 
 ActionSlot = tuple[int, str, str]  # (seq, event id, action)
+
+
+class Resume(NamedTuple):
+    """A resumed record as the history keeps it: after which accepted seq run ``seq`` resumed from ``wait_id``."""
+
+    after: int
+    seq: int
+    wait_id: str
 _LAST = 2**62  # an order after every action of a seq
 
 
@@ -37,11 +47,8 @@ class KeyHistory:
     #: Positions of RAISED calls whose action failed afterwards: the next attempt makes them again.
     retried: dict[ActionSlot, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     input_digests: dict[int, str] = field(default_factory=dict)
-    #: Parked runs that resumed, in journal order: (seq of the key's last accepted input then, seq resumed, wait).
-    resumes: list[tuple[int, int, str]] = field(default_factory=list)
-    #: Seqs of the key's runs parked at a wait while its later inputs run: what they journaled after an earlier
-    #: resume outlives the later runs (set by the operator before each run of the key).
-    held: frozenset[int] = frozenset()
+    #: Parked runs that resumed, in journal order.
+    resumes: list[Resume] = field(default_factory=list)
     partition: int | None = None
     first_offset: int | None = None
 
@@ -53,24 +60,24 @@ class KeyHistory:
     def add_resumed(self, record: ResumedRecord) -> None:
         """File a resumed record; a later one for the same wait (an attempt after a restore resumed it again)
         supersedes the earlier."""
-        self.resumes = [entry for entry in self.resumes if entry[1:] != (record.seq, record.wait_id)]
-        self.resumes.append((record.after, record.seq, record.wait_id))
+        self.resumes = [r for r in self.resumes if (r.seq, r.wait_id) != (record.seq, record.wait_id)]
+        self.resumes.append(Resume(record.after, record.seq, record.wait_id))
 
     def recorded_resume(self, after: int) -> int | None:
         """The seq of the parked run the journal recorded resuming next after accepted seq ``after``, if any."""
-        return next((seq for at, seq, _ in self.resumes if at == after), None)
+        return next((r.seq for r in self.resumes if r.after == after), None)
 
     def resumed_later(self, seq: int, wait_id: str) -> bool:
         """Whether the journal recorded run ``seq`` resuming from wait ``wait_id`` (still to come: it parked there
         first, while the key's later inputs ran)."""
-        return any(entry[1:] == (seq, wait_id) for entry in self.resumes)
+        return any((r.seq, r.wait_id) == (seq, wait_id) for r in self.resumes)
 
     def parked_first(self, seq: int, event: str, action: str) -> bool:
         """Whether the action execution opened a wait that the journal recorded its run resuming from later (so a
         run of ``seq`` must park there again, and its completion waits for that resume)."""
-        waits = {entry[2] for entry in self.resumes if entry[1] == seq}
+        waits = {r.wait_id for r in self.resumes if r.seq == seq}
         return bool(waits) and any(
-            record.resource == "@wait" and getattr(record.result, "wait_id", None) in waits
+            record.resource == WAIT_RESOURCE and getattr(record.result, "wait_id", None) in waits
             for record in self.calls.get((seq, event, action), {}).values())
 
     def parked_in(self, seq: int, event: str, action: str) -> bool:
@@ -78,8 +85,8 @@ class KeyHistory:
         ``@decision``, or one it resumed from later): the key's later inputs may have run meanwhile, and their
         records are no divergence."""
         calls = list(self.calls.get((seq, event, action), {}).values())
-        decided = {record.args_digest for record in calls if record.resource == "@decision"}
-        return (any(record.resource == "@wait" and record.args_digest not in decided for record in calls)
+        decided = {record.args_digest for record in calls if record.resource == DECISION_RESOURCE}
+        return (any(record.resource == WAIT_RESOURCE and record.args_digest not in decided for record in calls)
                 or self.parked_first(seq, event, action))
 
     def add_completion(self, record: CompletionRecord) -> None:
@@ -164,7 +171,7 @@ class KeyHistory:
         for seq in [s for s in self.accepted if RunPosition(s, -1) > position]:
             del self.accepted[seq]
             dropped += 1
-        kept = [entry for entry in self.resumes if RunPosition(entry[0], _LAST) <= position]
+        kept = [r for r in self.resumes if RunPosition(r.after, _LAST) <= position]
         dropped += len(self.resumes) - len(kept)
         self.resumes = kept
         self._rebuild_input_digests()
@@ -172,7 +179,7 @@ class KeyHistory:
 
     def has_decision(self, seq: int) -> bool:
         """Whether a wait of input ``seq`` has a journaled decision (a ``@decision`` call)."""
-        return any(slot[0] == seq and any(record.resource == "@decision" for record in calls.values())
+        return any(slot[0] == seq and any(record.resource == DECISION_RESOURCE for record in calls.values())
                    for slot, calls in self.calls.items())
 
     def merge_seq(self, other: KeyHistory, seq: int) -> None:
@@ -189,21 +196,29 @@ class KeyHistory:
             self._note_input(seq, other.input_digests[seq])
 
     def drop_through_seq(self, seq: int) -> None:
-        """Forget everything at or before ``seq`` (those inputs are done), but the runs :attr:`held` parked."""
-        self._drop(lambda s: s <= seq and s not in self.held)
-        self.resumes = [entry for entry in self.resumes if entry[0] >= seq]
+        """Forget everything at or before ``seq`` (those inputs are done; a parked run's records travel with it)."""
+        self._drop(lambda s: s <= seq)
+        self.resumes = [r for r in self.resumes if r.after >= seq]
 
     def take_seq(self, seq: int, wait_id: str) -> KeyHistory:
-        """What the history holds of ``seq``, whose parked run resumes from ``wait_id`` now, as a history of its own
-        (with the resumes recorded for the run's later waits). Taken out, unless such a resume is recorded: the run
-        parks there again, and resumes from this history then."""
-        self.resumes = [entry for entry in self.resumes if entry[1:] != (seq, wait_id)]
+        """Take out what the history holds of ``seq``, whose parked run resumes from ``wait_id`` now, as a history
+        of its own, with the resumes recorded for the run's later waits (those stay here too: they order the key's
+        inputs)."""
+        self.resumes = [r for r in self.resumes if (r.seq, r.wait_id) != (seq, wait_id)]
         taken = KeyHistory()
         taken.merge_seq(self, seq)
-        taken.resumes = [entry for entry in self.resumes if entry[1] == seq]
-        if not taken.resumes:
-            self._drop(lambda s: s == seq)
+        taken.resumes = [r for r in self.resumes if r.seq == seq]
+        self._drop(lambda s: s == seq)
         return taken
+
+    def take_records(self, seq: int) -> list[CallRecord | CompletionRecord]:
+        """Take out the call and completion records of ``seq`` (a parked run's: they travel with it in keyed state,
+        and the key's recovered history, which holds pruning back, can end)."""
+        records: list[CallRecord | CompletionRecord] = [
+            record for slot, record in self.completions.items() if slot[0] == seq]
+        records += [record for slot, calls in self.calls.items() if slot[0] == seq for record in calls.values()]
+        self._drop(lambda s: s == seq)
+        return records
 
     def _drop(self, done) -> None:
         for slot in [s for s in self.completions if done(s[0])]:
