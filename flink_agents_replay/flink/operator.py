@@ -321,7 +321,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self._count_applied("runs_drained" if draining else "runs_checked" if own_check else "runs_woken")
         self._settle(key)
         yield from self._applied(key, self.runs.finished(key), ctx)
-        if applies and self.run_later_inputs:
+        if applies and self._keeps_runs_aside() and self.waits.any_parked():
             # A run kept aside may have its deadline at this very timer, which the hot path above passed by.
             yield from self._emit(self.waits.on_timer(key, timestamp, ctx))
 
@@ -399,27 +399,25 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if recorded == waiting_run.seq or (recorded is None and self.order.recorded_next_input(key) is None):
             self.order.resuming()
             self._submit_resumed(key, waiting_run, decision, ctx)
-        elif recorded is None:
-            self.order.hold_for_recorded(ctx)  # resumes after that input, or when it does not come back
+        else:  # resumes after what the journal recorded first, or when that does not come back (bounded)
+            self.order.hold_for_recorded(ctx)
 
     def _resume_next(self, key, ctx) -> bool:
         """The key is idle: resume a parked run kept aside that has its decision (the one the journal recorded
         resuming here, while a restore replays); whether one was."""
         recorded = self.order.recorded_resume(key)
-        if recorded is not None:
-            candidates = [recorded]
-        elif self.order.recorded_next_input(key) is not None:  # the journal recorded an input next
-            if self.waits.decided():
-                self.order.hold_for_recorded(ctx)  # bounded: a decided run resumes when that input does not come
-            return False
-        else:
-            candidates = self.waits.decided()
+        input_first = recorded is None and self.order.recorded_next_input(key) is not None
+        candidates = [] if input_first else [recorded] if recorded is not None else self.waits.decided()
         for seq in candidates:
             decided = self.waits.decision_for(seq)
             if decided is not None and decided[0].kept_aside:
                 self.order.resuming()
                 self._submit_resumed(key, *decided, ctx)
                 return True
+        if recorded is not None or (input_first and self.waits.decided()):
+            # The journal recorded a resume whose decision is not back, or an input before a decided run: wait
+            # for it, bounded (order_restore_timeout_s), then the decided runs resume.
+            self.order.hold_for_recorded(ctx)
         return False
 
     def _submit_resumed(self, key, waiting_run: WaitingRun, decision, ctx) -> None:
@@ -501,8 +499,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """Delete the key's pending check timer, if it has one."""
         when = self._checks.pop(key, None)
         # Flink keeps one timer per key and time: a check on a kept-aside run's deadline is the deadline too.
-        if when is not None and not (self.run_later_inputs and self.waits.deadline_at(when)):
+        if when is not None and not (self._keeps_runs_aside() and self.waits.any_parked()
+                                     and self.waits.deadline_at(when)):
             ctx.timer_service().delete_processing_time_timer(when)
+
+    def _keeps_runs_aside(self) -> bool:
+        """Whether runs kept aside may be parked here: this job keeps them, or a restored one did (their deadlines
+        are not protected by holding the key)."""
+        return self.run_later_inputs or self.waits.kept_aside_seen
 
     def _count_applied(self, how: str) -> None:
         self.applied[how] += 1

@@ -110,6 +110,8 @@ class OperatorWaits:
             MapStateDescriptor("parked_waits", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))  # wait id -> ParkedWait
         self.decisions = runtime_context.get_map_state(
             MapStateDescriptor("decisions", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        #: Whether a run kept aside was seen here (one parked under later_inputs_while_waiting="run" before a restore).
+        self.kept_aside_seen = False
         #: Per key group, the runs parked now (kept in the checkpoint markers: keyed state cannot be counted).
         self.open_by_group: dict[int, int] = {}
         self.max_early = max_early
@@ -127,7 +129,11 @@ class OperatorWaits:
     def parked(self, seq: int) -> WaitingRun | None:
         """The current key's run ``seq``, if it is parked."""
         raw = self.runs.get(seq)
-        return None if raw is None else decode_waiting_run(raw, self.event_types)
+        if raw is None:
+            return None
+        waiting = decode_waiting_run(raw, self.event_types)
+        self.kept_aside_seen = self.kept_aside_seen or waiting.kept_aside
+        return waiting
 
     def is_parked(self, seq: int) -> bool:
         """Whether the current key's run ``seq`` is parked."""

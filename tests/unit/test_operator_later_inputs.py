@@ -858,3 +858,29 @@ def test_decisions_unknown_duplicate_early_and_unreadable_with_several_parked_ru
     assert counts == {"decisions_applied": 3, "decisions_early": 2, "decisions_ignored": 2, "decisions_rejected": 1,
                       "decisions_unmatched": 1, "runs_waiting": 0}
     assert not effects.repeated()
+
+
+def test_a_decided_run_whose_recorded_predecessor_resume_never_comes_back_resumes_after_the_order_timeout(world):
+    """The journal recorded run 2 resuming before run 1; after the restore only run 1's decision comes back (found
+    by the review: it waited for ever, holding the key's recovered history and pruning)."""
+    effects = Effects()
+    sim = run_mode(world, effects)
+    sim.send(K, wait_input(1))
+    sim.send(K, wait_input(2))
+    sim.pump()
+    checkpoint = sim.checkpoint(1)
+    first, second = sim.wait_id(K, 1), sim.wait_id(K, 2)
+    sim.decide(K, second, Decision.approve())
+    sim.pump()
+    sim.decide(K, first, Decision.approve())
+    sim.pump()
+    assert ns(sim.outputs) == [2, 1]
+    sim.crash()
+
+    restored = run_mode(world, effects, restore=checkpoint)
+    restored.decide(K, first, Decision.approve())  # run 2's decision never comes back
+    restored.pump()
+    assert restored.outputs == []  # the journal recorded run 2 resuming first: run 1 waits for it
+    restored.advance(ORDER_TIMEOUT_MS + 1_000)
+    assert ns(restored.outputs) == [1], "the wait for the recorded resume is bounded"
+    assert restored.count("order_restore_timeouts") == 1

@@ -26,6 +26,7 @@ def _operator() -> tuple[ActionExecutionOperator, SimpleNamespace, _Timers]:
     operator._checks = {}
     operator.wakeups = object()
     operator.run_later_inputs = False
+    operator.waits = SimpleNamespace(kept_aside_seen=False)
     operator.config = SimpleNamespace(fallback_check_ms=60_000, poll_interval_ms=5)
     timers = _Timers()
     return operator, SimpleNamespace(timer_service=lambda: timers), timers
