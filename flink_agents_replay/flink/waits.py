@@ -325,8 +325,9 @@ def _used_decision(waiting: WaitingRun, calls: Iterable[CallRecord]) -> Decision
     ``@wait`` call asked."""
     asked = next((record.args_digest for record in waiting.records if isinstance(record, CallRecord)
                   and record.resource == WAIT_RESOURCE and record.result == waiting.wait), None)
-    return next((call.result for call in calls if call.resource == DECISION_RESOURCE and call.args_digest == asked),
-                None)
+    where = (waiting.event_id, waiting.action, asked)  # the same question asked in another action is another wait
+    return next((call.result for call in calls if call.resource == DECISION_RESOURCE
+                 and (call.event_id, call.action, call.args_digest) == where), None)
 
 
 def _now_ms() -> int:

@@ -144,8 +144,11 @@ class RunDiff:
 
     @property
     def differs(self) -> bool:
-        """Changed, new or missing; or still waiting where production was not waiting at the same question."""
+        """Changed, new or missing; or still waiting where production was not waiting at the same question (a run
+        production had not finished either, with no record of it, is no difference)."""
         if self.status == "waiting":
+            if NOTE_NO_PRODUCTION_RUN in (self.note or ""):
+                return False
             return any(row.change not in ("same", "still waiting") for row in self.waits)
         return self.status != "same"
 
@@ -412,7 +415,7 @@ class WaitRow:
             if production.open and replay.open:
                 return "still waiting"
             return "replay waiting" if replay.open else "production waiting"
-        return "same" if production.decision == replay.decision else "changed"
+        return "same" if _outcome(production.decision) == _outcome(replay.decision) else "changed"
 
     @property
     def asks(self) -> str:
@@ -427,6 +430,12 @@ class WaitRow:
         return {"action": entry.action, "name": entry.name, "payload": entry.payload, "change": self.change,
                 "production": None if self.production is None else self.production.to_json(),
                 "replay": None if self.replay is None else self.replay.to_json()}
+
+
+def _outcome(decision: Decision | None) -> tuple | None:
+    """What a decision decided (who decided, why and when are detail: production's "approved by ana" and the replay
+    policy's "approved by replay" are the same decision)."""
+    return None if decision is None else (decision.approved, decision.timed_out, to_json_value(decision.value))
 
 
 def waits_of(calls: Iterable[CallRecord], open_wait: WaitOpened | None = None,

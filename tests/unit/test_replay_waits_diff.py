@@ -22,14 +22,20 @@ from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink.capture_observer import CaptureObserver
 from flink_agents_replay.replay import mode as mode_module
-from flink_agents_replay.replay.diff import NOTE_PRODUCTION_WAITING, WaitEntry, compare, pair_waits, waits_of
+from flink_agents_replay.replay.diff import NOTE_PRODUCTION_WAITING, WaitEntry, WaitRow, compare, pair_waits, waits_of
 from flink_agents_replay.replay.gate import ReplayCalls
 from flink_agents_replay.replay.mode import ReplayMode
 from flink_agents_replay.replay.policy import CallPolicy, WaitPolicy
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.capture.manifest import CaptureDescription
 from flink_agents_replay.storage.capture.reader import CaptureDecoder
-from flink_agents_replay.storage.capture.records import SIGNED_KEY, CapturedInput, CapturedParked, CapturedRun
+from flink_agents_replay.storage.capture.records import (
+    SIGNED_KEY,
+    CapturedInput,
+    CapturedOutput,
+    CapturedParked,
+    CapturedRun,
+)
 from flink_agents_replay.storage.capture.schemas import CAPTURE_SCHEMAS, CAPTURED_PARKED, capture_codec
 from flink_agents_replay.storage.capture.writer import CaptureWriter
 from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
@@ -288,7 +294,11 @@ def test_a_run_the_replay_leaves_waiting_where_production_finished_or_asked_othe
     report = compare([], [parked], [])
     [only] = report.runs
     assert (only.status, [row.change for row in only.waits]) == ("waiting", ["replay only"])
-    assert report.has_differences and report.waiting == [only] and report.differing == []
+    # Production has no record: it had not finished the run either (found by the review: this failed the diff).
+    assert not report.has_differences and report.waiting == [only] and report.differing == []
+    finished = CapturedRun("k", 1, "d", [CapturedOutput("o", "done")], [], [], None)
+    report = compare([finished], [parked], [])
+    assert report.has_differences and [row.change for row in report.runs[0].waits] == ["replay only"]
 
 
 def test_a_report_without_waits_says_so_in_one_line():
@@ -331,3 +341,12 @@ def test_the_replays_source_passes_a_parked_record_over():
     kinds = [type(parse(value, None)[0]).__name__ for value in values]
     assert kinds == ["CapturedInput", "NoneType", "CapturedRunEnd", "CapturedInput", "NoneType"]
     assert all(parse(value, None)[1] is None for value in values)
+
+
+def test_the_same_outcome_decided_by_someone_else_is_the_same_decision():
+    """Found by the review: production's "approved by ana" against a replay's approve-all counted as changed."""
+    production = WaitEntry("w", "a", "n", {}, Decision.approve(by="ana", reason="fine"))
+    assert WaitRow(production, WaitEntry("w", "a", "n", {}, Decision.approve(by="replay"))).change == "same"
+    assert WaitRow(production, WaitEntry("w", "a", "n", {}, Decision.deny("replay"))).change == "changed"
+    timed_out = WaitEntry("w", "a", "n", {}, Decision(timed_out=True, by="timeout"))
+    assert WaitRow(production, timed_out).change == "changed"
