@@ -20,6 +20,13 @@ An action that calls ``ctx.wait_for`` with no decision yet ends the run as *wait
 (:attr:`RunResult.waiting`): nothing is applied, and the run's records so far travel with the result. Run
 again with those records as its history and the decision in :attr:`RunInput.decisions`, it reuses every
 action and call before the wait, and the waiting action gets its decision (:func:`resume_history`).
+
+When the key's later inputs run while a run waits (``later_inputs_while_waiting="run"``), a resumed run journals a
+*resumed* record (where it resumed among the key's inputs: :attr:`RunInput.resumed_after`) and hands back every
+memory update it made (:attr:`RunResult.memory_updates`), which the operator writes over the key's memory. After a
+restore, a run the journal recorded resuming from a wait later parks there again (``KeyHistory.parked_first``,
+``ActionCalls.wait_for``), taking what it journaled after that resume with it, so it resumes in the recorded order;
+the later inputs' records are then no divergence (``KeyHistory.parked_in``).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ class AgentConfig:
     recovered_history_expiry_s: float = 1800.0
     early_decision_ttl_s: float = 3600.0
     max_early_decisions_per_key: int = 16
-    later_inputs_while_waiting: str = "hold"
+    later_inputs_while_waiting: Literal["hold", "run"] = "hold"
     capture: bool = False
     capture_topic: str | None = None
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)

@@ -1,9 +1,10 @@
 """ActionExecutionOperator: runs an agent per input inside Flink, journals it, and reuses the journal.
 
 Per key, Flink keyed state holds the seq of the last accepted input (``seq``), the short-term memory
-(``memory``), the run in flight, its seq and input (``in_flight``), and the inputs waiting behind it
-(``pending``). Runs of *different* keys execute concurrently on a thread pool (``max_concurrent_runs`` per
-subtask, each run holding a slot: :mod:`flink_agents_replay.flink.runs`); Flink state is touched only on the
+(``memory``), the run in flight, its seq and input (``in_flight``), the inputs waiting behind it
+(``pending``), and the runs parked at ``ctx.wait_for`` with the decisions received
+(:mod:`flink_agents_replay.flink.waits`: a parked run holds its key, or is kept aside while the key's later inputs
+run). Runs of *different* keys execute concurrently on a thread pool (``max_concurrent_runs`` per subtask, each run holding a slot: :mod:`flink_agents_replay.flink.runs`); Flink state is touched only on the
 task thread, which keyed processing-time timers bring back to a key to apply a finished run: write its memory,
 emit its outputs, start the key's next input. At a checkpoint, a run in flight is just keyed state; after a
 restore its timer fires, the run is not in memory, and it is submitted again, reusing every call and action it
@@ -155,7 +156,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                    ttl_s=self.config.early_decision_ttl_s,
                                    max_early=self.config.max_early_decisions_per_key, resume=self._resume,
                                    time_out=self.mode.waits_time_out)
-        self._resumed: dict[Any, bool] = {}  # keys whose run under way was resumed from a wait -> kept aside
+        #: Keys whose run under way was resumed from a wait -> whether it was kept aside (its memory writes go over).
+        self._resumed_kept_aside: dict[Any, bool] = {}
         self.run_later_inputs = self.config.later_inputs_while_waiting == "run"
         self._events_tag = _wait_events_tag()
         self.order = OrderRestoration(
@@ -430,7 +432,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             in_flight = InFlightInput(held.seq, held.value, held.event_time, epoch)
         self.in_flight_state.update(encode_in_flight(in_flight))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
-        self._resumed[key] = waiting_run.kept_aside
+        self._resumed_kept_aside[key] = waiting_run.kept_aside
         self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch,
                      resume=(waiting_run, decision))
 
@@ -536,7 +538,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         the key's next input starts. (In a replay only a wait its gate leaves open parks: one production never
         decided either.)"""
         ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
-        self._resumed.pop(key, None)
+        self._resumed_kept_aside.pop(key, None)
         self._count(result)
         self.journal.run_applied(key_digest(key))
         group = key_group(key, self.key_type, self.max_parallelism)
@@ -566,8 +568,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
     def _apply(self, key, result: RunResult, ctx):
         memory = result.memory
-        if key in self._resumed:
-            if self._resumed.pop(key):  # kept aside: its writes go over what the key's later runs wrote
+        if key in self._resumed_kept_aside:
+            if self._resumed_kept_aside.pop(key):  # kept aside: its writes go over what the key's later runs wrote
                 memory = _written_over(self.memory_state.value(), result.memory_updates)
             yield from self._emit(self.waits.finished(key, key_group(key, self.key_type, self.max_parallelism),
                                                       result.seq, ctx, reason=result.error, calls=result.calls))

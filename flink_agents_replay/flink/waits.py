@@ -157,8 +157,8 @@ class OperatorWaits:
         return any(decode_parked_wait(raw).deadline_ms == when for raw in self.waits.values())
 
     def decided(self) -> list[int]:
-        """The current key's parked runs whose decision was applied and that are not under way yet, in the order
-        their decisions came."""
+        """The current key's parked runs whose decision was applied, in the order their decisions came (a resumed run
+        under way is among them until it finishes or parks again: the caller knows its run in flight)."""
         ready = []
         for wait_id, raw in self.waits.items():
             received = self._decision(wait_id)
