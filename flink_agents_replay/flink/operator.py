@@ -1,14 +1,15 @@
 """ActionExecutionOperator: runs an agent per input inside Flink, journals it, and reuses the journal.
 
-Per key, Flink keyed state holds the seq of the last accepted input (``seq``), the short-term memory
-(``memory``), the run in flight, its seq and input (``in_flight``), the inputs waiting behind it
-(``pending``), and the runs parked at ``ctx.wait_for`` with the decisions received
-(:mod:`flink_agents_replay.flink.waits`: a parked run holds its key, or is kept aside while the key's later inputs
-run). Runs of *different* keys execute concurrently on a thread pool (``max_concurrent_runs`` per subtask, each run holding a slot: :mod:`flink_agents_replay.flink.runs`); Flink state is touched only on the
-task thread, which keyed processing-time timers bring back to a key to apply a finished run: write its memory,
-emit its outputs, start the key's next input. At a checkpoint, a run in flight is just keyed state; after a
-restore its timer fires, the run is not in memory, and it is submitted again, reusing every call and action it
-had journaled, so it repeats no effect. The run itself is the engine's (:mod:`flink_agents_replay.engine`).
+Per key, Flink keyed state holds the seq of the last accepted input (``seq``), the short-term memory (``memory``),
+the run in flight, its seq and input (``in_flight``), the inputs waiting behind it (``pending``), and the runs
+parked at ``ctx.wait_for`` with the decisions received (:mod:`flink_agents_replay.flink.waits`: a parked run holds
+its key, or is kept aside while the key's later inputs run). Runs of *different* keys execute concurrently on a
+thread pool (``max_concurrent_runs`` per subtask, each run holding a slot: :mod:`flink_agents_replay.flink.runs`);
+Flink state is touched only on the task thread, which keyed processing-time timers bring back to a key to apply a
+finished run: write its memory, emit its outputs, start the key's next input. At a checkpoint, a run in flight is
+just keyed state; after a restore its timer fires, the run is not in memory, and it is submitted again, reusing
+every call and action it had journaled, so it repeats no effect. The run itself is the engine's
+(:mod:`flink_agents_replay.engine`).
 
 Checkpoint hooks (through the checkpoint bridge, see :mod:`flink_agents_replay.flink.checkpoint_bridge`), each
 handed to :class:`~flink_agents_replay.storage.journal.checkpoints.JournalCheckpoints`, and each also moving the run
