@@ -23,7 +23,6 @@ resumed run's writes went over the later runs' ones without losing them).
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
@@ -32,7 +31,7 @@ from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import job_script, produce_inputs, produce_json
-from tests.integration.test_waits_sigkill import JOB
+from tests.integration.test_waits_sigkill import JOB, job_arguments
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,13 +58,9 @@ def test_later_inputs_run_while_runs_wait_and_a_killed_taskmanager_reproduces_wh
     output_topic, waits_topic = new_topic(prefix="later-out"), new_topic(prefix="later-events")
     cluster = flink_cluster(taskmanagers=1)
     cluster.start()
-    arguments = [
-        "--bootstrap-servers", kafka_bootstrap, "--input-topic", input_topic, "--signals-topic", signals_topic,
-        "--output-topic", output_topic, "--waits-topic", waits_topic, "--journal-topic",
-        f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter.path), "--signing-key",
-        "waits-later-inputs-signing-key-01", "--agent-name", f"later-{uuid.uuid4().hex[:6]}",
-        "--transactional-id-prefix", f"later-{uuid.uuid4().hex[:8]}", "--later-inputs", "run",
-        "--checkpoint-interval-ms", "4000"]
+    arguments = [*job_arguments(kafka_bootstrap, input_topic=input_topic, signals_topic=signals_topic,
+                                output_topic=output_topic, waits_topic=waits_topic, counter=counter, name="later"),
+                 "--later-inputs", "run", "--checkpoint-interval-ms", "4000"]
     job_id = cluster.submit_python_job(JOB, *arguments)
 
     def checkpoints() -> int:

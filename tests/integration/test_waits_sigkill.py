@@ -59,6 +59,16 @@ class Approvers:
         return Counter(e["kind"] for e in self.events)
 
 
+def job_arguments(bootstrap: str, *, input_topic: str, signals_topic: str, output_topic: str, waits_topic: str,
+                  counter: InvocationCounter, name: str) -> list[str]:
+    """``waits_job.py``'s arguments, with a fresh journal topic, agent name and transactional id prefix."""
+    return ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--signals-topic", signals_topic,
+            "--output-topic", output_topic, "--waits-topic", waits_topic, "--journal-topic",
+            f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter.path), "--signing-key",
+            "waits-sigkill-signing-key-0123", "--agent-name", f"{name}-{uuid.uuid4().hex[:6]}",
+            "--transactional-id-prefix", f"{name}-{uuid.uuid4().hex[:8]}"]
+
+
 def expected_outputs(inputs: list[dict]) -> Counter:
     expected: Counter = Counter()
     decided: dict[str, list] = {}
@@ -81,12 +91,8 @@ def test_a_taskmanager_killed_while_runs_wait_and_decisions_are_in_flight_pays_e
     output_topic, waits_topic = new_topic(prefix="waits-out"), new_topic(prefix="waits-events")
     cluster = flink_cluster(taskmanagers=1)
     cluster.start()
-    arguments = [
-        "--bootstrap-servers", kafka_bootstrap, "--input-topic", input_topic, "--signals-topic", signals_topic,
-        "--output-topic", output_topic, "--waits-topic", waits_topic, "--journal-topic",
-        f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter.path), "--signing-key",
-        "waits-sigkill-signing-key-0123", "--agent-name", f"waits-kill-{uuid.uuid4().hex[:6]}",
-        "--transactional-id-prefix", f"waits-{uuid.uuid4().hex[:8]}"]
+    arguments = job_arguments(kafka_bootstrap, input_topic=input_topic, signals_topic=signals_topic,
+                              output_topic=output_topic, waits_topic=waits_topic, counter=counter, name="waits-kill")
     job_id = cluster.submit_python_job(JOB, *arguments)
 
     def checkpoints() -> int:
