@@ -110,6 +110,7 @@ class OperatorWaits:
             MapStateDescriptor("parked_waits", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))  # wait id -> ParkedWait
         self.decisions = runtime_context.get_map_state(
             MapStateDescriptor("decisions", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        self.refused = 0  # decisions that could not be read, in this attempt
         #: Whether a run kept aside was seen here (one parked under later_inputs_while_waiting="run" before a restore).
         self.kept_aside_seen = False
         #: Per key group, the runs parked now (kept in the checkpoint markers: keyed state cannot be counted).
@@ -242,8 +243,11 @@ class OperatorWaits:
         bad data: a decision that cannot be read is reported."""
         if isinstance(signal, MalformedSignal):
             self.counters["decisions_rejected"].inc()
-            log.warning("agent %s key %r: a decision was refused (%s): %s", self.agent_name, signal.key,
-                        signal.reason, signal.raw[:200])
+            self.refused += 1
+            if self.refused <= 10 or self.refused % 1000 == 0:  # every one is an event; a flood is not a log flood
+                log.warning("agent %s key %r: a decision was refused (%s; %d refused here so far, each reported as "
+                            "a decision_rejected event): %s", self.agent_name, signal.key, signal.reason,
+                            self.refused, signal.raw[:200])
             yield WaitEvent("decision_rejected", signal.key, None, self.agent_name, payload=signal.raw,
                             reason=signal.reason)
             return
