@@ -41,6 +41,9 @@ class JobMode(Protocol):
     restores_input_order: bool
     report_failures: bool
     waits_time_out: bool
+    #: At the end of a bounded input, resume the runs still parked (the call gate decides every wait: a replay's
+    #: approve-all or deny-all).
+    decides_parked_at_end: bool
 
     def open(self, *, owned: range, subtask: int, counters: Mapping[str, Any]) -> None: ...
 
@@ -66,6 +69,7 @@ class ProductionMode:
     restores_input_order = True
     report_failures = False
     waits_time_out = True
+    decides_parked_at_end = False
 
     def open(self, *, owned: range, subtask: int, counters: Mapping[str, Any]) -> None:
         return None

@@ -53,6 +53,7 @@ from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.api.memory import Memory
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
+from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink import metrics as metrics_table
 from flink_agents_replay.flink import parts
@@ -78,7 +79,7 @@ from flink_agents_replay.storage.formats.state import (
 )
 from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 from flink_agents_replay.storage.journal.markers import checkpoint_time, waits_open
-from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.storage.records.journal import CallRecord, key_digest
 from flink_agents_replay.storage.records.parked import WaitingRun
 
 __all__ = ["LOG_FILE_ENV", "WAIT_EVENTS", "ActionExecutionOperator", "AgentOutput", "WaitEvent"]
@@ -302,6 +303,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
             # still reads below its timestamp, and the entry would make _schedule_check skip the registration.
             del self._checks[key]
         draining = ctx.time_domain() == TimeDomain.EVENT_TIME
+        if draining and self.mode.report_failures and self.waits.any_parked():
+            self._end_parked(key, ctx)  # a replay's end: its policy decides them, or its capture shows them waiting
         applies = not draining and self.runs.has(key) and self.runs.done(key)
         if not draining and not applies:
             # The wake-up or check that applies a finished run (the hot path) reads no wait state: deadlines are a
@@ -538,7 +541,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         ``later_inputs_while_waiting="run"``, it is kept aside with its input and the memory it started with, and
         the key's next input starts. (In a replay only a wait its gate leaves open parks: one production never
         decided either.)"""
-        ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)  # a bounded input ends with the run parked
+        # The drain timer stays: a bounded input ends with the run parked, and a replay reports it then.
+        ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         self._resumed_kept_aside.pop(key, None)
         self._count(result)
         self.journal.run_applied(key_digest(key))
@@ -553,6 +557,27 @@ class ActionExecutionOperator(KeyedProcessFunction):
         yield from self._emit(self.waits.park(key, group, waiting, ctx))
         if waiting.kept_aside and self.in_flight_state.value() is None:  # its decision may have resumed it at once
             self._start_next(key, ctx)
+
+    def _end_parked(self, key, ctx) -> None:
+        """The end of a replay's input with runs of the key still parked (restored parked from the savepoint, and
+        production never finished them): resumed, for the gate to decide, when the replay's wait policy decides
+        every wait; else reported to the observers, so the replay's capture, and its diff, show them waiting."""
+        if self.mode.decides_parked_at_end:
+            for seq in sorted(self.waits.parked_seqs()):
+                self.waits.resume_in_replay(key, seq, ctx)
+            return
+        group = key_group(key, self.key_type, self.max_parallelism)
+        raw = self.in_flight_state.value()
+        held = decode_in_flight(raw) if raw is not None else None
+        for seq in sorted(self.waits.parked_seqs()):
+            if self.runs.has(key) and held is not None and held.seq == seq:
+                continue  # resumed, under way: it ends as a run
+            waiting = self.waits.parked(seq)
+            value = waiting.input if waiting.kept_aside else held.value if held is not None else None
+            calls = [record for record in waiting.records if isinstance(record, CallRecord)]
+            still = RunResult(seq, {}, [], RunStats(), calls, [], digest_value(value), waiting=waiting)
+            for observer in self.observers:
+                observer.run_parked(key=key, group=group, result=still)
 
     def _kept_aside(self, waiting: WaitingRun) -> WaitingRun:
         """``waiting`` as it parks: kept aside with its input and the memory it started with if the key's later
@@ -576,7 +601,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                                       result.seq, ctx, reason=result.error, calls=result.calls))
         self.memory_state.update(encode_memory(memory, what=f"the memory of key {key!r} after input {result.seq}"))
         self.in_flight_state.clear()
-        ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)
+        if not (self._keeps_runs_aside() and self.waits.any_parked()):  # a key's parked runs keep theirs
+            ctx.timer_service().delete_event_time_timer(DRAIN_TIMER)
         self._count(result)
         if result.error is not None:  # a replay's reported failure, or a run its wait's timeout or denial ended
             self.counters["replay_runs_failed" if self.mode.report_failures else "runs_ended_at_wait"].inc()

@@ -34,6 +34,7 @@ from flink_agents_replay.api.call_site import Fork
 from flink_agents_replay.core.errors import NO_RESTART_MARKER, ReplayConfigError
 from flink_agents_replay.integrations.kafka.settings import KafkaSettingsLike
 from flink_agents_replay.replay.gate import ReplayCalls
+from flink_agents_replay.replay.policy import WaitPolicy
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capture
 from flink_agents_replay.storage.capture.records import CapturedInput, CapturedParked, CapturedRun
@@ -69,6 +70,12 @@ class ReplayMode:
     restores_input_order = False
     report_failures = True
     waits_time_out = False  # production's decisions, timeouts included, come from the gate
+
+    @property
+    def decides_parked_at_end(self) -> bool:
+        """Approve-all and deny-all decide every wait: also those of runs parked in the savepoint that production
+        never finished (resumed at the end of the input); ``recorded`` has no decision for them."""
+        return self.settings.wait_policy is not WaitPolicy.RECORDED
 
     def __init__(self, *, settings: ReplaySettings, kafka: KafkaSettingsLike, signing_key: bytes, uid: str,
                  journal_topic: str | None, max_parallelism: int, read_production_journal: bool,

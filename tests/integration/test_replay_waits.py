@@ -2,16 +2,18 @@
 
 Production (real Kafka, MiniCluster, capture on) runs an agent whose every input waits for an approval. The
 first input of each key is decided at once; the savepoint is taken once those are answered and the second ones
-are parked, undecided; then the rest are decided (even inputs approved, odd ones denied), all but one: the last
-key's third input is still waiting when production ends (its capture holds it parked, and no finished run).
+are parked, undecided; then the rest are decided (even inputs approved, odd ones denied), all but two: the last
+key's third input is still waiting when production ends (its capture holds it parked, and no finished run), and so
+is key-002's second, parked in the savepoint (its third input waits behind it, never run).
 
 Two replays start from that savepoint, and are compared with ``diff_captures`` (what ``flink-agents-replay diff``
 prints). ``recorded`` (the default wait policy): the parked runs resume when the capture shows production
 finished them, every wait gets production's recorded decision, and the diff shows no change, each run's wait and
-decision the same on both sides; the run production never finished waits in the replay too, at the same wait,
-and the diff reports it still waiting. Nothing is paid again (payments, ``recorded`` in the replays, are counted
-outside the worker). ``deny``: every wait is denied, and the diff shows every output changed and every decision
-the replay changed, the one production never decided included.
+decision the same on both sides; the runs production never finished wait in the replay too, at the same wait (the
+one parked in the savepoint is reported at the end of the replay's input), and the diff reports them still waiting.
+Nothing is paid again (payments, ``recorded`` in the replays, are counted
+outside the worker). ``deny``: every wait is denied, the savepoint's parked one at the end of the input, and the
+diff shows every output changed and every decision the replay changed, those production never decided included.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ MAX_PARALLELISM = 16
 KEYS, PER_KEY = 4, 3
 NAME = "approvals-replayed"
 UNDECIDED = ("key-003", 2)  # (key, n): production never decides it; it is the key's input seq 3
+PARKED_UNDECIDED = ("key-002", 1)  # parked in the savepoint, never decided: the key's input seq 2 (3 waits behind)
 
 
 def approvals_agent(counter: InvocationCounter) -> Agent:
@@ -93,7 +96,8 @@ def wait_ids(agent: Agent, inputs: list[dict]) -> dict[tuple[str, int], str]:
 
 def decisions(ids: dict[tuple[str, int], str], which) -> list[dict]:
     return [{"key": key, "wait_id": wait_id, "approved": n % 2 == 0, "reason": None if n % 2 == 0 else "odd",
-             "by": "ops"} for (key, n), wait_id in ids.items() if which(n) and (key, n) != UNDECIDED]
+             "by": "ops"} for (key, n), wait_id in ids.items()
+            if which(n) and (key, n) not in (UNDECIDED, PARKED_UNDECIDED)]
 
 
 def captured(bootstrap: str, topic: str) -> list:
@@ -135,15 +139,16 @@ def production(kafka_bootstrap, tmp_path_factory):
         wait_until(client, lambda: len(reader.poll(0.1)) >= KEYS, "the first inputs' outputs")
         savepoint = trigger_savepoint(client, work / "savepoints")  # the second inputs parked, undecided
         produce_json(kafka_bootstrap, signals_topic, decisions(ids, lambda n: n > 0))
-        wait_until(client, lambda: len(reader.poll(0.2)) >= len(inputs) - 1, "every output but the undecided's", 120)
-        # The undecided input's run parked: its capture record is there (captured records are flushed at checkpoints).
-        wait_until(client, lambda: parked_at_the_end(captured(kafka_bootstrap, config["capture_topic"])),
-                   "the undecided run's parked record in the capture", 60)
+        wait_until(client, lambda: len(reader.poll(0.2)) >= len(inputs) - 3, "every output but the undecided's", 120)
+        # The undecided inputs' runs parked: their capture records are there (flushed at checkpoints).
+        wait_until(client, lambda: len(parked_at_the_end(captured(kafka_bootstrap, config["capture_topic"]))) == 2,
+                   "the undecided runs' parked records in the capture", 60)
     capture = captured(kafka_bootstrap, config["capture_topic"])
-    # Every run was captured parked at its wait, and the undecided one is still waiting at the capture's end.
+    # Every run was captured parked at its wait (key-002's third never started), and the undecided ones are still
+    # waiting at the capture's end.
     assert {(r.key, r.seq) for r in capture if isinstance(r, CapturedParked)} == {
-        (f"key-{k:03d}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
-    assert parked_at_the_end(capture) == {(UNDECIDED[0], UNDECIDED[1] + 1)}
+        (f"key-{k:03d}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)} - {("key-002", 3)}
+    assert parked_at_the_end(capture) == {(UNDECIDED[0], UNDECIDED[1] + 1), (PARKED_UNDECIDED[0], 2)}
     return {"bootstrap": kafka_bootstrap, "config": config, "savepoint": savepoint, "counter": counter, "ids": ids,
             "paid": counter.counts()}
 
@@ -176,30 +181,33 @@ def test_a_replay_gives_the_parked_and_later_runs_productions_decisions_and_leav
     paid_before = production["counter"].counts()
     report = replay(production, "recorded")
     text = report.render_text(max_width=200)
-    # The savepoint's parked runs (each key's second input) and the later ones: every run after it compared.
-    compared = KEYS * (PER_KEY - 1)
+    # The savepoint's parked runs (each key's second input) and the later ones: every run after it compared, but
+    # key-002's third, which waits behind its second in the replay as in production.
+    compared = KEYS * (PER_KEY - 1) - 1
     assert report.summary["compared"] == compared, report.summary
-    assert (report.summary["same"], report.summary["waiting"]) == (compared - 1, 1), text
+    assert (report.summary["same"], report.summary["waiting"]) == (compared - 2, 2), text
     assert (report.summary["waits"], report.summary["decisions_changed"]) == (compared, 0), text
     # Each run's wait and decision, production's and the replay's: the same question, the same decision.
-    undecided = (UNDECIDED[0], UNDECIDED[1] + 1)
+    undecided, parked_undecided = (UNDECIDED[0], UNDECIDED[1] + 1), (PARKED_UNDECIDED[0], PARKED_UNDECIDED[1] + 1)
     for (key, seq), run in by_run(report).items():
         [row] = run.waits
         assert (row.production.name, row.production.payload, row.replay.payload) == (
             "refund-approval", {"n": seq - 1}, {"n": seq - 1})
-        if (key, seq) == undecided:
+        if (key, seq) in (undecided, parked_undecided):
             continue
         expected = ("approved by ops", "same") if (seq - 1) % 2 == 0 else ("denied by ops: odd", "same")
         assert (row.replay.describe(), row.change) == expected and row.production.decision == row.replay.decision
     # The wait production never decided, in the run it never finished, is still open at the end of the replay:
     # the replay's run waits at the same wait (production's wait id), and the diff says so.
-    waiting = by_run(report)[undecided]
-    assert (waiting.status, waiting.replay, waiting.note) == ("waiting", [], NOTE_PRODUCTION_WAITING)
-    assert waiting.open_wait.wait_id == production["ids"][UNDECIDED]
-    assert [row.change for row in waiting.waits] == ["still waiting"]
-    assert report.waiting == [waiting] and not report.has_differences
-    still = text.split("Still waiting (1)")[1].split("Waits and decisions")[0]
-    assert UNDECIDED[0] in still and production["ids"][UNDECIDED] in still and "still waiting" in still
+    # So is the one parked in the savepoint, which the replay reports at the end of its input.
+    for identity, name in ((undecided, UNDECIDED), (parked_undecided, PARKED_UNDECIDED)):
+        waiting = by_run(report)[identity]
+        assert (waiting.status, waiting.replay, waiting.note) == ("waiting", [], NOTE_PRODUCTION_WAITING), name
+        assert waiting.open_wait.wait_id == production["ids"][name]
+        assert [row.change for row in waiting.waits] == ["still waiting"]
+    assert len(report.waiting) == 2 and not report.has_differences
+    still = text.split("Still waiting (2)")[1].split("Waits and decisions")[0]
+    assert all(production["ids"][name] in still for name in (UNDECIDED, PARKED_UNDECIDED)), still
     assert f"Waits and decisions ({compared})" in text and "denied by ops: odd" in text
     assert production["counter"].counts() == paid_before  # the payments are production's recorded ones
 
@@ -210,16 +218,21 @@ def test_a_replay_that_denies_every_wait_shows_the_changed_outputs_and_decisions
     text = report.render_text(max_width=200)
     compared = KEYS * (PER_KEY - 1)
     # Production approved the even inputs (paid) and denied the odd ones ("odd"); the replay denies all, in its
-    # own words: every run's output changed, and nothing was paid. The run production never finished is new.
-    assert (report.summary["changed"], report.summary["new"]) == (compared - 1, 1), text
+    # own words: every run's output changed, and nothing was paid. The runs production never finished are new: the
+    # savepoint's parked one denied at the end of the replay's input, and then key-002's third, which production
+    # held behind it and never ran.
+    assert (report.summary["changed"], report.summary["new"]) == (compared - 3, 3), text
     assert report.summary["compared"] == compared and report.summary["waiting"] == 0
     assert {tuple(run.replay[0]) for run in report.runs} == {("denied", "the replay's wait policy denies every wait")}
     assert {run.production[0][0] for run in report.runs if run.production} == {"paid", "denied"}
-    # Every decision the replay changed is visible per run, the one production never made included.
-    assert report.summary["decisions_changed"] == compared, text
+    # Every decision the replay changed is visible per run (a denial by the policy where production denied too is
+    # the same decision), those production never made included.
     changes = {identity: [row.change for row in run.waits] for identity, run in by_run(report).items()}
-    undecided = (UNDECIDED[0], UNDECIDED[1] + 1)
-    assert changes.pop(undecided) == ["production waiting"]
-    assert set(map(tuple, changes.values())) == {("changed",)}
+    assert changes.pop((UNDECIDED[0], UNDECIDED[1] + 1)) == ["production waiting"]
+    assert changes.pop((PARKED_UNDECIDED[0], PARKED_UNDECIDED[1] + 1)) == ["production waiting"]
+    assert changes.pop((PARKED_UNDECIDED[0], PARKED_UNDECIDED[1] + 2)) == ["replay only"]
+    assert {identity: rows for identity, rows in changes.items() if rows != ["same"]} == {
+        (key, seq): ["changed"] for (key, seq) in changes if (seq - 1) % 2 == 0}  # production approved those
+    assert report.summary["decisions_changed"] == 2 + sum(rows == ["changed"] for rows in changes.values()), text
     assert "denied by replay: the replay's wait policy denies every wait" in text and "production waiting" in text
     assert production["counter"].counts() == paid_before
