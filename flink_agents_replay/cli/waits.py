@@ -16,105 +16,21 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
 from flink_agents_replay.core.errors import ConfigError, FlinkAgentsReplayError
 from flink_agents_replay.flink.signals import SIGNAL_VERSION
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings
-from flink_agents_replay.jobs.waits_topic import WAIT_EVENT_VERSION
+from flink_agents_replay.jobs.waits_topic import Folded, WaitState, fold_wait_events
 
 __all__ = ["Folded", "WaitState", "decision_record", "fold_wait_events", "format_waits", "key_of_wait", "parse_value",
            "read_wait_events", "selected", "send_decision", "wait_json"]
 
-#: The kinds that move a wait along; the others (``decision_early``...) are about decisions sent for it.
-LIFECYCLE = ("opened", "resumed", "closed")
 #: How much of a payload the table shows.
 PAYLOAD_SHOWN = 48
-_DETAILS = ("agent", "action", "seq", "name", "payload", "deadline_ms", "opened_at_ms")
-
-
-@dataclass
-class WaitState:
-    """One wait as its events tell it: what it asks (from its ``opened`` event), where it is (``state``: the last
-    of ``opened``, ``resumed``, ``closed``; ``None`` when only decisions for it were seen), its last event's kind
-    and the last decision an event carried."""
-
-    wait_id: str
-    key: Any
-    agent: str | None = None
-    action: str | None = None
-    seq: int | None = None
-    name: str | None = None
-    payload: Any = None
-    deadline_ms: int | None = None
-    opened_at_ms: int | None = None
-    state: str | None = None
-    last_kind: str | None = None
-    decision: dict | None = None
-
-    @property
-    def pending(self) -> bool:
-        """Opened, and neither resumed nor closed: waiting for a decision."""
-        return self.state == "opened"
-
-
-@dataclass(frozen=True)
-class Folded:
-    """The waits of a waits topic by id, and how many of its records were not wait events this version reads."""
-
-    waits: dict[str, WaitState]
-    events: int
-    skipped: int
-
-
-def fold_wait_events(records: Iterable[Any]) -> Folded:
-    """Fold wait events (JSON objects, or their text or bytes), in the topic's order, into :class:`WaitState` s.
-
-    Records that are not JSON objects, or of a later format than :data:`WAIT_EVENT_VERSION`, are counted as
-    skipped; events of no wait (a decision that could not be read) are left out.
-    """
-    waits: dict[str, WaitState] = {}
-    events = skipped = 0
-    for record in records:
-        event = _event(record)
-        if event is None:
-            skipped += 1
-            continue
-        events += 1
-        wait_id = event.get("wait_id")
-        if not isinstance(wait_id, str):
-            continue
-        wait = waits.setdefault(wait_id, WaitState(wait_id, event.get("key")))
-        if event.get("kind") == "opened":  # the wait's own key (a decision sent under another came first)
-            wait.key = event.get("key")
-        for name in _DETAILS:
-            if event.get(name) is not None:
-                setattr(wait, name, event[name])
-        kind = event.get("kind")
-        if kind in LIFECYCLE:
-            wait.state = kind
-        wait.last_kind = kind
-        if event.get("decision") is not None:
-            wait.decision = event["decision"]
-    return Folded(waits, events, skipped)
-
-
-def _event(record: Any) -> dict | None:
-    """The wait event in ``record``, or ``None`` for one this version cannot read."""
-    if isinstance(record, (bytes, bytearray, str)):
-        try:
-            record = json.loads(record)
-        except ValueError:  # also UnicodeDecodeError
-            return None
-    if not isinstance(record, dict):
-        return None
-    version = record.get("v", WAIT_EVENT_VERSION)
-    if not isinstance(version, int) or version > WAIT_EVENT_VERSION:
-        return None
-    return record
 
 
 def selected(folded: Folded, *, key: str | None = None, everything: bool = False) -> list[WaitState]:

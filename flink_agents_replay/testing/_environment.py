@@ -42,6 +42,7 @@ from typing import Any
 from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.integrations.kafka.settings import LIBRDKAFKA_LOGGER
+from flink_agents_replay.jobs.waits_topic import fold_wait_events, wait_event_json
 from flink_agents_replay.testing.counter import InvocationCounter
 
 __all__ = ["AgentRunResult", "AgentTestEnvironment", "CommittedOutput", "FailOver", "InjectedFailover"]
@@ -179,22 +180,10 @@ def _encode_output(output) -> str:
                       sort_keys=True)
 
 
-def _encode_wait_event(event) -> str:
-    return json.dumps({"kind": event.kind, "key": event.key, "seq": event.seq, "wait_id": event.wait_id,
-                       "name": event.name, "payload": event.payload})
-
-
 def _open_waits(events: Iterable[bytes]) -> tuple[OpenWait, ...]:
-    """The waits opened and not closed (a resumed run that finished closes its wait)."""
-    opened: dict[str, OpenWait] = {}
-    for raw in events:
-        event = json.loads(raw)
-        if event["kind"] == "opened":
-            opened[event["wait_id"]] = OpenWait(event["key"], event["seq"], event["wait_id"], event["name"],
-                                                event["payload"])
-        elif event["kind"] in ("closed", "resumed"):
-            opened.pop(event["wait_id"], None)
-    return tuple(opened.values())
+    """The waits the events (the waits topic's, :mod:`flink_agents_replay.jobs.waits_topic`) leave pending."""
+    return tuple(OpenWait(w.key, w.seq, w.wait_id, w.name, w.payload)
+                 for w in fold_wait_events(events).waits.values() if w.pending)
 
 
 def _decode_output(value: bytes) -> CommittedOutput:
@@ -349,7 +338,7 @@ class AgentTestEnvironment:
         sink = exactly_once_string_sink(self.bootstrap_servers, topics["output"], f"testenv-{uuid.uuid4().hex[:8]}")
         outputs.map(_encode_output, output_type=Types.STRING()).uid("encode").sink_to(sink).uid("outputs")
         waits = exactly_once_string_sink(self.bootstrap_servers, topics["waits"], f"testenv-{uuid.uuid4().hex[:8]}")
-        wait_events(outputs).map(_encode_wait_event, output_type=Types.STRING()).uid("encode-waits").sink_to(
+        wait_events(outputs).map(wait_event_json, output_type=Types.STRING()).uid("encode-waits").sink_to(
             waits).uid("waits")
         return env
 
