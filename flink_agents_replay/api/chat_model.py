@@ -47,7 +47,7 @@ from dataclasses import replace
 from typing import Any
 
 from flink_agents_replay.api.call_site import current_call_id, report_call
-from flink_agents_replay.api.resources import InDoubtPolicy, Resource, SideEffects
+from flink_agents_replay.api.resources import InDoubt, InDoubtPolicy, Resource, SideEffects
 from flink_agents_replay.api.tools import ToolSpec, model_json_schema, tool_schemas
 from flink_agents_replay.core.errors import ChatModelError
 from flink_agents_replay.integrations.openai_client import OpenAIClientMixin
@@ -76,7 +76,7 @@ class ChatModel(OpenAIClientMixin, Resource):
                  timeout_s: float = 60.0, max_retries: int | None = None, retries: int | None = None,
                  default_headers: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None,
                  side_effects: SideEffects | str = SideEffects.NONE,
-                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
+                 in_doubt: InDoubt = InDoubtPolicy.RERUN):
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
         self.model = model or os.environ.get("OPENAI_MODEL")
         if not self.model:

@@ -8,7 +8,29 @@ failure and never reported back (*in doubt*), and later what a replay may do wit
 * ``idempotent`` — repeating it does no harm (an upsert keyed by a request id): made again.
 * ``external`` — an effect on the world (an e-mail, a charge): before the call starts, a *started*
   record is journaled and acknowledged, so a call in doubt is detected; ``in_doubt`` decides
-  (``rerun`` by default, or ``fail``, or ``assume_done``).
+  (``rerun`` by default, or ``fail``, or ``assume_done``, or a *reconciler*).
+
+A **reconciler** asks the service whether a call in doubt took effect, for services that honour no idempotency
+key. It is a function of the call (:class:`InDoubtCall`: its call id, key and arguments) that answers in one of
+three ways::
+
+    def refund_reconciler(call: InDoubtCall):
+        refund = payments.find(reference=call.call_id)   # the id the call sent with it
+        if refund is None:
+            return NOT_DONE                              # never arrived: made now, under the same call id
+        if refund.status == "rejected":
+            raise RefundRejected(refund.reason)          # took effect as a failure: the call's exception
+        return refund.as_dict()                          # took effect: the call's result
+
+    Tool(issue_refund, in_doubt=refund_reconciler)
+
+The answer is journaled as the call's outcome (a result, or an exception the action sees raised), and reused from
+then on like any call's. A reconciler that cannot tell raises :class:`ReconcileError` (or an ``OSError``: a
+connection refused, a timeout); it is asked again with backoff (:class:`Reconciler` sets how often), and when it
+still cannot tell, ``ctx.call`` raises :class:`ReconcileError` and the call stays in doubt: the next attempt
+reconciles it again. It is never made under a new call id. An exception the call took effect with that leaves the
+action keeps the call in doubt too (the action failed; the next attempt asks again): only one the action handled is
+reused as it was.
 """
 
 from __future__ import annotations
@@ -17,11 +39,15 @@ import contextvars
 import copy
 import enum
 import inspect
+import logging
 import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import tenacity
 
 from flink_agents_replay.api.call_site import current_call_id
 from flink_agents_replay.api.tool_schema import (
@@ -33,9 +59,12 @@ from flink_agents_replay.api.tool_schema import (
     takes_any_keyword,
     tool_name,
 )
-from flink_agents_replay.core.errors import CallTimeoutError, ChatModelError
+from flink_agents_replay.core.errors import CallTimeoutError, ChatModelError, ReconcileError
 
-__all__ = ["ChatModelError", "InDoubtPolicy", "Resource", "SideEffects", "Tool", "current_call_id"]
+__all__ = ["NOT_DONE", "ChatModelError", "InDoubtCall", "InDoubtPolicy", "ReconcileError", "Reconciler", "Resource",
+           "SideEffects", "Tool", "current_call_id"]
+
+log = logging.getLogger(__name__)
 
 
 class SideEffects(str, enum.Enum):
@@ -54,12 +83,125 @@ class InDoubtPolicy(str, enum.Enum):
     ASSUME_DONE = "assume_done"
 
 
+class _NotDone:
+    """The type of :data:`NOT_DONE` (one instance, the same after pickling)."""
+
+    def __reduce__(self) -> str:
+        return "NOT_DONE"
+
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+#: A reconciler's answer for a call in doubt that did not take effect: it is made now, under the same call id.
+NOT_DONE: Final = _NotDone()
+
+
+@dataclass(frozen=True)
+class InDoubtCall:
+    """A call that started before a failure and never reported back, as a reconciler is asked about it.
+
+    Attributes:
+        call_id: the id the call was made with (``current_call_id()`` inside it: the idempotency key it sent).
+        resource: the resource's name in the agent. key: the run's key. seq: the input's number within its key.
+        action: the action that made the call.
+        args, kwargs: the call's arguments, as the action gave them (private copies).
+        arguments: the arguments by parameter name (a tool's positional ones bound to its signature).
+        started: what the call's *started* record noted (``{}`` for most resources; a model with fallbacks
+            notes which model it was asking).
+    """
+
+    call_id: str
+    resource: str
+    key: Any
+    seq: int
+    action: str
+    args: tuple
+    kwargs: dict[str, Any]
+    arguments: dict[str, Any]
+    started: dict[str, Any] = field(default_factory=dict)
+
+
+class Reconciler:
+    """An ``in_doubt`` policy that asks: ``function(call: InDoubtCall)`` answers what became of a call in doubt
+    (see the module docstring). A plain function given as ``in_doubt=`` is wrapped in one with these defaults.
+
+    Args:
+        function: the reconciler.
+        attempts: how often it is asked before the call is left in doubt (at least 1).
+        backoff_s, max_backoff_s: the wait before the second question, doubled after each, at most
+            ``max_backoff_s`` (with the defaults: 0.5 s, then 1 s).
+        retry_on: what it raises to say it cannot tell now (asked again); anything else it raises is the call's
+            exception.
+    """
+
+    def __init__(self, function: Callable[[InDoubtCall], Any], *, attempts: int = 3, backoff_s: float = 0.5,
+                 max_backoff_s: float = 5.0,
+                 retry_on: tuple[type[BaseException], ...] = (ReconcileError, OSError)):
+        if not callable(function):
+            raise TypeError(f"a reconciler is a function of the call in doubt, got {function!r}")
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ValueError(f"Reconciler attempts must be a whole number of at least 1, got {attempts!r}")
+        if not 0 <= backoff_s <= max_backoff_s < math.inf:
+            raise ValueError(f"Reconciler needs 0 <= backoff_s <= max_backoff_s, got {backoff_s!r} and "
+                             f"{max_backoff_s!r}")
+        if not retry_on or not all(isinstance(t, type) and issubclass(t, BaseException) for t in retry_on):
+            raise TypeError(f"Reconciler retry_on takes exception classes, got {retry_on!r}")
+        self.function = function
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.retry_on = tuple(retry_on)
+
+    def reconcile(self, call: InDoubtCall) -> Any:
+        """The reconciler's answer (a result or :data:`NOT_DONE`; the call's exception raised as it is), asked up
+        to ``attempts`` times; :class:`ReconcileError` if it still cannot tell."""
+        def report(state: tenacity.RetryCallState) -> None:
+            log.warning("reconciling call %s (%s): %s; asking again in %.1f s", call.call_id, call.resource,
+                        state.outcome.exception(), state.next_action.sleep if state.next_action else 0.0)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(self.retry_on), stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s, min=self.backoff_s, max=self.max_backoff_s),
+            before_sleep=report, reraise=True)
+        try:
+            return retrying(self.function, call)
+        except self.retry_on as exc:
+            raise ReconcileError(
+                f"call {call.call_id} to {call.resource!r} is in doubt and its reconciler could not tell whether "
+                f"it took effect ({self.attempts} attempts; last: {type(exc).__name__}: {exc}); it stays in doubt "
+                "and the next attempt asks again") from exc
+
+    def __repr__(self) -> str:
+        return f"Reconciler({getattr(self.function, '__qualname__', self.function)!r}, attempts={self.attempts})"
+
+
+#: What ``in_doubt=`` takes.
+InDoubt = InDoubtPolicy | str | Reconciler | Callable[[InDoubtCall], Any]
+
+
+def in_doubt_policy(in_doubt: InDoubt) -> InDoubtPolicy | Reconciler:
+    """``in_doubt=`` as a resource keeps it: a policy, or a :class:`Reconciler` (a plain function wrapped)."""
+    if isinstance(in_doubt, Reconciler):
+        return in_doubt
+    if isinstance(in_doubt, (InDoubtPolicy, str)):
+        try:
+            return InDoubtPolicy(in_doubt)
+        except ValueError:
+            raise ValueError(f"in_doubt takes {', '.join(repr(p.value) for p in InDoubtPolicy)} or a reconciler "
+                             f"function, got {in_doubt!r}") from None
+    if callable(in_doubt):
+        return Reconciler(in_doubt)
+    raise TypeError(f"in_doubt takes {', '.join(repr(p.value) for p in InDoubtPolicy)} or a reconciler function, "
+                    f"got {in_doubt!r}")
+
+
 class Resource(ABC):
     """Something an action calls through ``ctx.call(name, ...)``."""
 
-    def __init__(self, *, side_effects: SideEffects | str, in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN):
+    def __init__(self, *, side_effects: SideEffects | str, in_doubt: InDoubt = InDoubtPolicy.RERUN):
         self.side_effects = SideEffects(side_effects)
-        self.in_doubt = InDoubtPolicy(in_doubt)
+        self.in_doubt = in_doubt_policy(in_doubt)
 
     @abstractmethod
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
@@ -95,7 +237,8 @@ class Tool(Resource):
     Args:
         function: what a call runs.
         side_effects: ``none``, ``idempotent`` or ``external`` (see the module docstring).
-        in_doubt: what the next attempt does with a call that started and never reported back.
+        in_doubt: what the next attempt does with a call that started and never reported back: a policy or a
+            reconciler (see the module docstring).
         timeout_s: give up waiting after this many seconds and raise :class:`CallTimeoutError` (the function
             keeps running on its own thread: Python cannot stop it, so its effect is in doubt). ``None``
             (default) waits as long as the function runs.
@@ -113,7 +256,7 @@ class Tool(Resource):
     """
 
     def __init__(self, function: Callable[..., Any], *, side_effects: SideEffects | str = SideEffects.EXTERNAL,
-                 in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN, timeout_s: float | None = None,
+                 in_doubt: InDoubt = InDoubtPolicy.RERUN, timeout_s: float | None = None,
                  name: str | None = None, description: str | None = None,
                  schema: Mapping[str, Any] | None = None,
                  needs_approval: bool | Callable[[dict[str, Any]], bool] = False,

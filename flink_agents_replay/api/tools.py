@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flink_agents_replay.api.resources import InDoubtPolicy, SideEffects, Tool
+from flink_agents_replay.api.resources import InDoubt, InDoubtPolicy, SideEffects, Tool
 from flink_agents_replay.api.tool_schema import (
     Argument,
     arguments_model,
@@ -49,7 +49,7 @@ ToolSpec = Tool | Mapping[str, Any]
 
 
 def tool(function: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         side_effects: SideEffects | str = SideEffects.EXTERNAL, in_doubt: InDoubtPolicy | str = InDoubtPolicy.RERUN,
+         side_effects: SideEffects | str = SideEffects.EXTERNAL, in_doubt: InDoubt = InDoubtPolicy.RERUN,
          timeout_s: float | None = None) -> Any:
     """Make ``function`` a :class:`Tool` whose schema comes from its signature (``@tool`` or ``@tool(...)``).
 

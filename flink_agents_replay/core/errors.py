@@ -105,6 +105,13 @@ class CallInDoubtError(FlinkAgentsReplayError, RuntimeError):
     """A call started before a failure and never reported back; its resource's policy says ``fail``."""
 
 
+class ReconcileError(CallInDoubtError):
+    """A reconciler could not tell whether a call in doubt took effect.
+
+    Raised by a reconciler (:class:`~flink_agents_replay.api.resources.Reconciler`) to say so, it is retried; raised
+    by ``ctx.call`` once its retries are spent, the call stays in doubt and the next attempt reconciles it again."""
+
+
 class UnknownSubAgentError(AgentDefinitionError, KeyError):
     """``ctx.call_agent`` named an agent the calling agent does not register as a sub-agent."""
 

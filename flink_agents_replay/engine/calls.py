@@ -44,10 +44,11 @@ from typing import Any
 
 from flink_agents_replay.api.call_site import _CALL_REPORT, _CALL_SITE, CallSite
 from flink_agents_replay.api.memory import private_copy
-from flink_agents_replay.api.resources import InDoubtPolicy, Resource, Tool
+from flink_agents_replay.api.resources import NOT_DONE, InDoubtCall, InDoubtPolicy, Reconciler, Resource, Tool
 from flink_agents_replay.core.errors import (
     CallInDoubtError,
     CallTimeoutError,
+    ReconcileError,
     ToolCallDeniedError,
     WaitNotSupportedError,
     WaitTimedOutError,
@@ -56,6 +57,7 @@ from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats,
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GatedWait, Live, Recorded
+from flink_agents_replay.storage.records.journal import STILL_IN_DOUBT_IF_FAILED as _STILL_IN_DOUBT_IF_FAILED
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, Decision, WaitOpened
@@ -264,8 +266,11 @@ class ActionCalls:
             self.stats.calls_reused += 1
             self.context.calls.append(record)
             return resource.restore_result(recorded_outcome(record), args, kwargs)
-        if record is not None and self._assumed_done(position, resource_name, resource, args_digest):
-            return None
+        again_after_doubt = record is not None
+        if again_after_doubt:
+            settled = self._settle_in_doubt(position, record, resource_name, resource, args_digest, args, kwargs)
+            if settled is not NOT_DONE:
+                return settled
         self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         decision = self.context.gate.admit(GatedCall(
             key=self.context.run.key, seq=self.context.run.seq, event_id=self.site.event.id, action=self.site.action,
@@ -279,27 +284,69 @@ class ActionCalls:
             self.stats.calls_blocked += 1
             self.context.blocked.append(decision.report)
             raise decision.error
-        return self._make(position, resource_name, resource, args_digest, args, kwargs, decision)
+        return self._make(position, resource_name, resource, args_digest, args, kwargs, decision,
+                          again_after_doubt=again_after_doubt)
 
-    def _assumed_done(self, position: int, resource_name: str, resource: Resource, args_digest: str) -> bool:
-        """A call in doubt (started, never reported back): ``True`` if its policy assumes it done, ``False`` to
-        make it again; raises if its policy is ``fail``."""
+    def _settle_in_doubt(self, position: int, record: CallRecord, resource_name: str, resource: Resource,
+                         args_digest: str, args: tuple, kwargs: dict) -> Any:
+        """A call in doubt (started, never reported back), as its policy settles it: its result (assumed done, or
+        as a reconciler found it), its exception raised (``fail``, or as a reconciler found it), or
+        :data:`NOT_DONE` to make it again under the same call id."""
         self.stats.calls_in_doubt += 1
         run = self.context.run
         where = f"key {run.key!r} seq {run.seq} action {self.site.action}: call {position} to {resource_name!r}"
-        if resource.in_doubt is InDoubtPolicy.FAIL:
+        policy = resource.in_doubt
+        if isinstance(policy, Reconciler):
+            return self._reconciled(position, record, resource_name, resource, args_digest, args, kwargs, where)
+        if policy is InDoubtPolicy.FAIL:
             raise CallInDoubtError(
                 f"{where} started before a failure and never reported back; its in_doubt policy is 'fail'")
-        if resource.in_doubt is InDoubtPolicy.ASSUME_DONE:
+        if policy is InDoubtPolicy.ASSUME_DONE:
             log.warning("%s in doubt: assumed done (returns None)", where)
             self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, None)
-            return True
+            return None
         log.warning("%s in doubt: made again (in_doubt policy 'rerun')", where)
-        return False
+        return NOT_DONE
+
+    def _reconciled(self, position: int, record: CallRecord, resource_name: str, resource: Resource,
+                    args_digest: str, args: tuple, kwargs: dict, where: str) -> Any:
+        """Ask the resource's reconciler what became of the call in doubt, and journal its answer as the call's
+        outcome (a :class:`ReconcileError` when it cannot tell journals nothing: the call stays in doubt)."""
+        run = self.context.run
+        call_args, call_kwargs = private_copy((args, kwargs))
+        by_name = resource.arguments_by_name if isinstance(resource, Tool) else _arguments_by_index
+        question = InDoubtCall(
+            call_id=self._call_id(position, resource_name, args_digest), resource=resource_name, key=run.key,
+            seq=run.seq, action=self.site.action, args=call_args, kwargs=call_kwargs,
+            arguments=by_name(call_args, call_kwargs), started=dict(record.meta))
+        try:
+            answer = resource.in_doubt.reconcile(question)
+        except ReconcileError:
+            self.stats.calls_reconciled_unknown += 1
+            log.warning("%s in doubt: its reconciler could not tell whether it took effect; it stays in doubt",
+                        where)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the call took effect as this failure: journaled, re-raised
+            self.stats.calls_reconciled += 1
+            log.warning("%s in doubt: its reconciler found it failed (%s)", where, type(exc).__name__)
+            self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
+                            external=True, meta={"reconciled": "failed", _STILL_IN_DOUBT_IF_FAILED: True})
+            raise
+        if answer is NOT_DONE:
+            log.warning("%s in doubt: its reconciler found it not done; made now, under the same call id", where)
+            return NOT_DONE
+        self.stats.calls_reconciled += 1
+        log.warning("%s in doubt: its reconciler found it done", where)
+        self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, answer, external=True,
+                        meta={"reconciled": "done"})
+        return resource.restore_result(private_copy(answer), args, kwargs)
 
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
-              kwargs: dict, live: Live) -> Any:
-        """Make the call for real, journaling it: 'started' first for an external resource, then its outcome."""
+              kwargs: dict, live: Live, *, again_after_doubt: bool = False) -> Any:
+        """Make the call for real, journaling it: 'started' first for an external resource, then its outcome.
+
+        A call made again after it was in doubt notes so with its exception: if that leaves the action, the call
+        is in doubt again for the next attempt (its first try may have taken effect), not made under a new id."""
         external = resource.tracks_start
         if self.context.journal is not None:
             if external:
@@ -328,6 +375,8 @@ class ActionCalls:
             raise
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             self.stats.calls_executed += 1
+            if again_after_doubt:
+                meta[_STILL_IN_DOUBT_IF_FAILED] = True
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
                             external=external, meta=_with_latency(meta, begun))
             raise
@@ -373,6 +422,11 @@ def _check_wait(name: str, payload: Any, timeout_s: float | None) -> None:
                                   or not 0 < timeout_s < math.inf):
         raise ValueError(f"wait_for({name!r}): timeout_s must be a positive number of seconds or None, got "
                          f"{timeout_s!r}")
+
+
+def _arguments_by_index(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A call's arguments by name, positional ones by their index (a resource without a signature to bind)."""
+    return {**{str(index): value for index, value in enumerate(args)}, **kwargs}
 
 
 def _with_latency(meta: dict[str, Any], begun: float) -> dict[str, Any]:

@@ -80,6 +80,8 @@ class RunStats:
     calls_reused: int = 0
     calls_reused_out_of_order: int = 0  # reused calls the action made in another order than journaled
     calls_in_doubt: int = 0
+    calls_reconciled: int = 0  # calls in doubt a reconciler found done or failed (its answer journaled)
+    calls_reconciled_unknown: int = 0  # calls in doubt whose reconciler could not tell (left in doubt)
     divergences: int = 0
     fingerprint_mismatches: int = 0
     child_calls_executed: int = 0

@@ -22,6 +22,8 @@ COUNTERS: dict[str, str] = {
     "calls_reused_out_of_order": "reused calls that an action asked for at another place among its calls than "
                                  "when journaled (a set's iteration order, say)",
     "calls_in_doubt": "calls found started and never finished after a restore (their `in_doubt` policy decided)",
+    "calls_reconciled": "calls in doubt whose reconciler found them done or failed (its answer journaled as theirs)",
+    "calls_reconciled_unknown": "calls in doubt whose reconciler could not tell, after its retries (left in doubt)",
     "divergences": "keys whose recorded history was dropped because a different input came at a recorded seq",
     "fingerprint_mismatches": "journaled completions written by other action code (`fingerprint_policy` decided)",
     "journal_records_pruned": "journal records deleted after completed checkpoints",

@@ -9,10 +9,11 @@ rules for accepted order, failed actions and divergence are in its docstring and
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from flink_agents_replay.storage.records.journal import (
+    STILL_IN_DOUBT_IF_FAILED,
     AcceptedRecord,
     ActionFailedRecord,
     CallOutcome,
@@ -103,13 +104,20 @@ class KeyHistory:
             slot[record.position] = record
 
     def add_action_failed(self, record: ActionFailedRecord) -> None:
-        """File an action-failed record: the RAISED calls of that action execution are not reused."""
+        """File an action-failed record: the RAISED calls of that action execution are not reused. One that was
+        in doubt before it raised is in doubt again (its first try may have taken effect): the next attempt's
+        in-doubt policy decides, under the same call id."""
         self._note_input(record.seq, record.input_digest)
         action_slot = (record.seq, record.event_id, record.action)
         calls = self.calls.get(action_slot, {})
         retried = self.retried[action_slot]
         for position in record.retry_calls:
-            if position in calls and calls[position].outcome is CallOutcome.RAISED:
+            call = calls.get(position)
+            if call is None or call.outcome is not CallOutcome.RAISED:
+                continue
+            if call.meta.get(STILL_IN_DOUBT_IF_FAILED):
+                calls[position] = replace(call, outcome=CallOutcome.STARTED, result=None)
+            else:
                 del calls[position]
                 retried[position] = retried.get(position, 0) + 1
 
