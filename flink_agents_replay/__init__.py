@@ -64,9 +64,14 @@ __all__ = [
     "ChatResult",
     "Decision",
     "Event",
+    "FallbackChatModel",
+    "InDoubtCall",
     "InDoubtPolicy",
     "InputEvent",
+    "NOT_DONE",
     "OutputEvent",
+    "ReconcileError",
+    "Reconciler",
     "RunnerContext",
     "SideEffects",
     "Tool",
@@ -105,7 +110,12 @@ _EXPORTS = {
     "ToolLoopResult": "flink_agents_replay.api.tool_loop",
     "run_tool_loop": "flink_agents_replay.api.tool_loop",
     "tool": "flink_agents_replay.api.tools",
+    "FallbackChatModel": "flink_agents_replay.api.fallback_model",
+    "InDoubtCall": "flink_agents_replay.api.resources",
     "InDoubtPolicy": "flink_agents_replay.api.resources",
+    "NOT_DONE": "flink_agents_replay.api.resources",
+    "Reconciler": "flink_agents_replay.api.resources",
+    "ReconcileError": "flink_agents_replay.core.errors",
     "SideEffects": "flink_agents_replay.api.resources",
     "Tool": "flink_agents_replay.api.resources",
     "AgentOutput": "flink_agents_replay.flink.operator",
@@ -116,10 +126,25 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
     from flink_agents_replay.api.chat_model import ChatModel
-    from flink_agents_replay.api.resources import InDoubtPolicy, SideEffects, Tool, current_call_id
+    from flink_agents_replay.api.fallback_model import FallbackChatModel
+    from flink_agents_replay.api.resources import (
+        NOT_DONE,
+        InDoubtCall,
+        InDoubtPolicy,
+        Reconciler,
+        SideEffects,
+        Tool,
+        current_call_id,
+    )
     from flink_agents_replay.api.tool_loop import ToolLoopResult, run_tool_loop
     from flink_agents_replay.api.tools import tool
-    from flink_agents_replay.core.errors import CallBlocked, ToolCallDeniedError, ToolLoopLimitError, WaitTimedOutError
+    from flink_agents_replay.core.errors import (
+        CallBlocked,
+        ReconcileError,
+        ToolCallDeniedError,
+        ToolLoopLimitError,
+        WaitTimedOutError,
+    )
     from flink_agents_replay.flink.config import AgentConfig
     from flink_agents_replay.flink.operator import AgentOutput
     from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events

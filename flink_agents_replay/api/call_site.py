@@ -11,11 +11,12 @@ that outside state as of the savepoint, write into the replay's own copy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallSite", "Fork", "current_call_id", "current_call_site", "report_call"]
+__all__ = ["CallSite", "Fork", "current_call_id", "current_call_site", "journal_attempt", "report_call"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class CallSite:
             has an epoch ``<= time(C)`` in every attempt.
         step: the call's place in its run: a later call of the run has a larger step.
         fork: in a replay, how to treat outside state (:class:`Fork`); ``None`` in production.
+        in_doubt: for a call made again because it was in doubt, what its last *started* record noted
+            (:func:`journal_attempt`; ``{}`` if nothing); ``None`` for a call made for the first time.
     """
 
     call_id: str
@@ -61,6 +64,7 @@ class CallSite:
     epoch: int
     step: int = 0
     fork: Fork | None = None
+    in_doubt: dict[str, Any] | None = None
 
 
 log = logging.getLogger("flink_agents_replay.resources")
@@ -68,6 +72,9 @@ log = logging.getLogger("flink_agents_replay.resources")
 _CALL_SITE: ContextVar[CallSite | None] = ContextVar("flink_agents_replay_call_site", default=None)
 #: What the resource reported about the call under way (:func:`report_call`); set by the engine around it.
 _CALL_REPORT: ContextVar[dict[str, Any] | None] = ContextVar("flink_agents_replay_call_report", default=None)
+#: Journals a started record for the call under way (:func:`journal_attempt`); set by the engine around it.
+_CALL_ATTEMPT: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
+    "flink_agents_replay_call_attempt", default=None)
 
 
 def report_call(**fields: str | int | float | None) -> None:
@@ -85,6 +92,20 @@ def report_call(**fields: str | int | float | None) -> None:
                         type(value).__name__)
             continue
         report[name] = value
+
+
+def journal_attempt(**fields: str | int | float) -> None:
+    """Journal, acknowledged, that the ``ctx.call`` under way now tries something that may take effect (which
+    model of several it asks, say): a *started* record noting ``fields`` (plain strings and numbers). If the process
+    dies before the call reports back, the call is in doubt: its resource's ``in_doubt`` policy decides, and a call
+    made again is told what the last such record noted (``current_call_site().in_doubt``), so it can ask the same
+    again. One broker round trip each. Outside a call made for real (a test calling ``invoke``) it does nothing."""
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise TypeError(f"journal_attempt({name}=...) takes a string or a number, not {type(value).__name__}")
+    journal = _CALL_ATTEMPT.get()
+    if journal is not None:
+        journal(dict(fields))
 
 
 def current_call_site() -> CallSite | None:

@@ -92,6 +92,15 @@ class ChatModel(OpenAIClientMixin, Resource):
     def invoke(self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
                tools: Sequence[ToolSpec | Mapping[str, Any]] | None = None, response_format: Any = None,
                **params: Any) -> str | ChatResult:
+        return self.ask(current_call_id(), prompt, messages=messages, tools=tools, response_format=response_format,
+                        **params)
+
+    def ask(self, idempotency_key: str | None, prompt: str | None = None, *,
+            messages: Sequence[Mapping[str, Any]] | None = None,
+            tools: Sequence[ToolSpec | Mapping[str, Any]] | None = None, response_format: Any = None,
+            **params: Any) -> str | ChatResult:
+        """The call as :meth:`invoke` makes it, with ``idempotency_key`` as its ``Idempotency-Key`` (none: no
+        header)."""
         if (prompt is None) == (messages is None):
             raise TypeError("ChatModel call takes exactly one of prompt=... or messages=[...]")
         request: dict[str, Any] = {
@@ -99,17 +108,16 @@ class ChatModel(OpenAIClientMixin, Resource):
             **self.params, **params}
         if tools:
             request["tools"] = tool_schemas(tools)
-        result = self._complete(request, response_format)
+        result = self._complete(request, response_format, idempotency_key)
         if prompt is not None and not tools and response_format is None:
             if result.content is None:
                 raise ChatModelError(f"{self!r} answered without text (finish reason {result.finish_reason!r})")
             return result.content
         return result
 
-    def _complete(self, request: dict[str, Any], response_format: Any) -> ChatResult:
-        call_id = current_call_id()
-        if call_id is not None:  # on every attempt the SDK makes: a service that honours it answers once
-            request["extra_headers"] = {**request.get("extra_headers", {}), "Idempotency-Key": call_id}
+    def _complete(self, request: dict[str, Any], response_format: Any, idempotency_key: str | None) -> ChatResult:
+        if idempotency_key is not None:  # on every attempt the SDK makes: a service that honours it answers once
+            request["extra_headers"] = {**request.get("extra_headers", {}), "Idempotency-Key": idempotency_key}
         if response_format is not None:
             request["response_format"] = _json_schema_format(response_format)
         begun = time.monotonic()

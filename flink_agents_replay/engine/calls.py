@@ -42,7 +42,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from flink_agents_replay.api.call_site import _CALL_REPORT, _CALL_SITE, CallSite
+from flink_agents_replay.api.call_site import _CALL_ATTEMPT, _CALL_REPORT, _CALL_SITE, CallSite
 from flink_agents_replay.api.memory import private_copy
 from flink_agents_replay.api.resources import NOT_DONE, InDoubtCall, InDoubtPolicy, Reconciler, Resource, Tool
 from flink_agents_replay.core.errors import (
@@ -266,8 +266,7 @@ class ActionCalls:
             self.stats.calls_reused += 1
             self.context.calls.append(record)
             return resource.restore_result(recorded_outcome(record), args, kwargs)
-        again_after_doubt = record is not None
-        if again_after_doubt:
+        if record is not None:
             settled = self._settle_in_doubt(position, record, resource_name, resource, args_digest, args, kwargs)
             if settled is not NOT_DONE:
                 return settled
@@ -285,7 +284,7 @@ class ActionCalls:
             self.context.blocked.append(decision.report)
             raise decision.error
         return self._make(position, resource_name, resource, args_digest, args, kwargs, decision,
-                          again_after_doubt=again_after_doubt)
+                          in_doubt=None if record is None else dict(record.meta))
 
     def _settle_in_doubt(self, position: int, record: CallRecord, resource_name: str, resource: Resource,
                          args_digest: str, args: tuple, kwargs: dict) -> Any:
@@ -342,11 +341,12 @@ class ActionCalls:
         return resource.restore_result(private_copy(answer), args, kwargs)
 
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
-              kwargs: dict, live: Live, *, again_after_doubt: bool = False) -> Any:
+              kwargs: dict, live: Live, *, in_doubt: dict[str, Any] | None = None) -> Any:
         """Make the call for real, journaling it: 'started' first for an external resource, then its outcome.
 
-        A call made again after it was in doubt notes so with its exception: if that leaves the action, the call
-        is in doubt again for the next attempt (its first try may have taken effect), not made under a new id."""
+        ``in_doubt``: for a call made again after it was in doubt, what its started record noted (the resource is
+        told). Such a call notes so with its exception: if that leaves the action, the call is in doubt again for
+        the next attempt (its first try may have taken effect), not made under a new id."""
         external = resource.tracks_start
         if self.context.journal is not None:
             if external:
@@ -359,9 +359,10 @@ class ActionCalls:
             # external one in doubt, and its policy decides there).
             self.scope.check(self.context, f"call {position} to {resource_name!r} in action {self.site.action}")
         self.note_retry(position, resource_name)
-        token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live))
+        token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live, in_doubt))
         meta: dict[str, Any] = {}
         report = _CALL_REPORT.set(meta)
+        attempt = _CALL_ATTEMPT.set(lambda noted: self._journal_attempt(position, resource_name, args_digest, noted))
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
@@ -375,12 +376,13 @@ class ActionCalls:
             raise
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             self.stats.calls_executed += 1
-            if again_after_doubt:
+            if in_doubt is not None:
                 meta[_STILL_IN_DOUBT_IF_FAILED] = True
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
                             external=external, meta=_with_latency(meta, begun))
             raise
         finally:
+            _CALL_ATTEMPT.reset(attempt)
             _CALL_REPORT.reset(report)
             _CALL_SITE.reset(token)
         self.stats.calls_executed += 1
@@ -389,14 +391,24 @@ class ActionCalls:
         # A copy: the journaled result stays as it was, whatever the action does to its copy.
         return resource.restore_result(private_copy(result), args, kwargs)
 
-    def _site(self, position: int, resource_name: str, args_digest: str, live: Live) -> CallSite:
+    def _journal_attempt(self, position: int, resource_name: str, args_digest: str, noted: dict[str, Any]) -> None:
+        """A started record of the call under way, noting what it tries now (``journal_attempt``), acknowledged."""
+        if self.context.journal is None:
+            return
+        where = f"call {position} to {resource_name!r} in action {self.site.action}"
+        self.scope.check(self.context, where)
+        self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True, meta=noted)
+        self.scope.check(self.context, where)  # the wait may outlast the operator's close: nothing tried after it
+
+    def _site(self, position: int, resource_name: str, args_digest: str, live: Live,
+              in_doubt: dict[str, Any] | None) -> CallSite:
         """What the resource learns about the call (``current_call_site()``)."""
         run = self.context.run
         return CallSite(call_id=live.call_id_prefix + self._call_id(position, resource_name, args_digest),
                         stable_id=self._call_id(position, resource_name, args_digest, retry=0),
                         agent=self.scope.path[0], resource=resource_name, key_digest=self.context.digest_of_key,
                         seq=run.seq, event_time_ms=run.event_time, epoch=run.epoch,
-                        step=self.site.order * _CALLS_PER_ACTION + position, fork=live.fork)
+                        step=self.site.order * _CALLS_PER_ACTION + position, fork=live.fork, in_doubt=in_doubt)
 
     def _call_id(self, position: int, resource_name: str, args_digest: str, *, retry: int | None = None) -> str:
         # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.

@@ -770,9 +770,21 @@ def _usage_rows(usage: UsageComparison) -> list[list[str]]:
     """Per metric: its label, production's and the replay's values, the delta and the delta in percent."""
     before, after = usage.production.metrics(), usage.replay.metrics()
     delta, percent = usage.delta(), usage.delta_percent()
-    return [[label, _metric(name, before[name]), _metric(name, after[name]), _metric(name, delta[name], sign="+"),
+    rows = [[label, _metric(name, before[name]), _metric(name, after[name]), _metric(name, delta[name], sign="+"),
              "n/a" if percent[name] is None else f"{percent[name]:+.1f}%"]
             for name, label in METRICS]
+    return rows + _per_model_rows(usage)
+
+
+def _per_model_rows(usage: UsageComparison) -> list[list[str]]:
+    """A row per model that answered a call on either side: its calls, production against replay."""
+    models = sorted({model for side in (usage.production, usage.replay) for model, _ in side.calls_by_model})
+    rows = []
+    for model in models:
+        before, after = usage.production.calls_to(model), usage.replay.calls_to(model)
+        percent = f"{(after - before) / before * 100:+.1f}%" if before else "n/a"
+        rows.append([f"  calls to {model}", str(before), str(after), f"{after - before:+d}", percent])
+    return rows
 
 
 def _metric(name: str, value: int | float | None, sign: str = "") -> str:

@@ -18,6 +18,8 @@ What is measured
       is always one of the measured values; with no latency it is ``None``;
     * ``prompt_tokens`` and ``completion_tokens``: the sums of the calls' ``"prompt_tokens"`` and
       ``"completion_tokens"`` (missing or non-numeric counts count 0);
+    * ``calls_by_model``: the calls per model, by the name the service answered with (with fallbacks, which
+      model answered how many);
     * ``cost_usd``: per call, ``prompt_tokens * prompt_per_1m / 1e6 + completion_tokens * completion_per_1m
       / 1e6`` with the :class:`Price` of the call's model in a price table (the ``"*"`` entry for a model the
       table does not name), summed. When some call's model has no price (or no table is given) the cost is
@@ -32,6 +34,7 @@ What is measured
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +82,11 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float | None = 0.0
     unpriced_models: tuple[str, ...] = ()
+    calls_by_model: tuple[tuple[str, int], ...] = ()  # (model, calls), by model name: who answered (fallbacks)
+
+    def calls_to(self, model: str) -> int:
+        """How many of the calls ``model`` answered."""
+        return dict(self.calls_by_model).get(model, 0)
 
     @property
     def p50_ms(self) -> float | None:
@@ -92,9 +100,11 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
+        by_model = Counter(dict(self.calls_by_model)) + Counter(dict(other.calls_by_model))
         return Usage(self.calls + other.calls, self.latencies_ms + other.latencies_ms,
                      self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens,
-                     cost, tuple(sorted({*self.unpriced_models, *other.unpriced_models})))
+                     cost, tuple(sorted({*self.unpriced_models, *other.unpriced_models})),
+                     tuple(sorted(by_model.items())))
 
     def metrics(self) -> dict[str, Number | None]:
         """The :data:`METRICS`, by name."""
@@ -104,7 +114,8 @@ class Usage:
 
     def to_json(self) -> dict[str, Any]:
         """The metrics and the models without a price, as plain JSON values."""
-        return {**self.metrics(), "unpriced_models": list(self.unpriced_models)}
+        return {**self.metrics(), "unpriced_models": list(self.unpriced_models),
+                "calls_by_model": dict(self.calls_by_model)}
 
 
 @dataclass(frozen=True)
@@ -175,8 +186,8 @@ def _call_usage(meta: Mapping[str, Any], prices: PriceTable | None) -> Usage:
     latencies = (float(latency),) if _is_number(latency) else ()
     price = price_for(prices, model)
     if price is None:
-        return Usage(1, latencies, prompt, completion, None, (model,))
-    return Usage(1, latencies, prompt, completion, call_cost(price, prompt, completion))
+        return Usage(1, latencies, prompt, completion, None, (model,), ((model, 1),))
+    return Usage(1, latencies, prompt, completion, call_cost(price, prompt, completion), (), ((model, 1),))
 
 
 def _is_number(value: Any) -> bool:

@@ -184,6 +184,19 @@ def test_text_report_has_the_model_usage_table():
     assert header.split() == ["production", "replay", "delta", "delta", "%"]
 
 
+def test_the_usage_table_counts_calls_per_model_that_answered():
+    text = usage_report().render_text(max_width=100)
+    lines = text.splitlines()
+    table = lines[lines.index("Model usage") + 9:lines.index("Model usage") + 11]
+    assert [line.split() for line in table] == [
+        ["calls", "to", "gpt-4o", "0", "2", "+2", "n/a"],
+        ["calls", "to", "gpt-4o-mini", "3", "0", "-3", "-100.0%"]]
+    usage = usage_report().to_json()["usage"]
+    assert usage["production"]["calls_by_model"] == {"gpt-4o-mini": 3}
+    assert usage["replay"]["calls_by_model"] == {"gpt-4o": 2}
+    assert "calls to gpt-4o-mini" in usage_report().render_html()
+
+
 def test_text_report_says_which_models_had_no_price():
     production = [run("k", 1, "v", [model_call(0, "gpt-4o-mini", 10.0, 100, 10)])]
     replay = [run("k", 1, "v", [model_call(0, "mystery", 10.0, 100, 10)])]
