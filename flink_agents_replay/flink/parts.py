@@ -17,6 +17,7 @@ from flink_agents_replay.storage.capture.manifest import CaptureDescription
 from flink_agents_replay.storage.capture.schemas import capture_codec
 from flink_agents_replay.storage.capture.writer import CaptureWriter
 from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints
+from flink_agents_replay.storage.journal.fence_watch import FenceWatch
 from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.storage.journal.writer import JournalWriter, max_record_bytes
 from flink_agents_replay.storage.records.codec import FORMAT_VERSION, RecordCodec
@@ -63,8 +64,14 @@ def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subt
             timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
         codec = RecordCodec(config.signing_key_bytes, config.uid, verification_keys=config.verification_keys_bytes,
                             event_types=agent.event_types())
+        # A resumed job's starts fence its older attempts, whose external calls then stop (docs/design.md §5.3);
+        # the fence topic is created with the journal topic.
+        fence_watch = FenceWatch(
+            config.kafka_settings(), config.journal_topic, create_topic=config.create_topic,
+            replication_factor=config.replication_factor, timeout_s=config.kafka_timeout_s,
+            ack_timeout_s=config.ack_timeout_s) if mode.resumable else None
         writer = JournalWriter(store, codec, config.durability, config.ack_timeout_s,
-                               max_record_bytes(config.kafka, store.max_message_bytes))
+                               max_record_bytes(config.kafka, store.max_message_bytes), fence_watch=fence_watch)
     # A job that is not resumed (a replay) reads what is left of another journal: a gap is expected there.
     return JournalCheckpoints(store=store, writer=writer, restore_from=mode.journal_to_restore(store), owned=owned,
                               subtask=subtask, resumable=mode.resumable,

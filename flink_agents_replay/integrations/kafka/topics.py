@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from flink_agents_replay.core.errors import ConfigError
 
-__all__ = ["CAPTURE", "JOURNAL", "MANIFEST", "TOPIC", "TopicRole", "compacts", "created_topic_config"]
+__all__ = ["CAPTURE", "FENCES", "JOURNAL", "MANIFEST", "TOPIC", "TopicRole", "compacts", "created_topic_config"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class TopicRole:
 JOURNAL = TopicRole("journal topic", keyed_by_key_group=True)
 CAPTURE = TopicRole("capture topic", keyed_by_key_group=True)
 MANIFEST = TopicRole("capture manifest topic", compacted=True)
+#: A journal's fence topic (``<journal>.fences``, one partition): every start of a subtask names the partitions it
+#: now owns there, so an older attempt still alive stops making external calls (storage/journal/fence_watch.py).
+FENCES = TopicRole("fence topic")
 #: A job's input or output topic.
 #: Also a topic dumped or loaded by :mod:`flink_agents_replay.storage.journal.transfer`, which may hold any of
 #: the roles above.

@@ -120,8 +120,24 @@ def _note_attempt(history: JobHistory, fences: PartitionFences, codec: RecordCod
 def write_attempt_records(writer: JournalWriter, partitions: Iterable[int], job_id: str, attempt: int,
                           subtask: int) -> dict[int, int]:
     """Write and acknowledge one attempt record per partition, before any run of this attempt journals; from
-    then on ``writer`` stamps this attempt's fences on its records. Returns them (partition -> fence)."""
+    then on ``writer`` stamps this attempt's fences on its records. Returns them (partition -> fence).
+
+    With a fence watch, the start's fence record is written and acknowledged first (:func:`_announce`)."""
+    partitions = list(partitions)
+    _announced(writer, _announce(writer, partitions, job_id, subtask))
     return _await_fences(writer, _produce_attempt_records(writer, partitions, job_id, attempt, subtask))
+
+
+def _announce(writer: JournalWriter, partitions: list[int], job_id: str, subtask: int) -> Any:
+    """Write this start's record in the fence topic (:mod:`.fence_watch`), if the writer has one: it must be
+    acknowledged before the journal attempt records are written (the order the fence check relies on)."""
+    watch = writer.fence_watch
+    return None if watch is None else watch.announce(partitions, job_id=job_id, subtask=subtask)
+
+
+def _announced(writer: JournalWriter, delivery: Any) -> None:
+    if delivery is not None:
+        writer.fence_watch.announced(delivery)
 
 
 def _produce_attempt_records(writer: JournalWriter, partitions: Iterable[int], job_id: str, attempt: int,
@@ -153,10 +169,17 @@ def begin_attempt(writer: JournalWriter, *, partitions: Iterable[int], job_id: s
     of a restore's time on a small journal) is skipped.
 
     ``read_first``: the first read (up to ``read_so_far``, taken before), run while the markers are on their
-    way: a new producer's first acknowledged write and a consumer's start-up each take about half a second."""
-    deliveries = _produce_attempt_records(writer, partitions, job_id, attempt, subtask)
+    way: a new producer's first acknowledged write and a consumer's start-up each take about half a second. With a
+    fence watch, the start's fence record is on its way then, and the attempt records follow its acknowledgement."""
+    partitions = list(partitions)
+    announced = _announce(writer, partitions, job_id, subtask)
+    if announced is None:
+        deliveries = _produce_attempt_records(writer, partitions, job_id, attempt, subtask)
     if read_first is not None:
         read_first()
+    if announced is not None:
+        _announced(writer, announced)
+        deliveries = _produce_attempt_records(writer, partitions, job_id, attempt, subtask)
     fences = _await_fences(writer, deliveries)
     if any(read_so_far.get(partition) != fence - 1 for partition, fence in fences.items()):  # marker offsets
         read_on(dict(read_so_far))

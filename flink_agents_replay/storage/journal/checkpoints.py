@@ -365,8 +365,12 @@ class JournalCheckpoints:
         """Refuse further writes (runs abandoned on close may still run), release the store's clients."""
         if self.writer is not None:
             self.writer.close()
-        if self.store is not None:
-            self.store.close()
+        try:
+            if self.store is not None:
+                self.store.close()
+        finally:
+            if self.writer is not None and self.writer.fence_watch is not None:
+                self.writer.fence_watch.close()
 
 
 def _gap_message(gaps: dict[int, tuple[int, int]]) -> str:

@@ -26,7 +26,10 @@ record was not yet acknowledged is made again by the next attempt (with the same
 the key, tell how many.
 
 Every record a run writes carries this attempt's fence in its partition (:mod:`.fencing`), set by
-:meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged.
+:meth:`JournalWriter.begin_attempt` once the attempt's markers are acknowledged. With a
+:class:`~.fence_watch.FenceWatch`, an external call's started record, once acknowledged, is followed by a check of
+the fence topic before the call is made: a newer attempt of the task (Flink restored it elsewhere) refuses the call
+and every later record of this one (:class:`~.fence_watch.AttemptFencedError`).
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flink_agents_replay.core.errors import NO_RESTART_MARKER, JournalClosedError, JournalRecordTooLargeError
+from flink_agents_replay.storage.journal.fence_watch import FenceWatch
 from flink_agents_replay.storage.journal.store import Delivery, JournalStore
 from flink_agents_replay.storage.records.codec import RecordCodec
-from flink_agents_replay.storage.records.journal import RecordKind
+from flink_agents_replay.storage.records.journal import CallOutcome, RecordKind
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "Durability", "JournalClosedError", "JournalWriter", "RunJournal",
            "acknowledged_offset", "max_record_bytes"]
@@ -75,8 +79,11 @@ class JournalWriter:
     """Encodes records and appends them to a store; shared by all runs of a subtask (thread-safe)."""
 
     def __init__(self, store: JournalStore, codec: RecordCodec, durability: Durability | str,
-                 ack_timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+                 ack_timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, *,
+                 fence_watch: FenceWatch | None = None):
         self.store = store
+        #: Checks the fence topic before each external call (``None``: no check, e.g. a replay or a test store).
+        self.fence_watch = fence_watch
         self.codec = codec
         self.durability = Durability(durability)
         self.ack_timeout_s = ack_timeout_s
@@ -100,6 +107,8 @@ class JournalWriter:
         with self._lock:
             if self._closed:
                 raise JournalClosedError(f"{what} was not journaled: the subtask closed its journal")
+            if self.fence_watch is not None:
+                self.fence_watch.refuse_if_fenced(what)  # a newer attempt owns the partitions now
             delivery = self._last[partition] = self.store.append(partition, record_key, value)
             return delivery
 
@@ -175,6 +184,12 @@ class RunJournal:
             durability is Durability.PER_ACTION and kind is RecordKind.COMPLETION
         ):
             self.acknowledge()
+        watch = self._writer.fence_watch
+        if must_ack and watch is not None and kind is RecordKind.CALL and (
+                getattr(payload, "outcome", None) is CallOutcome.STARTED):
+            # The call is made next: not if a newer attempt started since (the broker's answer after the
+            # started record's acknowledgement, docs/design.md §5.3).
+            watch.check(self.partition, what)
 
     def before_call(self) -> None:
         """Before the run makes a call: wait for the last external call outcome written, if any (its
