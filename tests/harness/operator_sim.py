@@ -432,6 +432,8 @@ class SimWorld(contextlib.AbstractContextManager):
         for module in _CLOCKED_MODULES:
             self._patches.enter_context(_patched(module, "time", shim))
         self._patches.enter_context(_patched(flink_parts, "KafkaJournalStore", self._journal_store))
+        # No fence topic: the in-memory journal has no broker to ask (tests/unit/test_fence_watch.py checks it).
+        self._patches.enter_context(_patched(flink_parts, "FenceWatch", lambda *args, **kwargs: None))
         return self
 
     def __exit__(self, *exc_info) -> None:
