@@ -13,7 +13,10 @@ stays open if production never finished that run either (the replay's run parks,
 waiting), and is blocked if it did; ``approve`` and ``deny`` decide every wait so.
 
 Defaults follow the resource's declared side effects: ``none`` and ``idempotent`` are ``live``,
-``external`` is ``blocked``. Calls an action makes outside ``ctx.call`` are not contained by any of this.
+``external`` is ``blocked``. A resource may carry a default of its own (``replay_default``): MCP tools are
+``blocked`` whatever their annotations say, since a "read-only" tool of a production server must not act from a
+replay unless the user says so, and the user says so by naming the tool: ``*`` does not reach them. Calls an action
+makes outside ``ctx.call`` are not contained by any of this.
 
 :class:`~flink_agents_replay.replay.gate.ReplayCalls` applies these policies to a run's calls: it is the call
 gate (:mod:`flink_agents_replay.engine.gate`) the operator gives the run engine in a replay.
@@ -51,13 +54,17 @@ _DEFAULTS = {SideEffects.NONE: CallPolicy.LIVE, SideEffects.IDEMPOTENT: CallPoli
 
 
 def default_policy(resource: Resource) -> CallPolicy:
-    """The policy of a resource no setting names: from its declared side effects."""
-    return _DEFAULTS[resource.side_effects]
+    """The policy of a resource no setting names: its own ``replay_default``, else from its declared side effects."""
+    own = getattr(resource, "replay_default", None)
+    return CallPolicy(own) if own is not None else _DEFAULTS[resource.side_effects]
 
 
 def policy_for(name: str, resource: Resource, settings: Mapping[str, CallPolicy]) -> CallPolicy:
-    """The policy of resource ``name``: the setting for it, else ``*``'s, else the default."""
-    chosen = settings.get(name, settings.get("*"))
+    """The policy of resource ``name``: the setting for it, else ``*``'s (not for a resource with a
+    ``replay_default`` of its own: only its name sets it), else the default."""
+    chosen = settings.get(name)
+    if chosen is None and getattr(resource, "replay_default", None) is None:
+        chosen = settings.get("*")
     return default_policy(resource) if chosen is None else chosen
 
 

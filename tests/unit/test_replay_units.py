@@ -56,6 +56,20 @@ def test_default_policy_follows_declared_side_effects(side_effects, expected):
     assert default_policy(_tool(SideEffects(side_effects))) is expected
 
 
+class _ReadOnlyRemoteTool(Tool):
+    """A tool whose server says it only reads, with a replay default of its own (as MCP tools have)."""
+
+    replay_default = "blocked"
+
+
+def test_a_resource_with_its_own_replay_default_is_blocked_unless_its_name_says_otherwise():
+    remote = _ReadOnlyRemoteTool(lambda: None, side_effects="none")
+    assert default_policy(remote) is CallPolicy.BLOCKED  # read-only by its annotations, blocked all the same
+    assert policy_for("lookup", remote, parse_policies("*=live")) is CallPolicy.BLOCKED  # "*" does not reach it
+    assert policy_for("lookup", remote, parse_policies("*=live,lookup=live")) is CallPolicy.LIVE
+    assert policy_for("lookup", remote, parse_policies("lookup=recorded")) is CallPolicy.RECORDED
+
+
 def test_parse_policies_from_dict_and_string_agree():
     from_dict = parse_policies({"llm": "recorded", "orders": CallPolicy.LIVE, "mail": "blocked"})
     from_string = parse_policies(" llm = recorded , orders=live,mail=blocked, ")
