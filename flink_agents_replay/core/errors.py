@@ -207,3 +207,38 @@ class ToolCallDeniedError(FlinkAgentsReplayError, RuntimeError):
 
     def __reduce__(self):  # pickles (journaled, captured) with both arguments
         return type(self), (self.tool, self.reason)
+
+
+class McpToolError(FlinkAgentsReplayError, RuntimeError):
+    """An MCP tool answered its call with an error result (``isError: true``): the server ran the tool and it
+    failed. ``text`` keeps what the server said (its text content joined)."""
+
+    def __init__(self, tool: str, text: str, server: str = ""):
+        super().__init__(f"the MCP tool {tool!r}{f' of {server}' if server else ''} failed: {text}")
+        self.tool = tool
+        self.text = text
+        self.server = server
+
+    def __reduce__(self):  # pickles (journaled, captured) with its arguments
+        return type(self), (self.tool, self.text, self.server)
+
+
+class McpProtocolError(FlinkAgentsReplayError, RuntimeError):
+    """An MCP server refused a request with a JSON-RPC error (an unknown tool, invalid arguments...). ``code`` is
+    the JSON-RPC error code and ``text`` its message, as the server sent them."""
+
+    def __init__(self, tool: str, text: str, code: int | None = None, server: str = ""):
+        super().__init__(f"the MCP server{f' {server}' if server else ''} refused the call to {tool!r}"
+                         f"{f' (error {code})' if code is not None else ''}: {text}")
+        self.tool = tool
+        self.text = text
+        self.code = code
+        self.server = server
+
+    def __reduce__(self):
+        return type(self), (self.tool, self.text, self.code, self.server)
+
+
+class McpConnectionError(FlinkAgentsReplayError, ConnectionError):
+    """An MCP server could not be reached, or its session broke, on every attempt of a call (the transport's
+    retries are spent). The call's action fails as with any exception."""

@@ -1,0 +1,170 @@
+"""A small MCP server of orders (the official ``mcp`` SDK's FastMCP), for the demo and the tests.
+
+Tools:
+
+* ``lookup_order(order_id)``: the order's status, items, total and carrier, the same data the local model
+  service's ``GET /orders/<id>`` answers (:func:`flink_agents_replay.local.model_replies.order_details`).
+  Annotated read-only and idempotent.
+* ``issue_refund(order_id, amount)``: pays a refund (an effect: annotated neither read-only nor idempotent). It
+  honours the idempotency key a client sends in the request's ``_meta`` (``idempotency_key``): a refund asked
+  again under a key already paid answers the first refund and pays nothing. ``amount`` must be positive, or the
+  tool fails (an ``isError`` result).
+* ``tag_order(order_id, tag)``: sets a tag on an order (annotated idempotent, not read-only).
+
+Every request a tool gets is recorded in a SQLite file (``--db``, else ``$FLINK_AGENTS_REPLAY_MCP_DB``, else
+``mcp_orders.sqlite3`` in the working directory), with the ``_meta`` key it carried, whether it took effect
+(``executed``) and the server's process id, so that tests count executions outside the process that calls the
+tools: :func:`read_calls`. Several server processes may share the file (each stdio client starts its own).
+
+Run it::
+
+    python -m flink_agents_replay.local.mcp_orders_server --stdio
+    python -m flink_agents_replay.local.mcp_orders_server --http --port 8765   # http://127.0.0.1:8765/mcp
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import ToolAnnotations
+
+from flink_agents_replay.local.model_replies import order_details
+
+__all__ = ["DB_ENV", "build_server", "main", "read_calls"]
+
+#: Where the server records the requests it gets, unless ``--db`` says.
+DB_ENV = "FLINK_AGENTS_REPLAY_MCP_DB"
+_SCHEMA = """CREATE TABLE IF NOT EXISTS calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    idempotency_key TEXT,
+    executed INTEGER NOT NULL,
+    result TEXT,
+    pid INTEGER NOT NULL
+)"""
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(db, timeout=30, isolation_level=None)  # transactions by hand
+    connection.execute(_SCHEMA)
+    return connection
+
+
+def _key(ctx: Context) -> str | None:
+    """The idempotency key in the request's ``_meta``, if the client sent one."""
+    meta = ctx.request_context.meta
+    key = getattr(meta, "idempotency_key", None) if meta is not None else None
+    return key if isinstance(key, str) else None
+
+
+def _record(db: Path, tool: str, arguments: dict[str, Any], key: str | None, executed: bool, result: Any) -> None:
+    with contextlib.closing(_connect(db)) as connection:
+        connection.execute("INSERT INTO calls (tool, arguments, idempotency_key, executed, result, pid) "
+                           "VALUES (?, ?, ?, ?, ?, ?)",
+                           (tool, json.dumps(arguments, sort_keys=True), key, int(executed),
+                            json.dumps(result, sort_keys=True), os.getpid()))
+
+
+def _refund(db: Path, order_id: str, amount: float, key: str | None) -> dict[str, Any]:
+    """Pays once per idempotency key: the check and the payment are one transaction (several server processes)."""
+    connection = _connect(db)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        paid = connection.execute("SELECT result FROM calls WHERE tool = 'issue_refund' AND executed = 1 AND "
+                                  "idempotency_key = ? ORDER BY seq LIMIT 1", (key,)).fetchone() if key else None
+        refund = json.loads(paid[0]) if paid else {
+            "refund_id": f"R-{order_id}", "order_id": order_id, "amount": amount, "status": "refunded"}
+        connection.execute("INSERT INTO calls (tool, arguments, idempotency_key, executed, result, pid) "
+                           "VALUES (?, ?, ?, ?, ?, ?)",
+                           ("issue_refund", json.dumps({"order_id": order_id, "amount": amount}, sort_keys=True),
+                            key, int(paid is None), json.dumps(refund, sort_keys=True), os.getpid()))
+        connection.execute("COMMIT")
+        return refund
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    finally:
+        connection.close()
+
+
+def build_server(db: str | os.PathLike[str], *, port: int = 8000) -> FastMCP:
+    """The server, recording into ``db``; ``port`` for ``--http`` (bound to 127.0.0.1)."""
+    path = Path(db)
+    _connect(path).close()
+    server = FastMCP("orders", host="127.0.0.1", port=port, log_level="WARNING")
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False))
+    def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
+        """Look up an order: its status, items, total and carrier.
+
+        Args:
+            order_id: the order's id, like O-12345.
+        """
+        order = order_details(order_id)
+        _record(path, "lookup_order", {"order_id": order_id}, _key(ctx), True, order)
+        return order
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
+                                             openWorldHint=True))
+    def issue_refund(order_id: str, amount: float, ctx: Context) -> dict[str, Any]:
+        """Refund an order: money goes back to the customer.
+
+        Args:
+            order_id: the order's id.
+            amount: how much to pay back, in euros.
+        """
+        if not amount > 0:
+            raise ValueError(f"a refund must be a positive amount, not {amount}")
+        return _refund(path, order_id, amount, _key(ctx))
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True))
+    def tag_order(order_id: str, tag: str, ctx: Context) -> dict[str, Any]:
+        """Set a tag on an order (setting it again changes nothing).
+
+        Args:
+            order_id: the order's id.
+            tag: the tag.
+        """
+        result = {"order_id": order_id, "tag": tag}
+        _record(path, "tag_order", result, _key(ctx), True, result)
+        return result
+
+    return server
+
+
+def read_calls(db: str | os.PathLike[str], tool: str | None = None) -> list[dict[str, Any]]:
+    """The requests the server got, in order (of ``tool`` only, if given): ``tool``, ``arguments``,
+    ``idempotency_key``, ``executed`` (whether it took effect), ``result``, ``pid``."""
+    if not Path(db).exists():
+        return []
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as connection:
+        connection.execute(_SCHEMA)
+        rows = connection.execute("SELECT tool, arguments, idempotency_key, executed, result, pid FROM calls "
+                                  "WHERE ? IS NULL OR tool = ? ORDER BY seq", (tool, tool)).fetchall()
+    return [{"tool": name, "arguments": json.loads(arguments), "idempotency_key": key, "executed": bool(executed),
+             "result": json.loads(result) if result else None, "pid": pid}
+            for name, arguments, key, executed, result, pid in rows]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flink_agents_replay.local.mcp_orders_server",
+                                     description="A small MCP server of orders (lookup_order, issue_refund).")
+    transport = parser.add_mutually_exclusive_group(required=True)
+    transport.add_argument("--stdio", action="store_true", help="serve over stdin and stdout")
+    transport.add_argument("--http", action="store_true", help="serve streamable HTTP at http://127.0.0.1:PORT/mcp")
+    parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
+    parser.add_argument("--db", default=os.environ.get(DB_ENV) or "mcp_orders.sqlite3",
+                        help=f"the SQLite file of the requests (default ${DB_ENV}, else ./mcp_orders.sqlite3)")
+    options = parser.parse_args(argv)
+    build_server(options.db, port=options.port).run("stdio" if options.stdio else "streamable-http")
+
+
+if __name__ == "__main__":
+    main()
