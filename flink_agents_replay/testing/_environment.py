@@ -24,6 +24,7 @@ the run really invoked, across the failure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import numbers
 import os
@@ -115,6 +116,18 @@ def python_exception_line(trace: str) -> str | None:
         kind, message = bridge[-1]
         return f"{kind}: {message.strip()}"
     return None
+
+
+def _settings_given(config: AgentConfig | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings ``config`` gives: a dict's as they are (checked), an ``AgentConfig``'s other than their defaults."""
+    if config is None:
+        return {}
+    if not isinstance(config, AgentConfig):
+        AgentConfig.from_mapping(config)  # unknown names, or not a dict: a ConfigError naming them
+        return dict(config)
+    defaults = AgentConfig()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(AgentConfig)
+            if getattr(config, f.name) != getattr(defaults, f.name)}
 
 
 def _journal_topic(agent: Agent, agent_config: Mapping[str, Any]) -> str:
@@ -237,7 +250,7 @@ class AgentTestEnvironment:
 
     def run(self, agent: Agent, *, inputs: Iterable[Any], key: Callable[[Any], str],
             fail_over: FailOver | None = None, parallelism: int = 1, checkpoint_interval_ms: int = 500,
-            config: Mapping[str, Any] | None = None, pickle_by_value: Sequence[ModuleType] = (),
+            config: AgentConfig | Mapping[str, Any] | None = None, pickle_by_value: Sequence[ModuleType] = (),
             timeout_s: float = 60.0) -> AgentRunResult:
         """Run ``agent`` over ``inputs`` (JSON values, keyed by ``key``: a ``str`` per input) until they end.
 
@@ -250,8 +263,9 @@ class AgentTestEnvironment:
                 (reported in the result's ``failure``).
             parallelism: the agent's parallelism.
             checkpoint_interval_ms: Flink's checkpoint interval (checkpoints commit the outputs).
-            config: :class:`~flink_agents_replay.flink.config.AgentConfig` fields over the environment's (broker,
-                signing key, a fresh journal topic).
+            config: :class:`~flink_agents_replay.flink.config.AgentConfig` settings over the environment's
+                (broker, signing key, a fresh journal topic): a dict of them, or an ``AgentConfig`` (the settings
+                it sets to other than their defaults).
             pickle_by_value: modules the Flink worker cannot import, shipped by value (the agent's own module
                 is added when the worker could not import it, e.g. a test module).
             timeout_s: how long to read the committed outputs after the job ended.
@@ -262,7 +276,7 @@ class AgentTestEnvironment:
                   "journal": f"testenv-journal-{suffix}", "waits": f"testenv-waits-{suffix}"}
         self._create_topics(inputs=list(inputs), key=key, topics=topics)
         agent_config = {"kafka": {"bootstrap.servers": self.bootstrap_servers}, "signing_key": self.signing_key,
-                        "journal_topic": topics["journal"], **(config or {})}
+                        "journal_topic": topics["journal"], **_settings_given(config)}
         claims = InvocationCounter(self.work_dir / f"failover-{suffix}.sqlite")
         before = self.counter.counts()
         env = self._job(agent, agent_config, key=key, topics=topics, parallelism=parallelism,

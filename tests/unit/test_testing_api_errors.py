@@ -16,3 +16,16 @@ def test_a_key_that_is_not_a_string_is_named_with_the_input():
 def test_a_fail_over_point_that_is_not_a_whole_number_is_refused(after):
     with pytest.raises(TypeError, match="must be a whole number"):
         FailOver(after_outputs=after)
+
+
+def test_config_takes_a_dict_or_an_agent_config_whose_settings_other_than_defaults_apply():
+    from flink_agents_replay import AgentConfig
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.testing._environment import _settings_given
+
+    assert _settings_given(None) == {}
+    assert _settings_given({"max_concurrent_runs": 4}) == {"max_concurrent_runs": 4}
+    given = _settings_given(AgentConfig(max_concurrent_runs=4, later_inputs_while_waiting="run"))
+    assert given == {"max_concurrent_runs": 4, "later_inputs_while_waiting": "run"}  # broker, key: the environment's
+    with pytest.raises(ConfigError, match="unknown agent config setting"):
+        _settings_given({"max_concurrent_run": 4})
