@@ -39,6 +39,8 @@ COUNTERS: dict[str, str] = {
     "calls_retried_after_failure": "calls made again, under a new call id, because their failure ended the action",
     "runs_abandoned": "runs still calling when the operator closed after `close_timeout_s`; their calls are in doubt",
     "earlier_attempt_records_ignored": "journal records of an earlier attempt (a zombie) ignored at a restore",
+    "external_calls_fenced": "external calls not made because a newer attempt of the task had started elsewhere "
+                             "(this attempt was a zombie: the fence topic, counted when it closes)",
     "histories_expired": "keys whose recovered history expired after `recovered_history_expiry_s`",
     "runs_woken": "runs applied when their completion woke their key",
     "runs_checked": "runs applied by their key's check timer (polling, or the fallback behind wake-ups)",

@@ -57,6 +57,7 @@ from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink import metrics as metrics_table
 from flink_agents_replay.flink import parts
+from flink_agents_replay.flink.checkpoint_bridge.task_stop import TaskStop
 from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.epochs import RunEpochs
@@ -138,6 +139,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.restored_from: int | None = None
         self.applied = dict.fromkeys(APPLIED_BY, 0)
         self.wakeups: CompletionWakeups | None = None  # attached by the bridge (attach_wakeups)
+        self.task_stop: TaskStop | None = None  # attached by the bridge (attach_task_stop)
+        self._fence_watch = None  # the journal's (below), once it exists
         self._checks: dict[Any, int] = {}  # key -> when its registered run check fires (at most one per key)
         self._tokens: dict[Any, int] = {}  # key -> the wake-up token of its run under way
         self.hold = InputHold(bound=self.config.waiting_inputs_bound, wakeups=None,  # wakeups: attach_wakeups
@@ -146,13 +149,15 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.runs = RunPool(max_runs=self.config.max_concurrent_runs,
                             max_child_calls=self.config.max_concurrent_child_calls,
                             slot_wait_timeout_s=self.config.slot_wait_timeout_s,
-                            close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters)
+                            close_timeout_s=self.config.close_timeout_s, subtask=self.subtask, counters=self.counters,
+                            stopping=self._stopping)
         self.mode = parts.job_mode(self.config, max_parallelism=self.max_parallelism)
         self.mode.open(owned=self.owned, subtask=self.subtask, counters=self.counters)
         self.observers = parts.observers(self.config, key_type=self.key_type, max_parallelism=self.max_parallelism,
                                          mode=self.mode)
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
+        self._fence_watch = getattr(self.journal.writer, "fence_watch", None)
         self.waits = OperatorWaits(agent_name=self.agent.name, event_types=self.agent.event_types(),
                                    runtime_context=runtime_context, counters=self.counters,
                                    ttl_s=self.config.early_decision_ttl_s,
@@ -204,7 +209,16 @@ class ActionExecutionOperator(KeyedProcessFunction):
         finally:
             if getattr(self, "wakeups", None) is not None:
                 self.wakeups.close()
+            if getattr(self, "task_stop", None) is not None:
+                self.task_stop.close()
+            self._count_fenced()
             self._release_clients()
+
+    def _count_fenced(self) -> None:
+        """Count the external calls a newer attempt's start refused (task thread: metrics are not thread-safe)."""
+        watch = getattr(self, "_fence_watch", None)
+        if watch is not None and watch.refused:
+            self.counters["external_calls_fenced"].inc(watch.refused)
 
     def _release_clients(self) -> None:
         """Close the journal, the observers and the mode, each whatever the others did (no client leaks)."""
@@ -226,6 +240,20 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """The bridge offers completion wake-ups: a run that can be applied brings the task thread to its key."""
         if self.config.wake_on_completion:
             self.wakeups = self.hold.wakeups = CompletionWakeups(wakeups)
+
+    def attach_task_stop(self, signal) -> None:
+        """The bridge offers its task-stop signal: runs start no call, action or run once the task is being
+        cancelled or failed (:meth:`_stopping`)."""
+        self.task_stop = TaskStop(signal)
+
+    def _stopping(self) -> bool:
+        """Whether runs must stop at their next boundary (asked before every call, action and run, on any thread):
+        the operator is closing, Flink is cancelling or failing the task (the bridge's signal, which comes well
+        before the close), or a newer attempt of the task started elsewhere (the fence topic, docs/design.md §5.3)."""
+        if self.runs.closing.is_set():
+            return True
+        task_stop, watch = self.task_stop, self._fence_watch
+        return (task_stop is not None and task_stop.stopping()) or (watch is not None and watch.fenced)
 
     def restored_checkpoint(self, checkpoint_id: int) -> None:
         """This attempt restored checkpoint (or savepoint) ``checkpoint_id`` (its markers follow)."""
@@ -462,7 +490,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
 
         def execute() -> RunResult:
             return execute_run(self.agent, run, memory, history=history, journal=journal,
-                               fingerprint_policy=self.config.fingerprint_policy, cancelled=self.runs.closing.is_set,
+                               fingerprint_policy=self.config.fingerprint_policy, cancelled=self._stopping,
                                child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures,
                                acknowledge=False)  # group commit: the slot is free at once (RunPool.done)
 

@@ -30,6 +30,7 @@ from typing import Any
 from flink_agents_replay.core.errors import RunSlotTimeoutError
 from flink_agents_replay.engine import RunResult
 from flink_agents_replay.engine.child_pool import ChildCallPool
+from flink_agents_replay.engine.context import RunCancelled
 from flink_agents_replay.storage.journal.checkpoints import RunInFlight
 
 __all__ = ["RunPool"]
@@ -55,10 +56,12 @@ class RunPool:
         close_timeout_s: how long closing waits for calls under way.
         subtask: this subtask's index (thread names, log lines).
         counters: the operator's counters (``runs_abandoned``).
+        stopping: asked when a run gets its slot, which it then does not start if yes (default: closing). The
+            operator's also says yes once the task is being cancelled or failed, or a newer attempt started.
     """
 
     def __init__(self, *, max_runs: int, max_child_calls: int, slot_wait_timeout_s: float, close_timeout_s: float,
-                 subtask: int, counters: Mapping[str, Any]):
+                 subtask: int, counters: Mapping[str, Any], stopping: Callable[[], bool] | None = None):
         # max_runs worker threads are the slots: a run submitted while all are busy waits in the pool's queue.
         self.pool = ThreadPoolExecutor(max_runs, thread_name_prefix=f"agent-{subtask}")
         self.child_pool = ChildCallPool(max_child_calls, thread_name_prefix=f"sub-agent-{subtask}")
@@ -68,6 +71,8 @@ class RunPool:
         # count of runs not yet picked up by a worker would lag behind the thread hand-over).
         self._unfinished = 0
         self.closing = threading.Event()
+        #: Whether a run must not start (asked when it gets its slot): closing, or the task is being cancelled.
+        self.stopping = stopping or self.closing.is_set
         self.max_runs = max_runs
         self.slot_wait_timeout_s = slot_wait_timeout_s
         self.close_timeout_s = close_timeout_s
@@ -86,6 +91,8 @@ class RunPool:
 
         def in_slot() -> RunResult:
             try:
+                if self.stopping():  # it waited for a slot while the task began to stop: it never starts
+                    raise RunCancelled(f"run of key {key!r} not started: the task is stopping")
                 return execute()
             finally:  # before the future's callbacks: a wake-up finds the slot free
                 with self._slot_freed:

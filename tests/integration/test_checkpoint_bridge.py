@@ -100,11 +100,35 @@ class Recording(CheckpointHooks, KeyedProcessFunction):
 
 
 class FailOnceAfterCheckpoint(Recording):
-    """Subtask 0 of the first attempt raises on its first element after its second completed checkpoint."""
+    """Subtask 0 of the first attempt raises on its first element after its second completed checkpoint.
+
+    It also takes the task-stop signal: a thread of its own (as an agent run's) watches it, and ``close`` records
+    whether it saw the task being failed (subtask 0) or cancelled (subtask 1, by the failover) before the close."""
 
     def open(self, runtime_context):
         super().open(runtime_context)
         self.completed: list[int] = []
+        self.task_stop = None
+
+    def attach_task_stop(self, signal):
+        import threading
+
+        from flink_agents_replay.flink.checkpoint_bridge.task_stop import TaskStop
+
+        self.task_stop, self.stop_seen = TaskStop(signal), threading.Event()
+
+        def watch():
+            while not self.task_stop.stopping():
+                time.sleep(0.001)
+            self.stop_seen.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def close(self):
+        seen = self.task_stop is not None and self.stop_seen.wait(5)
+        self.record("close", count=self.count, task_stop_seen=seen)
+        if self.task_stop is not None:
+            self.task_stop.close()
 
     def notify_checkpoint_complete(self, checkpoint_id):
         super().notify_checkpoint_complete(checkpoint_id)
@@ -311,6 +335,9 @@ def test_restore_after_failure_gets_last_completed_snapshot(tmp_path):
     for event in log.events(event="initialize", attempt=1):
         assert event["values"] == expected, f"subtask {event['subtask']} restored {event['values']}"
         assert event["types"] == ["bytes"]
+    # Both subtasks of the failed attempt learnt from the task-stop signal that their task was being failed or
+    # cancelled (the StreamTask's flags, set before the close), from a thread that is not the task thread.
+    assert [e["task_stop_seen"] for e in log.events(event="close", attempt=0)] == [True, True]
     # The restored checkpoint's id comes first, only in the attempt that restored.
     assert not log.events(event="restored_checkpoint", attempt=0)
     restored = log.events(event="restored_checkpoint", attempt=1)

@@ -76,6 +76,14 @@ class CheckpointHooks:
         timer registered. Work finishing on other threads then needs no polling timer per key.
         """
 
+    def attach_task_stop(self, signal: Any) -> None:
+        """Called once, right after ``attach_wakeups``, with the Java half of the task-stop signal.
+
+        Wrap it in :class:`~flink_agents_replay.flink.checkpoint_bridge.task_stop.TaskStop`: from the moment Flink
+        cancels or fails the task (the StreamTask's ``canceled`` or ``failing`` flag, read every 5 ms), its
+        ``stopping()`` says yes on any thread, well before ``close()`` reaches the function.
+        """
+
 
 def ship_bridge_jar(j_env) -> str:
     """Make the bridge jar loadable here (py4j's class loader) and ship it with the job of ``j_env``.

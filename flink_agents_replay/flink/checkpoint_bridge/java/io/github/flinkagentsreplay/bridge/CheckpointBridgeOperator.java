@@ -28,6 +28,7 @@ import org.apache.flink.streaming.api.watermark.Watermark;
 import org.apache.flink.streaming.runtime.streamrecord.LatencyMarker;
 import org.apache.flink.streaming.runtime.streamrecord.RecordAttributes;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+import org.apache.flink.streaming.runtime.tasks.StreamTask;
 import org.apache.flink.streaming.runtime.watermarkstatus.WatermarkStatus;
 import org.apache.flink.util.OutputTag;
 import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
@@ -109,6 +110,7 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "        _complete = hook('notify_checkpoint_complete')",
             "        _aborted = hook('notify_checkpoint_aborted')",
             "        _attach_wakeups = hook('attach_wakeups')",
+            "        _attach_task_stop = hook('attach_task_stop')",
             "",
             "        def restored(self, checkpoint_id):",
             "            if self._restored is not None:",
@@ -150,6 +152,12 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             "            call(self._attach_wakeups, wakeups)",
             "            return True",
             "",
+            "        def attach_task_stop(self, signal):",
+            "            if self._attach_task_stop is None:",
+            "                return False",
+            "            call(self._attach_task_stop, signal)",
+            "            return True",
+            "",
             "    return CheckpointBridge()",
             "",
             BRIDGE + " = _flink_agents_replay_make_checkpoint_bridge(operation)",
@@ -169,6 +177,11 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     private transient byte[] lastSnapshot;
     /** Brings the task thread back to a key whose run can be applied (see {@link CompletionWakeups}). */
     private transient CompletionWakeups<K> wakeups;
+    /** Tells the Python runs that the task is being cancelled or failed (see {@link TaskStopSignal}). */
+    private transient TaskStopSignal taskStop;
+
+    /** How often {@link TaskStopSignal} reads the task's cancelled and failing flags. */
+    static final long TASK_STOP_INTERVAL_MS = 5;
 
     public CheckpointBridgeOperator(
             org.apache.flink.configuration.Configuration config,
@@ -216,6 +229,18 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
         }
         callPython("initialize", "initialize_state(<" + values.size() + " values>)", pack(values));
         attachWakeups();
+        attachTaskStop();
+    }
+
+    /**
+     * Offers the Python function the task-stop signal ({@code attach_task_stop(signal)}, optional): from the moment
+     * Flink cancels or fails the task, its worker threads can tell, without calling into Java, and start nothing new.
+     */
+    private void attachTaskStop() throws CheckpointHookException {
+        StreamTask<?, ?> task = getContainingTask();  // both flags are volatile: read from the signal's thread
+        taskStop = new TaskStopSignal(() -> task.isCanceled() || task.isFailing(), TASK_STOP_INTERVAL_MS,
+                "flink-agents-replay task stop " + getOperatorName());
+        callPython("attach_task_stop", "attach_task_stop()", taskStop);
     }
 
     /**
@@ -308,6 +333,9 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
             try {
                 if (wakeups != null) {
                     wakeups.close();  // after the Python close(), which closed its end of the pipe
+                }
+                if (taskStop != null) {
+                    taskStop.close();
                 }
             } finally {
                 super.close();
