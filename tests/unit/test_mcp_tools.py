@@ -200,10 +200,44 @@ def test_an_error_result_raises_the_tools_error_with_its_text(server, db):
 
 
 def test_a_protocol_error_keeps_its_code_and_text():
-    error = McpProtocolError("lookup", "Invalid params", -32602, "the MCP server at http://h/mcp")
-    again = pickle.loads(pickle.dumps(error))
-    assert (again.code, again.text, str(again)) == (-32602, "Invalid params", str(error))
-    assert "(error -32602): Invalid params" in str(error)
+    from mcp.shared.exceptions import McpError
+    from mcp.types import ErrorData
+
+    from flink_agents_replay.integrations.mcp_client import _Connection
+
+    class Refusing:  # a session whose server answers tools/call with a JSON-RPC error
+        async def call_tool(self, name, arguments, meta=None):
+            raise McpError(ErrorData(code=-32602, message=f"Invalid params for {name}: amount"))
+
+    pool, server = session_pool(), McpServer(url="http://127.0.0.1:9/refusing/mcp")
+    connection = _Connection(server)
+    connection.session = Refusing()
+    pool._connections[server] = connection
+    try:
+        with pytest.raises(McpProtocolError, match=r"\(error -32602\): Invalid params for issue_refund") as caught:
+            pool.call_tool(server, "issue_refund", {"order_id": "O-1", "amount": "x"}, idempotency_key="k")
+    finally:
+        pool._connections.pop(server)
+    assert (caught.value.code, caught.value.text, caught.value.tool) == (
+        -32602, "Invalid params for issue_refund: amount", "issue_refund")
+    again = pickle.loads(pickle.dumps(caught.value))  # journaled with its code and text
+    assert (type(again), again.code, again.text, str(again)) == (McpProtocolError, -32602, caught.value.text,
+                                                                 str(caught.value))
+
+
+def test_without_the_extra_the_package_works_and_mcp_tools_say_what_to_install():
+    script = (
+        "import sys\n"
+        "sys.modules['mcp'] = None  # as if not installed\n"
+        "from flink_agents_replay.api.mcp_tools import McpServer, mcp_tools\n"
+        "server = McpServer(url='http://127.0.0.1:9/mcp')\n"
+        "try:\n"
+        "    mcp_tools(server)\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'flink-agents-replay[mcp]'" in done.stdout
 
 
 def test_side_effects_default_to_external_trust_annotations_and_overrides(server):
