@@ -8,19 +8,30 @@ file (:class:`~flink_agents_replay.testing.counter.InvocationCounter`), so "each
 is checked on counts kept outside the Flink worker, which a killed TaskManager cannot lose. The store of
 answers is kept in the same file.
 
-It runs in a thread of the soak's process, like the stub model service (``StubModelServer``).
+It is a Starlette application served by uvicorn on a thread of the soak's process, like the stub model
+service (``StubModelServer``): the event loop only routes requests and orders those of one key; the booking's
+blocking work (its delay, SQLite) runs on the thread pool. A caller gone before its reply (a killed
+TaskManager) is not an error: the booking stands and its key is stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import socket
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from flink_agents_replay.testing.counter import InvocationCounter
 
@@ -43,40 +54,45 @@ class LedgerStats:
 
 
 class _Ledger:
-    """The state behind the HTTP handler."""
+    """The state behind the HTTP application.
+
+    ``book`` runs on the server's event loop (one loop: ``under_way`` needs no lock); the counters and the SQLite
+    connection are shared with the thread pool and with callers of ``stats`` under ``lock``.
+    """
 
     def __init__(self, path: Path, delay_s: float):
         self.counter = InvocationCounter(path)
         self.delay_s = delay_s
         self.lock = threading.Lock()
-        self.under_way: dict[str, threading.Event] = {}
+        self.idle = threading.Condition(self.lock)  # notified when no booking is executing
+        self.under_way: dict[str, asyncio.Event] = {}  # key -> set when its request is answered or failed
         self.executions = self.replays = self.in_flight = self.without_key = 0
         self.db = sqlite3.connect(str(path), timeout=60, check_same_thread=False)
         with self.db:
             self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, body TEXT NOT NULL)")
 
     def _stored(self, key: str) -> str | None:
-        row = self.db.execute("SELECT body FROM answers WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+        with self.lock:
+            row = self.db.execute("SELECT body FROM answers WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            self.replays += 1
+            return row[0]
 
-    def book(self, request: dict, key: str | None) -> str:
-        while key is not None:
-            with self.lock:
-                stored = self._stored(key)
-                if stored is not None:
-                    self.replays += 1
-                    return stored
-                waiting = self.under_way.get(key)
-                if waiting is None:
-                    self.under_way[key] = threading.Event()
-                    break
-            waiting.wait(60)
+    async def book(self, request: dict, key: str | None) -> str:
+        """Execute the booking, or answer it from the store by its key; one request per key at a time."""
+        if key is None:
+            return await run_in_threadpool(self._execute, request, None)
+        while (waiting := self.under_way.get(key)) is not None:
+            await waiting.wait()  # the request under way with this key, answered (stored) or failed (not)
+        self.under_way[key] = asyncio.Event()
         try:
-            return self._execute(request, key)
+            stored = await run_in_threadpool(self._stored, key)
+            if stored is not None:
+                return stored
+            return await run_in_threadpool(self._execute, request, key)
         finally:
-            if key is not None:
-                with self.lock:
-                    self.under_way.pop(key).set()
+            self.under_way.pop(key).set()
 
     def _execute(self, request: dict, key: str | None) -> str:
         with self.lock:
@@ -95,6 +111,13 @@ class _Ledger:
         finally:
             with self.lock:
                 self.in_flight -= 1
+                if not self.in_flight:
+                    self.idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> None:
+        """Wait (bounded) until no booking is executing."""
+        with self.lock:
+            self.idle.wait_for(lambda: not self.in_flight, timeout_s)
 
     def stats(self) -> LedgerStats:
         with self.lock:
@@ -104,34 +127,27 @@ class _Ledger:
         return {name.split(":", 1)[1]: n for name, n in self.counter.counts().items() if name.startswith("ticket:")}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
-        pass
-
-    def do_POST(self) -> None:
-        if self.path != "/ledger":
-            self.send_error(404)
-            return
-        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        body = self.server.ledger.book(request, self.headers.get("Idempotency-Key")).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        try:
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the caller is gone (a killed TaskManager); the booking stands and its key is stored
+async def _post_ledger(request: Request) -> Response:
+    ledger: _Ledger = request.app.state.ledger
+    try:
+        booking = json.loads(await request.body())
+        booking["ticket_id"], booking["customer"], booking["amount"]  # noqa: B018 - all three, or a 400
+    except ClientDisconnect:
+        return Response(status_code=400)  # its caller went away while sending it: nothing booked, nobody to answer
+    except (ValueError, TypeError, KeyError):
+        return Response('a booking is {"ticket_id", "customer", "amount"}', status_code=400)
+    try:
+        body = await ledger.book(booking, request.headers.get("Idempotency-Key"))
+    except asyncio.CancelledError:  # the service stopped with it under way; its booking finishes on its thread
+        return Response(status_code=503)  # not sent: its connection is cut already
+    # Sent even if its caller is gone (a killed TaskManager): uvicorn drops it quietly; the key is stored.
+    return Response(body, media_type="application/json")
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, ledger: _Ledger):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.ledger = ledger
+def _application(ledger: _Ledger) -> Starlette:
+    app = Starlette(routes=[Route("/ledger", _post_ledger, methods=["POST"])])
+    app.state.ledger = ledger
+    return app
 
 
 class LedgerService:
@@ -139,20 +155,51 @@ class LedgerService:
 
     def __init__(self, path: Path, *, delay_ms: float = 0):
         self._ledger = _Ledger(Path(path), delay_ms / 1000)
-        self._server = _HTTPServer(self._ledger)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="soak-ledger", daemon=True)
+        # Listening from here on: the port (``base_url``) is known before ``start``, and clients can connect at once.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(1024)
+        self._port = self._socket.getsockname()[1]
+        # No access log, no lifespan; no signal handlers (uvicorn installs none off the main thread).
+        self._server = uvicorn.Server(uvicorn.Config(_application(self._ledger), log_level="warning",
+                                                     access_log=False, lifespan="off", timeout_graceful_shutdown=0))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._port}"
 
     def start(self) -> LedgerService:
+        if self._thread is not None:
+            return self
+        loop_running = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(loop_running),), name="soak-ledger",
+                                        daemon=True)
         self._thread.start()
+        loop_running.wait()
         return self
 
+    async def _serve(self, loop_running: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        loop_running.set()
+        await self._server.serve(sockets=[self._socket])
+
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving and close the socket; open connections are cut. Bookings already executing finish (and
+        store their keys) before it returns, as long as their delay and some seconds."""
+        if self._thread is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._abandon_requests)
+            self._thread.join()
+        self._socket.close()
+        self._ledger.wait_idle(self._ledger.delay_s + 10)
+        self._thread = self._loop = None
+
+    def _abandon_requests(self) -> None:
+        """On the server's loop: cut every open connection, then end the server without waiting for requests."""
+        for connection in list(self._server.server_state.connections):
+            connection.transport.abort()
+        self._server.should_exit = self._server.force_exit = True
 
     def stats(self) -> LedgerStats:
         return self._ledger.stats()
