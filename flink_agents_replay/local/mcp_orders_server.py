@@ -11,6 +11,9 @@ Tools:
   tool fails (an ``isError`` result).
 * ``tag_order(order_id, tag)``: sets a tag on an order (annotated idempotent, not read-only).
 
+With ``--delay-s`` (or ``$FLINK_AGENTS_REPLAY_MCP_DELAY_S``) each tool answers that many seconds after it took
+effect: a client killed, or a server killed, in between leaves a call in doubt whose effect happened.
+
 Every request a tool gets is recorded in a SQLite file (``--db``, else ``$FLINK_AGENTS_REPLAY_MCP_DB``, else
 ``mcp_orders.sqlite3`` in the working directory), with the ``_meta`` key it carried, whether it took effect
 (``executed``) and the server's process id, so that tests count executions outside the process that calls the
@@ -23,6 +26,7 @@ Run it::
 """
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -35,10 +39,12 @@ from mcp.types import ToolAnnotations
 
 from flink_agents_replay.local.model_replies import order_details
 
-__all__ = ["DB_ENV", "build_server", "main", "read_calls"]
+__all__ = ["DB_ENV", "DELAY_ENV", "build_server", "main", "read_calls"]
 
 #: Where the server records the requests it gets, unless ``--db`` says.
 DB_ENV = "FLINK_AGENTS_REPLAY_MCP_DB"
+#: Seconds each tool waits between taking effect and answering, unless ``--delay-s`` says (default 0).
+DELAY_ENV = "FLINK_AGENTS_REPLAY_MCP_DELAY_S"
 _SCHEMA = """CREATE TABLE IF NOT EXISTS calls (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     tool TEXT NOT NULL,
@@ -94,14 +100,15 @@ def _refund(db: Path, order_id: str, amount: float, key: str | None) -> dict[str
         connection.close()
 
 
-def build_server(db: str | os.PathLike[str], *, port: int = 8000) -> FastMCP:
-    """The server, recording into ``db``; ``port`` for ``--http`` (bound to 127.0.0.1)."""
+def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float = 0.0) -> FastMCP:
+    """The server, recording into ``db``; ``port`` for ``--http`` (bound to 127.0.0.1); each tool answers
+    ``delay_s`` seconds after taking effect."""
     path = Path(db)
     _connect(path).close()
     server = FastMCP("orders", host="127.0.0.1", port=port, log_level="WARNING")
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False))
-    def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
+    async def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
         """Look up an order: its status, items, total and carrier.
 
         Args:
@@ -109,11 +116,12 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000) -> FastMCP:
         """
         order = order_details(order_id)
         _record(path, "lookup_order", {"order_id": order_id}, _key(ctx), True, order)
+        await asyncio.sleep(delay_s)
         return order
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
                                              openWorldHint=True))
-    def issue_refund(order_id: str, amount: float, ctx: Context) -> dict[str, Any]:
+    async def issue_refund(order_id: str, amount: float, ctx: Context) -> dict[str, Any]:
         """Refund an order: money goes back to the customer.
 
         Args:
@@ -122,10 +130,12 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000) -> FastMCP:
         """
         if not amount > 0:
             raise ValueError(f"a refund must be a positive amount, not {amount}")
-        return _refund(path, order_id, amount, _key(ctx))
+        refund = _refund(path, order_id, amount, _key(ctx))
+        await asyncio.sleep(delay_s)
+        return refund
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True))
-    def tag_order(order_id: str, tag: str, ctx: Context) -> dict[str, Any]:
+    async def tag_order(order_id: str, tag: str, ctx: Context) -> dict[str, Any]:
         """Set a tag on an order (setting it again changes nothing).
 
         Args:
@@ -134,6 +144,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000) -> FastMCP:
         """
         result = {"order_id": order_id, "tag": tag}
         _record(path, "tag_order", result, _key(ctx), True, result)
+        await asyncio.sleep(delay_s)
         return result
 
     return server
@@ -162,8 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
     parser.add_argument("--db", default=os.environ.get(DB_ENV) or "mcp_orders.sqlite3",
                         help=f"the SQLite file of the requests (default ${DB_ENV}, else ./mcp_orders.sqlite3)")
+    parser.add_argument("--delay-s", type=float, default=float(os.environ.get(DELAY_ENV) or 0),
+                        help=f"seconds each tool waits between taking effect and answering (default ${DELAY_ENV}, "
+                             "else 0)")
     options = parser.parse_args(argv)
-    build_server(options.db, port=options.port).run("stdio" if options.stdio else "streamable-http")
+    server = build_server(options.db, port=options.port, delay_s=options.delay_s)
+    server.run("stdio" if options.stdio else "streamable-http")
 
 
 if __name__ == "__main__":

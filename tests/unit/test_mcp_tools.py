@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -26,7 +27,13 @@ from flink_agents_replay.api.call_site import _CALL_SITE, CallSite
 from flink_agents_replay.api.mcp_tools import McpServer, McpTool, mcp_tools, resource_names
 from flink_agents_replay.api.resources import Resource
 from flink_agents_replay.api.tool_loop import run_tool_loop
-from flink_agents_replay.core.errors import ConfigError, McpConnectionError, McpProtocolError, McpToolError
+from flink_agents_replay.core.errors import (
+    CallTimeoutError,
+    ConfigError,
+    McpConnectionError,
+    McpProtocolError,
+    McpToolError,
+)
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.integrations.mcp_client import ATTEMPTS, BACKOFF_MIN_S, session_pool
 from flink_agents_replay.local.mcp_orders_server import read_calls
@@ -319,6 +326,32 @@ def test_an_http_server_restarted_between_calls_gets_a_new_session_and_each_call
         assert [c["executed"] for c in calls_with(db, second)] == [True]
     finally:
         running.kill()
+
+
+def test_a_call_cut_short_is_in_doubt_and_made_again_under_its_key_acting_once(db):
+    # The server answers 1.5 s after taking effect: a call can be cut short after its effect.
+    server = stdio_server(db, FLINK_AGENTS_REPLAY_MCP_DELAY_S="1.5")
+    (listed,) = [tool for tool in session_pool().list_tools(server) if tool["name"] == "issue_refund"]
+    slow = McpTool(server, listed, timeout_s=0.3)  # on the session the listing opened
+    with call_id(unique("timed-out")) as key, pytest.raises(CallTimeoutError, match="may still take effect"):
+        slow.invoke(order_id="O-5", amount=5.0)
+    assert [c["executed"] for c in calls_with(db, key)] == [True]  # it did: the call is in doubt, not failed
+
+    # The server dies after the effect, before answering: the call is sent again, with its key, to a new server,
+    # which answers it from the first one's effect.
+    key, outcome = unique("server-died"), {}
+    caller = threading.Thread(target=lambda: outcome.update(result=session_pool().call_tool(
+        server, "issue_refund", {"order_id": "O-6", "amount": 6.0}, idempotency_key=key)))
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not calls_with(db, key) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the server's record of the request
+    (first,) = calls_with(db, key)
+    os.kill(first["pid"], signal.SIGKILL)
+    caller.join(timeout=60)
+    assert outcome["result"] == first["result"]
+    again = calls_with(db, key)
+    assert [c["executed"] for c in again] == [True, False] and again[1]["pid"] != first["pid"]
 
 
 def test_a_server_down_longer_than_the_retries_is_a_clear_error():
