@@ -238,11 +238,12 @@ class _Connection:
 
     async def open(self) -> None:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())  # read, whoever waits or not
         self._task = asyncio.create_task(self._own(ready), name=f"mcp-session {self.server.describe()}")
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.server.connect_timeout_s)
         except asyncio.TimeoutError:
-            self.close()
+            self._task.cancel()  # stuck starting or in the handshake: no stop event reaches it there
             raise _TransportFailure(f"no session within {self.server.connect_timeout_s} s (connect_timeout_s)"
                                     f"{self._stderr_tail()}") from None
 
@@ -251,6 +252,8 @@ class _Connection:
 
     async def closed(self) -> None:
         self.close()
+        if self._task is not None and self.session is None:  # not past the handshake: only a cancel ends it
+            self._task.cancel()
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 await self._task
@@ -531,6 +534,9 @@ class SessionPool:
             _log.debug("closing MCP sessions", exc_info=True)
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 _POOL: tuple[int, SessionPool] | None = None
