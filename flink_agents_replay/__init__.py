@@ -68,6 +68,8 @@ __all__ = [
     "InDoubtCall",
     "InDoubtPolicy",
     "InputEvent",
+    "McpServer",
+    "McpTool",
     "NOT_DONE",
     "OutputEvent",
     "ReconcileError",
@@ -84,6 +86,7 @@ __all__ = [
     "action",
     "connect_to_agent",
     "current_call_id",
+    "mcp_tools",
     "run_tool_loop",
     "tool",
     "wait_events",
@@ -114,6 +117,9 @@ _EXPORTS = {
     "InDoubtCall": "flink_agents_replay.api.resources",
     "InDoubtPolicy": "flink_agents_replay.api.resources",
     "NOT_DONE": "flink_agents_replay.api.resources",
+    "McpServer": "flink_agents_replay.api.mcp_tools",
+    "McpTool": "flink_agents_replay.api.mcp_tools",
+    "mcp_tools": "flink_agents_replay.api.mcp_tools",
     "Reconciler": "flink_agents_replay.api.resources",
     "ReconcileError": "flink_agents_replay.core.errors",
     "SideEffects": "flink_agents_replay.api.resources",
@@ -127,6 +133,7 @@ if TYPE_CHECKING:
     from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
     from flink_agents_replay.api.chat_model import ChatModel
     from flink_agents_replay.api.fallback_model import FallbackChatModel
+    from flink_agents_replay.api.mcp_tools import McpServer, McpTool, mcp_tools
     from flink_agents_replay.api.resources import (
         NOT_DONE,
         InDoubtCall,

@@ -50,9 +50,14 @@ PERSISTED_CLASSES: dict[str, str] = {
     "ChatResult": "flink_agents_replay.storage.records.chat:ChatResult",
     "Decision": "flink_agents_replay.storage.records.waits:Decision",
     "Event": "flink_agents_replay.core.events:Event",
+    "FallbackChatModel": "flink_agents_replay.api.fallback_model:FallbackChatModel",
+    "InDoubtCall": "flink_agents_replay.api.resources:InDoubtCall",
     "InDoubtPolicy": "flink_agents_replay.api.resources:InDoubtPolicy",
     "InputEvent": "flink_agents_replay.core.events:InputEvent",
+    "McpServer": "flink_agents_replay.integrations.mcp_client:McpServer",
+    "McpTool": "flink_agents_replay.api.mcp_tools:McpTool",
     "OutputEvent": "flink_agents_replay.core.events:OutputEvent",
+    "Reconciler": "flink_agents_replay.api.resources:Reconciler",
     "Resource": "flink_agents_replay.api.resources:Resource",
     "RunnerContext": "flink_agents_replay.api.agent:RunnerContext",
     "SideEffects": "flink_agents_replay.api.resources:SideEffects",
@@ -73,6 +78,7 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
         "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
         "ToolCallDeniedError", "WaitNotSupportedError", "WaitTimedOutError",
+        "ReconcileError", "McpToolError", "McpProtocolError", "McpConnectionError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }
