@@ -32,10 +32,11 @@ import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ToolAnnotations
+from pydantic import Field
 
 from flink_agents_replay.local.model_replies import order_details
 
@@ -43,6 +44,9 @@ __all__ = ["DB_ENV", "DELAY_ENV", "build_server", "main", "read_calls"]
 
 #: Where the server records the requests it gets, unless ``--db`` says.
 DB_ENV = "FLINK_AGENTS_REPLAY_MCP_DB"
+#: An order's id as the tools' schemas give it: a model (the local model service too) fills it from a ticket's text.
+OrderId = Annotated[str, Field(pattern=r"^O-\d+$", description="the order's id, like O-12345")]
+
 #: Seconds each tool waits between taking effect and answering, unless ``--delay-s`` says (default 0).
 DELAY_ENV = "FLINK_AGENTS_REPLAY_MCP_DELAY_S"
 _SCHEMA = """CREATE TABLE IF NOT EXISTS calls (
@@ -108,7 +112,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
     server = FastMCP("orders", host="127.0.0.1", port=port, log_level="WARNING")
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False))
-    async def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
+    async def lookup_order(order_id: OrderId, ctx: Context) -> dict[str, Any]:
         """Look up an order: its status, items, total and carrier.
 
         Args:
@@ -121,7 +125,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
                                              openWorldHint=True))
-    async def issue_refund(order_id: str, amount: float, ctx: Context) -> dict[str, Any]:
+    async def issue_refund(order_id: OrderId, amount: float, ctx: Context) -> dict[str, Any]:
         """Refund an order: money goes back to the customer.
 
         Args:
@@ -135,7 +139,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
         return refund
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True))
-    async def tag_order(order_id: str, tag: str, ctx: Context) -> dict[str, Any]:
+    async def tag_order(order_id: OrderId, tag: str, ctx: Context) -> dict[str, Any]:
         """Set a tag on an order (setting it again changes nothing).
 
         Args:
