@@ -69,7 +69,7 @@ def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subt
         fence_watch = FenceWatch(
             config.kafka_settings(), config.journal_topic, create_topic=config.create_topic,
             replication_factor=config.replication_factor, timeout_s=config.kafka_timeout_s,
-            ack_timeout_s=config.ack_timeout_s) if mode.resumable else None
+            ack_timeout_s=config.ack_timeout_s, journal_store=store) if mode.resumable else None
         writer = JournalWriter(store, codec, config.durability, config.ack_timeout_s,
                                max_record_bytes(config.kafka, store.max_message_bytes), fence_watch=fence_watch)
     # A job that is not resumed (a replay) reads what is left of another journal: a gap is expected there.

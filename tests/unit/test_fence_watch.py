@@ -22,7 +22,13 @@ from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.storage.journal.attempts import read_job_history, write_attempt_records
-from flink_agents_replay.storage.journal.fence_watch import AttemptFencedError, FenceWatch, fence_topic_of
+from flink_agents_replay.storage.journal.fence_watch import (
+    AttemptFencedError,
+    FenceWatch,
+    decode_fence,
+    encode_fence,
+    fence_topic_of,
+)
 from flink_agents_replay.storage.journal.fencing import PartitionFences
 from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
@@ -71,7 +77,7 @@ def journal(kafka_bootstrap):
 
     def attempt(partitions=(0, 1, 2, 3), job_id="job", subtask=0) -> JournalWriter:
         store = KafkaJournalStore(settings, topic, 4, timeout_s=20, ack_timeout_s=20)
-        watch = FenceWatch(settings, topic, timeout_s=20, ack_timeout_s=20)
+        watch = FenceWatch(settings, topic, timeout_s=20, ack_timeout_s=20, journal_store=store)
         writer = JournalWriter(store, RecordCodec(SIGNING_KEY, "agent"), Durability.PER_RUN, ack_timeout_s=20,
                                fence_watch=watch)
         opened.append((store, watch))
@@ -169,3 +175,43 @@ def test_concurrent_checks_share_round_trips_and_all_see_the_fence(journal):
     for thread in threads:
         thread.join(60)
     assert not errors and sorted(refused) == list(range(1, 9))
+
+
+def test_fence_records_deleted_before_the_attempt_read_them_fence_it(journal, kafka_bootstrap):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    attempt, topic, _ = journal
+    zombie = attempt()
+    attempt()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    fences = fence_topic_of(topic)
+    end = FenceWatch({"bootstrap.servers": kafka_bootstrap}, topic, timeout_s=20)
+    try:
+        _, high = end._get_consumer().get_watermark_offsets(TopicPartition(fences, 0), timeout=20, cached=False)
+    finally:
+        end.close()
+    for future in admin.delete_records([TopicPartition(fences, 0, high)], request_timeout=30).values():
+        future.result(timeout=30)
+    calls = Calls()
+    with pytest.raises(AttemptFencedError, match="were deleted before this attempt read them"):
+        _run(zombie, calls)
+    assert (calls.charge, calls.notify) == (0, 0)
+
+
+# -- the fence record's format: read by attempts of other versions running at the same time ---------------------
+def test_a_version_1_fence_record_reads_as_written():
+    written = (b'{"version":1,"journal":"j","job_id":"job","subtask":3,"partitions":[[0,32],[64,65]],'
+               b'"time_ms":1765000000000}')
+    fence = decode_fence(written)
+    assert fence["partitions"] == ((0, 32), (64, 65)) and fence["job_id"] == "job" and fence["subtask"] == 3
+    assert decode_fence(encode_fence(journal="j", job_id="job", subtask=3, partitions=[*range(32), 64]))[
+        "partitions"] == ((0, 32), (64, 65))
+
+
+def test_a_later_version_is_read_by_its_partitions_and_an_unreadable_record_names_every_partition():
+    later = decode_fence(b'{"version":7,"partitions":[[5,6]],"something_new":{"x":1}}')
+    assert later["partitions"] == ((5, 6),)
+    for garbage in (b"", b"not json", b'{"version":1}', b'{"partitions":[["a"]]}'):
+        fence = decode_fence(garbage)
+        assert fence.get("unreadable") and fence["partitions"][0][0] == 0 and fence["partitions"][0][1] > 2**40

@@ -210,6 +210,11 @@ class KafkaTopicStore:
                 self._poller.start()
             return self._producer
 
+    def prepare_writes(self) -> None:
+        """Create the producer now: its connection and idempotent set-up (about half a second for a new producer's
+        first acknowledged write) overlap the caller's other work."""
+        self._get_producer()
+
     def _poll_loop(self) -> None:
         while not self._closing.is_set():
             self._producer.poll(0.05)
@@ -226,13 +231,18 @@ class KafkaTopicStore:
 
     def append(self, partition: int, key: bytes, value: bytes) -> TopicDelivery:
         """Append asynchronously; the returned delivery confirms it."""
+        return self.append_to(self.topic, partition, key, value)
+
+    def append_to(self, topic: str, partition: int, key: bytes, value: bytes) -> TopicDelivery:
+        """Append to another topic through this store's producer (durable, idempotent; the journal's fence topic
+        shares the journal's producer): asynchronously, the returned delivery confirms it."""
         self.check_deliveries()
         producer = self._get_producer()
         delivery = TopicDelivery(self.role, self._delivery_failed)
         while True:
             self.check_deliveries()  # a full queue drains by failing too, when the broker is gone
             try:
-                producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivery._complete)
+                producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivery._complete)
                 return delivery
             except BufferError:  # local queue full: wait for deliveries to drain it
                 time.sleep(0.01)

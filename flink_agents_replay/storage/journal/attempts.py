@@ -132,7 +132,10 @@ def _announce(writer: JournalWriter, partitions: list[int], job_id: str, subtask
     """Write this start's record in the fence topic (:mod:`.fence_watch`), if the writer has one: it must be
     acknowledged before the journal attempt records are written (the order the fence check relies on)."""
     watch = writer.fence_watch
-    return None if watch is None else watch.announce(partitions, job_id=job_id, subtask=subtask)
+    if watch is None:
+        return None
+    writer.store.prepare_writes()  # the journal's producer connects while the fence record travels
+    return watch.announce(partitions, job_id=job_id, subtask=subtask)
 
 
 def _announced(writer: JournalWriter, delivery: Any) -> None:

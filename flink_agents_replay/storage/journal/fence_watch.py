@@ -115,19 +115,27 @@ class FenceWatch:
         replication_factor: for a created fence topic (default: the broker's default; give the journal's).
         timeout_s: bound on start-up requests and on each check's query.
         ack_timeout_s: how long the fence record's acknowledgement is waited for.
+        journal_store: the journal's store, whose producer writes the fence record (one producer less per
+            subtask); without it the watch makes its own.
     """
 
     def __init__(self, settings: KafkaSettingsLike | Mapping[str, Any], journal_topic: str, *,
                  create_topic: bool = True, replication_factor: int | None = None, timeout_s: float = 30.0,
-                 ack_timeout_s: float = 60.0) -> None:
+                 ack_timeout_s: float = 60.0, journal_store: KafkaTopicStore | None = None) -> None:
         self.settings = KafkaSettings.of(settings)
         self.journal_topic = journal_topic
         self.topic = fence_topic_of(journal_topic)
         self.timeout_s = timeout_s
         self.ack_timeout_s = ack_timeout_s
-        self._store = KafkaTopicStore(settings=self.settings, topic=self.topic, partitions=1, role=FENCES,
-                                      create_topic=create_topic, replication_factor=replication_factor,
-                                      timeout_s=timeout_s, ack_timeout_s=ack_timeout_s)
+        self._own_store: KafkaTopicStore | None = None
+        if journal_store is None:
+            self._own_store = KafkaTopicStore(settings=self.settings, topic=self.topic, partitions=1, role=FENCES,
+                                              create_topic=create_topic, replication_factor=replication_factor,
+                                              timeout_s=timeout_s, ack_timeout_s=ack_timeout_s)
+        else:  # created and checked like a store's topic (one partition, no compaction), written by the journal's
+            journal_store.admin.prepare_topic(self.topic, 1, role=FENCES, create=create_topic,
+                                              replication_factor=replication_factor)
+        self._producer_store: KafkaTopicStore = journal_store or self._own_store
         self._consumer: Consumer | None = None
         self._tp = TopicPartition(self.topic, 0)
         self._mine: tuple[tuple[int, int], ...] = ()
@@ -155,7 +163,7 @@ class FenceWatch:
         self._mine = tuple((start, end) for start, end in _ranges(partitions))
         self.subtask = subtask
         value = encode_fence(journal=self.journal_topic, job_id=job_id, subtask=subtask, partitions=partitions)
-        return self._store.append(0, f"{job_id}:{subtask}".encode(), value)
+        return self._producer_store.append_to(self.topic, 0, f"{job_id}:{subtask}".encode(), value)
 
     def announced(self, delivery: TopicDelivery) -> int:
         """Wait for the fence record's acknowledgement: from its offset on, a fence record naming a partition of ours
@@ -308,4 +316,5 @@ class FenceWatch:
             consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
-        self._store.close()
+        if self._own_store is not None:
+            self._own_store.close()

@@ -61,6 +61,10 @@ class JournalStore(ABC):
     def flush(self, timeout_s: float) -> None:
         """Wait until every appended record is acknowledged (raise ``JournalError`` on failure)."""
 
+    def prepare_writes(self) -> None:  # noqa: B027 - optional: an in-memory store has nothing to set up
+        """Set up what the first append needs now (Kafka: the producer's connection and idempotence), so that it
+        overlaps other work instead of delaying the first acknowledgement."""
+
     def check_deliveries(self) -> None:  # noqa: B027 - optional: an in-memory store never fails a record
         """Raise ``JournalError`` if an appended record failed (checked after waiting for later ones)."""
 
