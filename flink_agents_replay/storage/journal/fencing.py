@@ -22,11 +22,13 @@ starts reading after the fencing marker gets the fence from the checkpoint's rec
 (:func:`~.markers.encode_marker` keeps the snapshotting attempt's fences), in force from the marker's offset
 on. Records of versions without ``att`` count as attempt 0; attempt markers of those versions do not fence.
 
-What fencing cannot do: stop a zombie calling services. Its calls carry the same call ids as the new
-attempt's (ids name the request, docs/design.md §6.5), so a service that honours idempotency keys performs
-each once. And a zombie paused inside its own start, between writing its marker and its acknowledgement,
-whose marker lands after a newer attempt's, looks newer: the window is a produce round trip, and Flink
-cancels such a task as soon as the process answers again.
+What these fences cannot do: stop a zombie calling services. :mod:`.fence_watch` does that for external calls
+(every start also names its partitions in the journal's fence topic, and an external call asks the broker for it
+after its started record's acknowledgement); the operator's task-stop signal stops the rest. Calls a zombie made
+carry the same call ids as the new attempt's (ids name the request, docs/design.md §6.5). And a zombie paused
+inside its own start, between writing its marker and its acknowledgement, whose marker lands after a newer
+attempt's, looks newer: the window is a produce round trip, and Flink cancels such a task as soon as the process
+answers again.
 """
 
 from __future__ import annotations
