@@ -173,6 +173,8 @@ class FenceWatch:
             self._own_offset = offset
             self._seen = offset + 1
         log.debug("subtask %d: fence record at %s offset %d", self.subtask, self.topic, offset)
+        # The check's consumer connects now, off the start's path: the first external call does not pay for it.
+        threading.Thread(target=self._warm_up_quietly, name=f"fence-watch-{self.subtask}", daemon=True).start()
         return offset
 
     # -- the check ---------------------------------------------------------------------------------
@@ -303,10 +305,13 @@ class FenceWatch:
             self._consumer = Consumer(self.settings.reader_config(purpose="fences"))
         return self._consumer
 
-    def warm_up(self) -> None:
-        """Connect the check's consumer now (its first query would otherwise pay the connection)."""
-        if self._seen is not None:
+    def _warm_up_quietly(self) -> None:
+        """Connect the check's consumer with one query (its first check would otherwise pay the connection); a
+        failure here is the next check's to meet."""
+        try:
             self._await_fresh_query()
+        except Exception as exc:  # noqa: BLE001 - a check asks again
+            log.debug("fence watch warm-up of %s: %s", self.topic, exc)
 
     def close(self) -> None:
         """Release the clients, once the query under way (if any) is over; a check after this fails."""
