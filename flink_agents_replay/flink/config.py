@@ -97,8 +97,8 @@ class AgentConfig:
             below Flink's ``task.cancellation.timeout`` (180 s), past which Flink kills the TaskManager.
         ack_timeout_s: how long a journal write may wait for Kafka's acknowledgement.
         kafka_timeout_s: bound on start-up and restore requests to Kafka.
-        create_topic: create the journal topic if missing.
-        replication_factor: replication of a created journal topic (default: the broker's).
+        create_topic: create the journal topic and its fence topic (``<journal>.fences``, one partition) if missing.
+        replication_factor: replication of a created journal topic and fence topic (default: the broker's).
         topic_config: topic settings of a created journal topic.
         wake_on_completion: a run that can be applied wakes its key on the task thread (through the checkpoint
             bridge's mailbox); ``False`` makes every key with a run in flight poll for it instead.
