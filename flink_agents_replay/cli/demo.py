@@ -3,11 +3,13 @@
 ``flink-agents-replay demo`` (what ``./run demo`` runs) does, on this machine and offline:
 
 1. starts a Kafka broker (KRaft, 127.0.0.1), the local OpenAI-compatible model and order service (every
-   request counted), a Chroma server for the agent's long-term memory (it remembers each customer's past
-   issues and mentions them in its replies) and a standalone Flink session cluster with two TaskManagers;
+   request counted), a small MCP server of orders (the ``mcp`` SDK's FastMCP over streamable HTTP, recording every
+   request in SQLite: the agent's tool loop looks orders up with its ``lookup_order`` tool), a Chroma server for
+   the agent's long-term memory (it remembers each customer's past issues and mentions them in its replies) and a
+   standalone Flink session cluster with two TaskManagers;
 2. submits the packaged main job, :mod:`flink_agents_replay.jobs.agent_job`, with ``flink run -d -pym`` and
    Flink's Kafka connector as ``--jarfile`` (tickets topic -> triage agent -> replies topic through Flink's
-   exactly-once ``KafkaSink``);
+   exactly-once ``KafkaSink``; ``--orders-mcp-url``: the job lists the MCP server's tools when it is built);
 3. feeds a few hundred tickets, and once a checkpoint has completed and part of them are answered, kills
    the TaskManager running the agent with SIGKILL — with model calls in flight and refunds waiting for
    approval. The agent refunds refund tickets; a refund above 150 waits for a person's decision (the run
@@ -20,8 +22,9 @@
    asked and decided, refunds paid (each once), journal records pruned, recovery time.
 
 Every figure comes from a counter kept outside the operator's log: the model and order service's request
-statistics (``GET /stats``), the agent operator's Flink metrics read over the cluster's REST API
-(``actions_reused``, ``last_restore_duration_ms``), the journal topic's watermarks and the replies topic.
+statistics (``GET /stats``), the MCP server's SQLite record of the order lookups, the agent operator's Flink
+metrics read over the cluster's REST API (``actions_reused``, ``last_restore_duration_ms``), the journal topic's
+watermarks and the replies topic.
 
 Everything it started is stopped, and its temporary directory removed, also on failure or Ctrl-C.
 """
@@ -90,6 +93,7 @@ class DemoResult:
     journal_written: int
     journal_pruned: int
     seconds: float
+    order_lookups_resent: int = 0  # lookups made again under the call id they had (in doubt at the kill)
     approvals: Approvals = field(default_factory=lambda: Approvals())
     notes: list[str] = field(default_factory=list)
 
@@ -132,18 +136,21 @@ def format_table(result: DemoResult) -> str:
         ("tickets fed", f"{result.tickets}"),
         ("model calls made", f"{result.chat_calls} (expected {result.expected_chat_calls}: 2 per ticket, "
                              "3 with an order to look up)"),
-        ("tool calls made", f"{result.order_calls} order lookups (expected {result.expected_order_calls})"),
+        ("tool calls made", f"{result.order_calls} order lookups by the MCP server (expected "
+                            f"{result.expected_order_calls}: one per ticket naming an order)"),
         ("memory calls made", f"{result.embedding_calls} embedding requests (expected {2 * result.tickets}: a "
                               "search and a write per ticket)"),
         ("TaskManager killed", f"{result.killed} with SIGKILL, about {result.answered_at_kill} tickets answered, "
-                               f"{result.calls_in_flight_at_kill} calls in flight"),
+                               f"{result.calls_in_flight_at_kill} model calls in flight"),
         ("recovery time", f"{result.recovery_s:.1f} s from the kill to the job running again"),
         ("journal read at restore", f"{result.records_read_at_restore} records (unpruned at the kill) in "
                                     f"{result.restore_read_s:.2f} s"),
         ("actions reused", f"{result.actions_reused} (journaled before the kill, not run again)"),
         ("calls repeated", f"{result.repeated_calls} (the same request executed twice by the model or tool)"),
         ("calls in doubt re-sent", f"{result.idempotent_replays} (their results had not reached the journal; "
-                                   "answered once, by idempotency key)"),
+                                   "answered once, by idempotency key); "
+                                   f"{result.order_lookups_resent} order lookups asked again under their call id "
+                                   "(read-only: counted once)"),
         ("replies written", f"{result.replies} (read_committed), missing {result.missing}, "
                             f"duplicates {result.duplicates}"),
         ("long-term memory", f"{result.memories} memories for {result.tickets} tickets, duplicates "
@@ -228,6 +235,7 @@ class _Demo:
         from flink_agents_replay.local.chroma_server import LocalChromaServer
         from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
         from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
+        from flink_agents_replay.local.mcp_orders_server import LocalMcpOrdersServer
         from flink_agents_replay.local.model_server import StubModelServer
 
         self.progress = progress
@@ -240,6 +248,9 @@ class _Demo:
         os.environ[LOG_FILE_ENV] = str(self.work / "operator.log")
         self.broker = LocalKafkaBroker(self.work / "kafka", port=0)
         self.server = StubModelServer(port=0, delay_ms=model_delay_ms)
+        # Order lookups take as long as the model's requests (the delay after the lookup, as a slow answer).
+        self.mcp = LocalMcpOrdersServer(self.work / "mcp", port=0, delay_s=model_delay_ms / 1000)
+        self.mcp_url = ""
         self.chroma = LocalChromaServer(self.work / "chroma", port=0, start_timeout_s=300)
         self.chroma_url = ""
         self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
@@ -251,11 +262,14 @@ class _Demo:
         self.journal_topic = default_journal_topic(default_uid(AGENT_ID))
 
     def start_services(self) -> None:
-        """Kafka, the model and order service, a Flink session cluster; the input and output topics."""
+        """Kafka, the model and order service, the MCP orders server, a Flink session cluster; the input and output
+        topics."""
         self.progress("starting Kafka (KRaft) on 127.0.0.1")
         self.bootstrap = self.broker.start().bootstrap_servers
         self.server.start()
         self.progress(f"Kafka at {self.bootstrap}; model and order service at {self.server.base_url}")
+        self.mcp_url = self.mcp.start()
+        self.progress(f"MCP orders server (lookup_order, the agent's order lookups) at {self.mcp_url}")
         self.progress("starting Chroma for long-term memory (installed into the cache on first use: a minute or two)")
         self.chroma_url = self.chroma.start().url
         self.progress(f"Chroma at {self.chroma_url}")
@@ -273,7 +287,8 @@ class _Demo:
         self.job_id = self.cluster.submit_python_module(
             job_module, "--bootstrap-servers", self.bootstrap, "--input-topic", _INPUT_TOPIC,
             "--output-topic", _OUTPUT_TOPIC, "--agent-id", AGENT_ID, "--parallelism", str(parallelism),
-            "--model-base-url", self.server.base_url, "--signing-key", secrets.token_hex(16),
+            "--model-base-url", self.server.base_url, "--orders-mcp-url", self.mcp_url,
+            "--signing-key", secrets.token_hex(16),
             "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, "--signals-topic", _DECISIONS_TOPIC,
             "--waits-topic", _WAITS_TOPIC, "--refund-approval-above", str(REFUND_APPROVAL_ABOVE),
             "--approval-timeout-s", str(APPROVAL_TIMEOUT_S), jar=kafka_connector_jar(),
@@ -330,15 +345,16 @@ class _Demo:
         approvals = self.approver.settle(lambda: self.cluster.job_diagnostics(self.job_id))
         metrics = _agent_metrics(self.cluster, self.job_id)
         self.cluster.cancel_job(self.job_id)
-        stats, seen = self.server.stats(), Counter(row["ticket_id"] for row in rows)
+        stats, seen, lookups = self.server.stats(), Counter(row["ticket_id"] for row in rows), self._lookups()
         remembered = _remembered_tickets(self.chroma_url)
         journal = summarize_topic({"bootstrap.servers": self.bootstrap}, self.journal_topic)
         return DemoResult(
-            tickets=len(self.tickets), chat_calls=stats.chat, order_calls=stats.orders,
+            tickets=len(self.tickets), chat_calls=stats.chat, order_calls=lookups.calls,
             # classify, then the tool loop: one turn, or two when the model looks the order up first
             expected_chat_calls=2 * len(self.tickets) + sum(1 for t in self.tickets if t["order_id"]),
             expected_order_calls=sum(1 for t in self.tickets if t["order_id"]),
-            repeated_calls=stats.repeated, idempotent_replays=stats.idempotent_replays, replies=len(seen),
+            repeated_calls=stats.repeated + lookups.repeated, idempotent_replays=stats.idempotent_replays,
+            order_lookups_resent=lookups.resent, replies=len(seen),
             missing=len(wanted - seen.keys()), duplicates=sum(n - 1 for n in seen.values()),
             embedding_calls=stats.embeddings, memories=sum(remembered.values()),
             duplicate_memories=sum(n - 1 for n in remembered.values()),
@@ -360,8 +376,8 @@ class _Demo:
             self.approver.stop()
         if self.reader is not None:
             self.reader.close()
-        self.progress("stopping Flink, Chroma, the model service and Kafka")
-        for stop in (self.cluster.stop, self.chroma.stop, self.server.stop, self.broker.discard):
+        self.progress("stopping Flink, Chroma, the MCP orders server, the model service and Kafka")
+        for stop in (self.cluster.stop, self.chroma.stop, self.mcp.stop, self.server.stop, self.broker.discard):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop
@@ -380,19 +396,48 @@ class _Demo:
     def _checkpoints(self) -> dict:
         return self.cluster.rest_get(f"/jobs/{self.job_id}/checkpoints")
 
+    def _lookups(self) -> _Lookups:
+        return _Lookups.of(self.mcp.calls("lookup_order"))
+
     def _answered(self) -> int:
         """Tickets answered, by the model calls made: 2 per ticket, 3 with an order lookup (counted apart)."""
         stats = self.server.stats()
-        return max(0, stats.chat - stats.orders) // 2
+        return max(0, stats.chat - self._lookups().calls) // 2
 
     def _report(self) -> str:
         stats = self.server.stats()
-        return (f"fed {self.feeder.fed}/{len(self.tickets)}, model calls {stats.chat}, order lookups {stats.orders}, "
+        return (f"fed {self.feeder.fed}/{len(self.tickets)}, model calls {stats.chat}, order lookups "
+                f"{self._lookups().calls}, "
                 f"replies committed {len({row['ticket_id'] for row in self.reader.poll(0.1)})}, "
                 f"checkpoints {self._checkpoints()['counts']['completed']}")
 
     def _wait(self, condition: Callable[[], bool], timeout_s: float, report: Callable[[], str]) -> None:
         _wait(condition, timeout_s, self.progress, report, lambda: self.cluster.job_diagnostics(self.job_id))
+
+
+@dataclass(frozen=True)
+class _Lookups:
+    """The order lookups the MCP server executed, by the idempotency key each request carried in ``_meta`` (the
+    agent's call id: the same in every attempt of a call).
+
+    Why by key: a lookup is ``none`` (read-only), so one in flight at the kill is made again after the restore under
+    the same call id, and the server, which runs every lookup it is asked, executes it twice. That is one call made
+    again, not a new one: counted once (``calls``) and reported apart (``resent``). A lookup of the same order under
+    another key would be the agent asking the same question twice (``repeated``: expected 0).
+    """
+
+    calls: int  # distinct calls executed (distinct keys; a request without a key counts on its own)
+    resent: int  # executions of a key executed before
+    repeated: int  # calls beyond the first for the same order
+
+    @classmethod
+    def of(cls, requests: list[dict]) -> _Lookups:
+        executed = [(r["arguments"]["order_id"], r["idempotency_key"] or f"no key #{n}")
+                    for n, r in enumerate(requests) if r["executed"]]
+        keys = [key for _, key in executed]
+        orders = Counter(order for order, _ in set(executed))
+        return cls(calls=len(set(keys)), resent=len(keys) - len(set(keys)),
+                   repeated=sum(n - 1 for n in orders.values()))
 
 
 def _remembered_tickets(chroma_url: str) -> Counter:

@@ -20,6 +20,10 @@ order through the ``issue_refund`` tool (``external``: money goes out). A refund
 approval: the run waits (``Tool(needs_approval=...)``, :meth:`~flink_agents_replay.api.agent.RunnerContext.wait_for`)
 until a decision comes or ``approval_timeout_s`` passes; a denied or unanswered one is declined in the reply.
 
+With ``support_triage_agent(orders_mcp_url=...)`` the ``orders`` tool is an MCP server's ``lookup_order``
+(:func:`flink_agents_replay.api.mcp_tools.mcp_tools`, e.g. :mod:`flink_agents_replay.local.mcp_orders_server`, as in
+the demo): the call id goes to it in the request's ``_meta``.
+
 Both services receive the call's stable id as an ``Idempotency-Key`` header
 (:func:`flink_agents_replay.api.resources.current_call_id`), so a service that honours it (the local stub
 service does) answers a call made again after a crash — one that was *in doubt* — without doing the work
@@ -38,6 +42,7 @@ from pydantic import Field
 
 from flink_agents_replay.api.agent import Agent, Event, InputEvent, OutputEvent, action
 from flink_agents_replay.api.chat_model import ChatModel
+from flink_agents_replay.api.mcp_tools import McpServer, mcp_tools
 from flink_agents_replay.api.resources import Tool, current_call_id
 from flink_agents_replay.api.tool_loop import run_tool_loop
 from flink_agents_replay.core.errors import ToolCallDeniedError
@@ -235,7 +240,7 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
                          model_base_url: str = "http://127.0.0.1:8000/v1", orders_base_url: str | None = None,
                          api_key: str | None = None, memory_url: str | None = None,
                          embedding_model: str = "stub-embeddings", refund_approval_above: float | None = None,
-                         approval_timeout_s: float = 60.0) -> SupportTriage:
+                         approval_timeout_s: float = 60.0, orders_mcp_url: str | None = None) -> SupportTriage:
     """The agent with its resources: chat model ``llm`` and the order-lookup tool ``orders`` the model may call
     (and with ``memory_url``, long-term memory ``memory``).
 
@@ -252,14 +257,21 @@ def support_triage_agent(*, name: str = "support-triage", model: str = "stub-mod
         refund_approval_above: refund refund tickets through ``issue_refund`` (at the order service), a refund
             above this amount only once a person approved it; ``None``: no refunds.
         approval_timeout_s: how long a refund waits for its approval before it is declined.
+        orders_mcp_url: an MCP server's streamable HTTP endpoint whose ``lookup_order`` tool is ``orders``
+            (listed now: a server out of reach raises :class:`~flink_agents_replay.core.errors.McpConnectionError`);
+            ``None``: ``orders`` is ``GET <orders_base_url>/orders/<id>``. Refunds stay at ``orders_base_url``.
     """
     if orders_base_url is None:
         orders_base_url = model_base_url.rstrip("/").removesuffix("/v1")
-    resources: dict[str, Any] = {
-        "llm": ChatModel(model, base_url=model_base_url, api_key=api_key),
+    if orders_mcp_url is None:
         # Reading an order changes nothing: a call in doubt is simply made again.
-        "orders": Tool(OrderLookup(orders_base_url), side_effects="none", name="orders"),
-    }
+        orders: Tool = Tool(OrderLookup(orders_base_url), side_effects="none", name="orders")
+    else:
+        # The MCP spec says not to trust a server's annotations; this agent trusts the orders server it is given
+        # (the demo's own), whose lookup_order is annotated read-only: "none", as the HTTP lookup above is.
+        orders = mcp_tools(McpServer(url=orders_mcp_url), trust_annotations=True,
+                           rename={"lookup_order": "orders"})["orders"]
+    resources: dict[str, Any] = {"llm": ChatModel(model, base_url=model_base_url, api_key=api_key), "orders": orders}
     refunds = refund_approval_above is not None
     if refunds:
         resources["issue_refund"] = Tool(RefundService(orders_base_url), side_effects="external", name="issue_refund",

@@ -46,7 +46,8 @@ import sys
 
 from pyflink.common import Types
 
-from flink_agents_replay.core.errors import ConfigError
+from flink_agents_replay.api.mcp_tools import McpServer
+from flink_agents_replay.core.errors import ConfigError, McpConnectionError, McpProtocolError
 from flink_agents_replay.examples.support_triage import support_triage_agent
 from flink_agents_replay.flink.config import SIGNING_KEY_ENV, job_signing_key
 from flink_agents_replay.flink.env import create_environment
@@ -90,6 +91,26 @@ def _add_approval_arguments(parser: argparse.ArgumentParser) -> None:
                              "(hold, the default) or run meanwhile (run)")
 
 
+def _add_order_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the agent looks orders up (and refunds them)."""
+    parser.add_argument("--orders-base-url", default=None,
+                        help="order service root (default: the model URL without /v1, i.e. the stub service)")
+    parser.add_argument("--orders-mcp-url", default=None,
+                        help="an MCP server (streamable HTTP, like http://127.0.0.1:8765/mcp) whose lookup_order tool "
+                             "looks the orders up, its read-only annotation trusted (listed when the job is built); "
+                             "default: GET <orders base URL>/orders/<id>. Refunds stay at the order service")
+
+
+def _check_orders_mcp_url(parser: argparse.ArgumentParser, url: str | None) -> None:
+    """A usage error unless ``url`` is an MCP endpoint's URL; whether a server answers there is known when the job
+    is built (it lists the tools)."""
+    if url is not None:
+        try:
+            McpServer(url=url)
+        except ConfigError as exc:
+            parser.error(f"--orders-mcp-url: {exc}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
@@ -118,8 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memory-url", default=os.environ.get("CHROMA_URL") or None,
                         help="a Chroma server for the agent's long-term memory (default $CHROMA_URL; none: the "
                              "agent remembers nothing beyond Flink state)")
-    parser.add_argument("--orders-base-url", default=None,
-                        help="order service root (default: the model URL without /v1, i.e. the stub service)")
+    _add_order_arguments(parser)
     parser.add_argument("--signing-key-file", default=None,
                         help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
     parser.add_argument("--signing-key", default=None,
@@ -150,12 +170,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--parallelism must be at least 1")
     if args.max_record_bytes < 1:
         parser.error("--max-record-bytes must be at least 1")
+    _check_orders_mcp_url(parser, args.orders_mcp_url)
     args.dead_letter_topic = args.dead_letter_topic or f"{args.input_topic}.dead-letters"
     return args
 
 
 def build(args: argparse.Namespace):
     """The job's environment with the pipeline defined on it."""
+    # The agent first: with --orders-mcp-url it lists the MCP server's tools, and a server out of reach fails the
+    # submission before anything is created.
+    agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
+                                 orders_base_url=args.orders_base_url, memory_url=args.memory_url,
+                                 refund_approval_above=args.refund_approval_above,
+                                 approval_timeout_s=args.approval_timeout_s, orders_mcp_url=args.orders_mcp_url)
     env = create_environment(parallelism=args.parallelism, checkpoint_interval_ms=args.checkpoint_interval_ms,
                              restart_attempts=args.restart_attempts, restart_delay_ms=args.restart_delay_ms)
     require_kafka_connector(env, args.connector_jar)
@@ -170,10 +197,6 @@ def build(args: argparse.Namespace):
     keyed = tickets.key_by(lambda ticket: ticket["customer"], key_type=Types.STRING())
     signals = _signals(env, args, prefix)
 
-    agent = support_triage_agent(name=args.agent_id, model=args.model, model_base_url=args.model_base_url,
-                                 orders_base_url=args.orders_base_url, memory_url=args.memory_url,
-                                 refund_approval_above=args.refund_approval_above,
-                                 approval_timeout_s=args.approval_timeout_s)
     config = {
         "kafka": {"bootstrap.servers": args.bootstrap_servers},
         "signing_key": args.signing_key,
@@ -230,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         env = build(args)
-    except ConfigError as exc:  # a clear message, not a traceback from the Flink client
+    # A clear message, not a traceback from the Flink client; the MCP errors: --orders-mcp-url's server is listed here.
+    except (ConfigError, McpConnectionError, McpProtocolError) as exc:
         print(f"flink_agents_replay.jobs.agent_job: {exc}", file=sys.stderr)
         return 2
     env.execute(f"flink-agents-replay {args.agent_id}")

@@ -23,6 +23,9 @@ Run it::
 
     python -m flink_agents_replay.local.mcp_orders_server --stdio
     python -m flink_agents_replay.local.mcp_orders_server --http --port 8765   # http://127.0.0.1:8765/mcp
+
+or as a detached process serving HTTP (the demo): :class:`LocalMcpOrdersServer`, its state, log and SQLite file in a
+work directory.
 """
 
 import argparse
@@ -30,7 +33,12 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,13 +47,24 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from flink_agents_replay.local.model_replies import order_details
+from flink_agents_replay.local.processes import (
+    RecordedProcess,
+    claim_port,
+    log_tail,
+    pid_alive,
+    spawn_service,
+    wait_until_ready,
+)
 
-__all__ = ["DB_ENV", "DELAY_ENV", "build_server", "main", "read_calls"]
+__all__ = ["DB_ENV", "DELAY_ENV", "LocalMcpOrdersServer", "build_server", "main", "read_calls"]
 
 #: Where the server records the requests it gets, unless ``--db`` says.
 DB_ENV = "FLINK_AGENTS_REPLAY_MCP_DB"
 #: An order's id as the tools' schemas give it: a model (the local model service too) fills it from a ticket's text.
-OrderId = Annotated[str, Field(pattern=r"^O-\d+$", description="the order's id, like O-12345")]
+#: The pattern is not anchored: JSON Schema's ``pattern`` matches anywhere in a string, and the local model service
+#: searches the ticket's text with it (``^O-\d+$`` finds nothing there). The tools check the whole id themselves.
+OrderId = Annotated[str, Field(pattern=r"O-\d+", description="the order's id, like O-12345")]
+_WHOLE_ORDER_ID = re.compile(r"O-\d+")
 
 #: Seconds each tool waits between taking effect and answering, unless ``--delay-s`` says (default 0).
 DELAY_ENV = "FLINK_AGENTS_REPLAY_MCP_DELAY_S"
@@ -71,6 +90,13 @@ def _key(ctx: Context) -> str | None:
     meta = ctx.request_context.meta
     key = getattr(meta, "idempotency_key", None) if meta is not None else None
     return key if isinstance(key, str) else None
+
+
+def _checked(order_id: str) -> str:
+    """``order_id`` if it is a whole order id (O- and digits); else the tool fails (an ``isError`` result)."""
+    if not _WHOLE_ORDER_ID.fullmatch(order_id):
+        raise ValueError(f"an order id is O- and digits, like O-12345, not {order_id!r}")
+    return order_id
 
 
 def _record(db: Path, tool: str, arguments: dict[str, Any], key: str | None, executed: bool, result: Any) -> None:
@@ -118,7 +144,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
         Args:
             order_id: the order's id, like O-12345.
         """
-        order = order_details(order_id)
+        order = order_details(_checked(order_id))
         _record(path, "lookup_order", {"order_id": order_id}, _key(ctx), True, order)
         await asyncio.sleep(delay_s)
         return order
@@ -132,6 +158,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
             order_id: the order's id.
             amount: how much to pay back, in euros.
         """
+        _checked(order_id)
         if not amount > 0:
             raise ValueError(f"a refund must be a positive amount, not {amount}")
         refund = _refund(path, order_id, amount, _key(ctx))
@@ -146,7 +173,7 @@ def build_server(db: str | os.PathLike[str], *, port: int = 8000, delay_s: float
             order_id: the order's id.
             tag: the tag.
         """
-        result = {"order_id": order_id, "tag": tag}
+        result = {"order_id": _checked(order_id), "tag": tag}
         _record(path, "tag_order", result, _key(ctx), True, result)
         await asyncio.sleep(delay_s)
         return result
@@ -166,6 +193,96 @@ def read_calls(db: str | os.PathLike[str], tool: str | None = None) -> list[dict
     return [{"tool": name, "arguments": json.loads(arguments), "idempotency_key": key, "executed": bool(executed),
              "result": json.loads(result) if result else None, "pid": pid}
             for name, arguments, key, executed, result, pid in rows]
+
+
+class LocalMcpOrdersServer(RecordedProcess):
+    """The orders server as a detached process serving streamable HTTP on 127.0.0.1 (the demo), its state file
+    (PID, port), log and SQLite file in ``work_dir``.
+
+    Args:
+        work_dir: directory for the state file, the log and the SQLite file; created if missing.
+        port: port on 127.0.0.1; ``0`` picks a free one.
+        delay_s: seconds each tool waits between taking effect and answering.
+        start_timeout_s: how long :meth:`start` waits for the MCP endpoint to answer.
+    """
+
+    def __init__(self, work_dir: str | os.PathLike[str], *, port: int = 0, delay_s: float = 0.0,
+                 start_timeout_s: float = 30.0):
+        self.work_dir = Path(work_dir)
+        self.port = port
+        self.delay_s = delay_s
+        self.start_timeout_s = start_timeout_s
+
+    @property
+    def _state_file(self) -> Path:
+        return self.work_dir / "mcp-orders-server.json"
+
+    @property
+    def log_file(self) -> Path:
+        """The server's stdout and stderr."""
+        return self.work_dir / "mcp-orders-server.log"
+
+    @property
+    def db(self) -> Path:
+        """The SQLite file of the requests the server got (:func:`read_calls`)."""
+        return self.work_dir / "mcp-orders.sqlite3"
+
+    @property
+    def url(self) -> str | None:
+        """The MCP endpoint, ``http://127.0.0.1:<port>/mcp``, or ``None`` when the server does not run."""
+        state = self._read_state()
+        return f"http://127.0.0.1:{state['port']}/mcp" if state and pid_alive(state["pid"]) else None
+
+    def start(self) -> str:
+        """Start the server (or take the one already running here) and wait until its MCP endpoint answers; its
+        URL."""
+        if self.url is not None:
+            return self.url
+        port = claim_port(self.port, what="MCP orders server")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # The child imports this very package, even from a checkout that is not installed.
+        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        with open(self.log_file, "ab") as out:
+            process = spawn_service(
+                [sys.executable, "-m", "flink_agents_replay.local.mcp_orders_server", "--http", "--port", str(port),
+                 "--db", str(self.db), "--delay-s", str(self.delay_s)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=self.work_dir,  # outlives the caller; stopped by PID
+            )
+        self._state_file.write_text(json.dumps({"pid": process.pid, "port": port}))
+        url = f"http://127.0.0.1:{port}/mcp"
+        try:
+            wait_until_ready(process, lambda: _answers_mcp(url), what="the MCP orders server", where=url,
+                             timeout_s=self.start_timeout_s, log_tail=lambda: log_tail(self.log_file),
+                             interval_s=0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return url
+
+    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
+        """The requests the server got (:func:`read_calls`)."""
+        return read_calls(self.db, tool)
+
+    def lookups(self) -> int:
+        """``lookup_order`` requests executed (a call made again under the same idempotency key counts again)."""
+        return sum(1 for call in self.calls("lookup_order") if call["executed"])
+
+
+def _answers_mcp(url: str) -> bool:
+    """Whether an MCP server answers at ``url``: its reply to an ``initialize`` request is a 200."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "flink-agents-replay readiness check", "version": "0"}}}).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status == 200
+    except urllib.error.HTTPError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
