@@ -17,6 +17,9 @@ with a min-pause of 10 s, exactly-once Kafka outputs), 60 inputs over 6 keys.
    attempt 3 restores the checkpoint of step 1, whose range holds the zombie's records: its log says how
    many it ignored.
 
+Also (issue 36): a call the zombie *begins* after its resumption is counted (``zombie-call``, the job's tools); it
+makes no new ``external`` call (``sender``), whatever the timing.
+
 Checked: the committed outputs (``read_committed``) equal the failure-free reference, each exactly once
 (memory included: outputs carry the key's history), so no ``[zombie]`` result was reused; every logical call
 ran, none more than once per fault that caught it; the zombie really returned calls after resuming.
@@ -114,7 +117,7 @@ def test_a_zombie_taskmanager_resumed_after_its_restore_elsewhere_is_fenced(
         reference_counter = InvocationCounter(tmp_path / "reference.db")
         expected = Counter(canonical_output(o) for o in failure_free_outputs(job.fencing_agent(reference_counter),
                                                                              inputs))
-        paused_flag = job.paused_flag
+        paused_flag, resumed_flag = job.paused_flag, job.resumed_flag
     reference_calls = set(calls_of(reference_counter, "call"))
     input_topic = produce_inputs(kafka_bootstrap, inputs)
     output_topic, journal_topic = new_topic(prefix="flink-out"), f"journal-{uuid.uuid4().hex[:8]}"
@@ -147,6 +150,7 @@ def test_a_zombie_taskmanager_resumed_after_its_restore_elsewhere_is_fenced(
         [restored_on] = poll_until(lambda: [tm for tm in cluster.job_taskmanagers(job_id) if tm != victim], 60,
                                    lambda: cluster.job_diagnostics(job_id))
     finally:
+        resumed_flag(counter.path, victim_pid).touch()  # while it is still paused: what it begins now is new
         os.kill(victim_pid, signal.SIGCONT)  # 3. the zombie resumes
 
     # The zombie's calls return after its resumption and their records land after attempt 2's markers.
@@ -177,9 +181,12 @@ def test_a_zombie_taskmanager_resumed_after_its_restore_elsewhere_is_fenced(
     ignored = [int(match.group(1)) for line in log if (match := _IGNORED.search(line))]
     restores = [line for line in log if " restored: " in line]
     zombie_returns = calls_of(counter, "zombie-return")
+    zombie_calls = calls_of(counter, "zombie-call")
+    zombie_call_ms = sorted(calls_of(counter, "zombie-call-ms"), key=lambda name: int(name.rsplit(":", 1)[1]))
     summary = (f"paused {victim} (pid {victim_pid}) at {calls_at_pause} calls; restored on {restored_on}; zombie "
                f"returned {len(zombie_returns)} calls; {sum(late_at_kill.values())} late records at the kill; "
-               f"ignored per restore {ignored}; restores {len(restores)}")
+               f"ignored per restore {ignored}; restores {len(restores)}; new calls of the zombie {zombie_calls}, "
+               f"begun (tool:ms after the resumption) {zombie_call_ms}")
     print("\n" + summary)
 
     # The fault hit: the zombie returned calls after resuming, and delivered records after attempt 2's marker.
@@ -187,6 +194,9 @@ def test_a_zombie_taskmanager_resumed_after_its_restore_elsewhere_is_fenced(
     # The later restore read them and ignored them (all of them are in its range: the zombie wrote after step 1;
     # more may have landed before the kill). Later checkpoints pruned them.
     assert len(restores) == 2 and len(ignored) == 1 and ignored[0] >= sum(late_at_kill.values()), summary
+    # Issue 36: the zombie made no new external call after it resumed (the fence topic refuses it; its task-stop
+    # signal stops its runs at their next call, action or run, usually before any call at all).
+    assert not [name for name in zombie_calls if name.startswith("sender:")], summary
     # Outputs: each exactly once, equal to the failure-free run (no [zombie] result reused; memory in history).
     assert not [row for row in rows if "[zombie]" in row[2]], summary
     assert Counter(rows) == expected, summary

@@ -9,9 +9,10 @@ Every tool invocation is counted outside the worker (``call:<tool>:<argument>`` 
 when it returns; the argument names the key and seq, so it is the call's idempotency key). A test pausing a
 TaskManager first creates the file ``paused-<pid>`` next to the counter: a call that returns in that process
 after the pause, i.e. after it was resumed as a zombie, returns its result marked ``[zombie]`` and counts
-``zombie-return:...``. Such a result must never reach a committed output: a zombie's outputs are never
-committed (its sink's transactions are aborted), so one there came from a zombie's journal record reused by
-a later attempt. Used by ``tests/integration/test_fencing_zombie.py``.
+``zombie-return:...``; one that *begins* there after the test created ``resumed-<pid>`` (just before resuming it)
+counts ``zombie-call:...``: a new call of the zombie. A ``[zombie]`` result must never reach a committed output: a
+zombie's outputs are never committed (its sink's transactions are aborted), so one there came from a zombie's
+journal record reused by a later attempt. Used by ``tests/integration/test_fencing_zombie.py``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,19 @@ def paused_flag(counter_path: str | Path, pid: int) -> Path:
     return Path(counter_path).with_name(f"paused-{pid}")
 
 
+def resumed_flag(counter_path: str | Path, pid: int) -> Path:
+    """The file a test creates while process ``pid`` is still paused, just before it resumes it: a call that
+    begins in that process while the file exists began after the resumption (a zombie's new call)."""
+    return Path(counter_path).with_name(f"resumed-{pid}")
+
+
 def _tool(counter: InvocationCounter, name: str, call_delay_s: float):
     def invoke(argument: str) -> str:
         counter.increment(f"call:{name}:{argument}")
+        resumed = resumed_flag(counter.path, os.getpid())
+        if resumed.exists():  # begun by a zombie, after it resumed (ms after the flag, written just before)
+            counter.increment(f"zombie-call:{name}:{argument}")
+            counter.increment(f"zombie-call-ms:{name}:{int((time.time() - resumed.stat().st_mtime) * 1000)}")
         # 0.5x to 1.5x the delay, fixed per call: keys drift apart, so a pause finds varied calls under way.
         time.sleep(call_delay_s * (0.5 + zlib.crc32(argument.encode()) % 1000 / 1000))
         counter.increment(f"done:{name}:{argument}")

@@ -189,7 +189,7 @@ class RunJournal:
                 getattr(payload, "outcome", None) is CallOutcome.STARTED):
             # The call is made next: not if a newer attempt started since (the broker's answer after the
             # started record's acknowledgement, docs/design.md §5.3).
-            watch.check(self.partition, what)
+            watch.check(self.partition, what.removeprefix("the result of "))
 
     def before_call(self) -> None:
         """Before the run makes a call: wait for the last external call outcome written, if any (its
