@@ -24,6 +24,7 @@ COUNTERS: dict[str, str] = {
     "calls_in_doubt": "calls found started and never finished after a restore (their `in_doubt` policy decided)",
     "calls_reconciled": "calls in doubt whose reconciler found them done or failed (its answer journaled as theirs)",
     "calls_reconciled_unknown": "calls in doubt whose reconciler could not tell, after its retries (left in doubt)",
+    "tools_changed": "tools of the agent added, removed or changed since the restored checkpoint (logged with how)",
     "divergences": "keys whose recorded history was dropped because a different input came at a recorded seq",
     "fingerprint_mismatches": "journaled completions written by other action code (`fingerprint_policy` decided)",
     "journal_records_pruned": "journal records deleted after completed checkpoints",

@@ -51,6 +51,7 @@ from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.api.memory import Memory
+from flink_agents_replay.api.tool_definitions import tool_digests
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.engine.digest import digest_value
@@ -67,6 +68,7 @@ from flink_agents_replay.flink.order import DRAIN_TIMER, OrderRestoration
 from flink_agents_replay.flink.runs import RunPool
 from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.flink.signals import KeyedInput, MalformedSignal, Signal
+from flink_agents_replay.flink.tool_check import check_restored_tools
 from flink_agents_replay.flink.waits import OperatorWaits, WaitEvent
 from flink_agents_replay.storage.capture.records import CapturedRunEnd
 from flink_agents_replay.storage.formats.state import (
@@ -158,6 +160,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
         self._fence_watch = getattr(self.journal.writer, "fence_watch", None)
+        self.tool_digests = tool_digests(self.agent.resources)  # kept with each checkpoint: a restore names changes
         self.waits = OperatorWaits(agent_name=self.agent.name, event_types=self.agent.event_types(),
                                    runtime_context=runtime_context, counters=self.counters,
                                    ttl_s=self.config.early_decision_ttl_s,
@@ -266,6 +269,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
             restored_time = checkpoint_time(values)
             self.mode.restored(checkpoint_id=self.restored_from, checkpoint_time_ms=restored_time)
             self.epochs.restored(self.restored_from, restored_time)
+        if self.restored_from is not None:
+            changed = check_restored_tools(values, self.tool_digests, checkpoint_id=self.restored_from,
+                                           policy=self.config.fingerprint_policy, subtask=self.subtask)
+            self.counters["tools_changed"].inc(len(changed))
         self.journal.restore(values, job_id=self.job_id)
         self.waits.restored(waits_open(values, self.owned))
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
@@ -283,7 +290,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if expired:
             self.counters["histories_expired"].inc(expired)
         return self.journal.snapshot(checkpoint_id, in_flight, checkpoint_time_ms=timestamp_ms,
-                                     waits_open=self.waits.open_by_group)
+                                     waits_open=self.waits.open_by_group, tools=self.tool_digests)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""

@@ -21,6 +21,9 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``waits_open`` (version 2, 0.7) — per key group, how many runs were parked at a wait
   (:mod:`flink_agents_replay.flink.waits`): keyed state cannot be counted, and a restore at any parallelism
   sums its own key groups' (:func:`waits_open`). Version 1 markers read as none.
+* ``tools`` (optional, added in 0.7; subtask 0's marker only) — per tool of the agent, a digest of each part of
+  its definition (:mod:`flink_agents_replay.api.tool_definitions`), so a restore names the tools that changed
+  (:func:`restored_tools`). Markers without it compare nothing.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from flink_agents_replay.core.errors import JournalError
 
 __all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "checkpoint_time", "encode_marker",
-           "plan_restore", "waits_open"]
+           "plan_restore", "restored_tools", "waits_open"]
 
 MARKER_VERSION = 2
 _READABLE = (1, 2)
@@ -67,7 +70,8 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
                   replaying: Mapping[int, list[tuple[str, int]]] | None = None,
                   fences: Mapping[int, int] | None = None,
                   replaying_since: Mapping[str, float] | None = None, checkpoint_time_ms: int | None = None,
-                  waits_open: Mapping[int, int] | None = None) -> bytes:
+                  waits_open: Mapping[int, int] | None = None,
+                  tools: Mapping[str, Mapping[str, str]] | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -79,7 +83,18 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         "replaying_since": dict(replaying_since or {}),
         **({} if checkpoint_time_ms is None else {"checkpoint_time_ms": checkpoint_time_ms}),
         "waits_open": {str(group): n for group, n in (waits_open or {}).items() if n},
+        **({} if tools is None else {"tools": {name: dict(parts) for name, parts in tools.items()}}),
     }).encode()
+
+
+def restored_tools(values: Iterable[bytes]) -> dict[str, dict[str, str]] | None:
+    """The agent's tools as the restored checkpoint kept them (``None``: no marker kept them, e.g. before 0.7)."""
+    for value in values:
+        if value:
+            tools = json.loads(value).get("tools")
+            if isinstance(tools, dict):
+                return tools
+    return None
 
 
 def checkpoint_time(values: Iterable[bytes]) -> int | None:
