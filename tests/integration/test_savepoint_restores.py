@@ -8,6 +8,7 @@ import uuid
 import pytest
 from pyflink.common import Types
 
+from flink_agents_replay.api.resources import Tool
 from flink_agents_replay.flink.env import create_environment
 from flink_agents_replay.flink.pipeline import connect_to_agent
 from flink_agents_replay.local.jars import kafka_connector_jar
@@ -31,7 +32,7 @@ def _wait_for(predicate, what, timeout_s=90):
 
 
 def _start_job(bootstrap, topic, counter, journal_topic, source_uid, savepoint=None, checkpoint_interval_ms=None,
-               label=None, **agent_config):
+               label=None, tools=None, **agent_config):
     label = label or source_uid
     config = {"execution.savepoint.ignore-unclaimed-state": "true"}
     if savepoint:
@@ -40,6 +41,8 @@ def _start_job(bootstrap, topic, counter, journal_topic, source_uid, savepoint=N
                              checkpoint_interval_ms=checkpoint_interval_ms)
     keyed = keyed_json_inputs(env, bootstrap, topic, source_uid=source_uid)
     agent = chain_agent(counter)
+    for name, tool in (tools or {}).items():
+        agent.add_resource(name, tool)
     outputs = connect_to_agent(keyed, agent, {
         "kafka": {"bootstrap.servers": bootstrap}, "journal_topic": journal_topic,
         "signing_key": "divergence-signing-key-0123", "max_concurrent_runs": 8, **agent_config})
@@ -83,8 +86,9 @@ def test_changed_input_after_restore_re_executes_only_that_keys_later_history(ka
     lines = operator_log()
     # In arrival order: with order restoration the changed key would instead wait for its recorded seq-4
     # input until order_restore_timeout_s (tests/integration/test_multi_upstream_order.py covers that path).
+    # This build also has a tool more than the savepoint's: the restore names it (the policy, reuse, goes on).
     client = _start_job(kafka_bootstrap, topic_b, counter, journal_topic, "inputs-b", savepoint=savepoint,
-                        restore_input_order=False)
+                        restore_input_order=False, tools={"refund_order": Tool(_refund_order)})
     try:
         _wait_for(lambda: counter.count("outputs:inputs-b") == len(replay), "the replayed batch")
         _wait_for(lambda: any("fully replayed" in line for line in operator_log()[len(lines):]),
@@ -101,6 +105,13 @@ def test_changed_input_after_restore_re_executes_only_that_keys_later_history(ka
     assert calls[f"call:classifier:{CHANGED_KEY}|5|{ {'key': CHANGED_KEY, 'n': 4} }"] == 2
     replayed = [line for line in operator_log()[len(lines):] if "fully replayed" in line]
     assert "divergences 1" in replayed[-1], replayed[-1]
+    [changed_tools] = [line for line in operator_log()[len(lines):] if "the agent's tools changed" in line]
+    assert "since checkpoint" in changed_tools and ": refund_order: added;" in changed_tools, changed_tools
+
+
+def _refund_order(order_id: str) -> str:
+    """Refund an order (never called: the tool only changes the agent's tool list)."""
+    return order_id
 
 
 def test_restoring_a_savepoint_older_than_the_pruning_point_is_refused_unless_accepted(kafka_bootstrap, tmp_path):
