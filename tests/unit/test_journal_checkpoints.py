@@ -9,7 +9,7 @@ import pytest
 
 from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.api.resources import Tool
-from flink_agents_replay.core.errors import JournalError, JournalGapError
+from flink_agents_replay.core.errors import JournalError, JournalGapError, SignatureError
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.storage.journal import checkpoints as checkpoints_module
 from flink_agents_replay.storage.journal.checkpoints import JournalCheckpoints, RunInFlight, describe_partitions
@@ -374,3 +374,32 @@ def test_a_marker_without_offsets_is_refused_with_its_cause_and_read_from_the_ea
     accepted = make_checkpoints(production.store, accept_gap=True)
     accepted.restore([marker], job_id="job")
     assert accepted.index.records_read > 0
+
+
+def _with_key(store, signing_key: bytes) -> JournalCheckpoints:
+    writer = JournalWriter(store, RecordCodec(signing_key, "agent"), Durability.PER_ACTION)
+    return JournalCheckpoints(store=store, writer=writer, owned=OWNED, subtask=0)
+
+
+def test_a_new_job_with_a_new_signing_key_skips_an_earlier_jobs_records_and_counts_them():
+    """An earlier job's leftovers signed with its key are not this job's history: skipped, counted, not fatal."""
+    earlier = _with_key(TopicStore(), b"the earlier job's signing key")
+    earlier.restore([], job_id="job-1")
+    run_once(earlier, "a", 1, group=0)
+    new = _with_key(earlier.store, b"a new job with a new signing key")
+    new.restore([], job_id="job-2")
+    assert not new.restored and new.other_key_records_skipped == len(OWNED)  # job-1's start in each partition
+    run_once(new, "a", 1, group=0)
+    restarted = _with_key(earlier.store, b"a new job with a new signing key")
+    restarted.restore([], job_id="job-2")  # its own records still verify and are reused
+    assert restarted.restored and restarted.history(key_digest("a")) is not None
+
+
+def test_a_record_with_another_key_is_refused_where_it_would_be_this_jobs_history():
+    earlier = _with_key(TopicStore(), b"the earlier job's signing key")
+    earlier.restore([], job_id="job-1")
+    run_once(earlier, "a", 1, group=0)
+    continuing = _with_key(earlier.store, b"a new job with a new signing key")
+    continuing.continue_job = "job-1"  # its history is job-1's: records that do not verify are not skipped
+    with pytest.raises(SignatureError):
+        continuing.restore([], job_id="job-2")

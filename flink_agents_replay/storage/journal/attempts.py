@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flink_agents_replay.core.errors import SignatureError
 from flink_agents_replay.storage.journal.fencing import FENCING_MARKER_VERSION, PartitionFences, fence_of
 from flink_agents_replay.storage.journal.index import RecoveryIndex
 from flink_agents_replay.storage.journal.recovery import decode_attempt_record, parse_stored_key
@@ -74,6 +75,7 @@ class JobHistory:
     starts: dict[int, int] = field(default_factory=dict)  # partition -> offset of the job's first attempt record
     last_attempt: int = -1
     other_records: int = 0  # records of other jobs (or before this job started) passed over
+    other_key_records: int = 0  # attempt records of other jobs signed with another key, skipped (see _note_attempt)
     ends: dict[int, int] = field(default_factory=dict)  # partition -> where the read ended
 
     @property
@@ -110,7 +112,16 @@ def read_job_history(store: JournalStore, codec: RecordCodec, partitions: Iterab
 
 def _note_attempt(history: JobHistory, fences: PartitionFences, codec: RecordCodec, topic: str, stored,
                   ours: bool) -> None:
-    payload = decode_attempt_record(codec, stored, topic=topic)
+    try:
+        payload = decode_attempt_record(codec, stored, topic=topic)
+    except SignatureError:
+        if ours:  # this job's own start that does not verify: tampering, or a key changed under a job
+            raise
+        # Another job's start, signed with that job's key (a new job may have a new one): nothing of it is this
+        # job's history, so skipping it uses nothing unverified. That job's other records before this job's
+        # start are passed over unread (other_records).
+        history.other_key_records += 1
+        return
     fences.note_marker(stored, payload)  # any job's: a zombie of an earlier job is fenced too
     if ours:
         history.starts.setdefault(stored.partition, stored.offset)

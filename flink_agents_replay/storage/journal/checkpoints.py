@@ -103,6 +103,7 @@ class JournalCheckpoints:
         self.restored = False  # True while recovered history is left to replay
         self.last_restore_ms: float | None = None
         self.earlier_attempt_records_ignored = 0  # fenced at this start (journal/fencing.py)
+        self.other_key_records_skipped = 0  # other jobs' attempt records signed with another key (journal/attempts.py)
         self._known_ends: dict[int, int] = {}  # partition -> its end at the last snapshot (_barrier_ends)
         self._ends_seen: dict[int, int | None] = {}  # partition -> the acknowledged end _barrier_ends last took
         self.history_expiry_s = history_expiry_s
@@ -210,6 +211,7 @@ class JournalCheckpoints:
                       read_so_far=found.ends, read_on=lambda start: read_job_history(
                           self.store, codec, self.owned, job_ids, fences=fences, start=start, history=found))
         self._fenced(fences)
+        self._skipped_other_keys(found.other_key_records)
         if restarted:
             self.index = found.index
             self.restored = True
@@ -224,6 +226,14 @@ class JournalCheckpoints:
             log.info("subtask %d: fresh start of job %s, no checkpoint and no earlier attempt in the journal "
                      "(partitions %s); %d records of earlier jobs are not reused", self.subtask, job_id,
                      describe_partitions(self.owned), found.other_records)
+
+    def _skipped_other_keys(self, skipped: int) -> None:
+        self.other_key_records_skipped = skipped
+        if skipped:
+            log.warning("subtask %d: %d attempt records of earlier jobs in partitions %s do not verify with this "
+                        "job's signing key (an earlier job had another); this job reuses nothing of other jobs, so "
+                        "they are skipped. To continue an earlier job (continue_job), give its key in "
+                        "verification_keys", self.subtask, skipped, describe_partitions(self.owned))
 
     def _fenced(self, fences: PartitionFences) -> None:
         self.earlier_attempt_records_ignored = fences.ignored_total
