@@ -115,6 +115,7 @@ class FailOnceAfterCheckpoint(Recording):
 
         from flink_agents_replay.flink.checkpoint_bridge.task_stop import TaskStop
 
+        self.record("task_stop", execution_state=bool(signal.watchesExecutionState()))
         self.task_stop, self.stop_seen = TaskStop(signal), threading.Event()
 
         def watch():
@@ -338,6 +339,9 @@ def test_restore_after_failure_gets_last_completed_snapshot(tmp_path):
     # Both subtasks of the failed attempt learnt from the task-stop signal that their task was being failed or
     # cancelled (the StreamTask's flags, set before the close), from a thread that is not the task thread.
     assert [e["task_stop_seen"] for e in log.events(event="close", attempt=0)] == [True, True]
+    # It reads the TaskManager task's execution state too (a private field of Flink's runtime environment: this is the
+    # upgrade guard for it), which turns CANCELING or FAILED before the StreamTask's flags.
+    assert [e["execution_state"] for e in log.events(event="task_stop")] == [True] * 4
     # The restored checkpoint's id comes first, only in the attempt that restored.
     assert not log.events(event="restored_checkpoint", attempt=0)
     restored = log.events(event="restored_checkpoint", attempt=1)

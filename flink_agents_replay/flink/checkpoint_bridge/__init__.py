@@ -49,8 +49,9 @@ What the operator does
   half of :class:`~flink_agents_replay.flink.checkpoint_bridge.wakeups.CompletionWakeups`; a token woken from any
   thread fires ``on_timer`` for the key it was remembered under, from the task's mailbox.
 - task stop: then ``attach_task_stop(signal)`` (optional) receives the Java half of
-  :class:`~flink_agents_replay.flink.checkpoint_bridge.task_stop.TaskStop`: a thread reads the StreamTask's
-  ``canceled`` and ``failing`` flags every 5 ms and writes one byte to a pipe once either is set, so the function's
+  :class:`~flink_agents_replay.flink.checkpoint_bridge.task_stop.TaskStop`: a thread reads the task's execution
+  state (a private field of the runtime environment: CANCELING or FAILED) and the StreamTask's ``canceled`` and
+  ``failing`` flags every 5 ms and writes one byte to a pipe once one says so, so the function's
   worker threads learn that the task is being cancelled or failed before its ``close()`` comes.
 
 Observed call order (PyFlink 2.3.0, MiniCluster)

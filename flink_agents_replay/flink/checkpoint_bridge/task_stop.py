@@ -2,9 +2,10 @@
 
 A TaskManager that lost its JobManager (paused, partitioned) fails its tasks as soon as it runs again, but the
 operator's ``close()``, which stops the runs, comes only when the task thread gets there: measured, runs made
-3-4 new calls 26-133 ms after the process resumed, though Flink was failing the task 10 ms after. The StreamTask
-sets its ``canceled`` flag at once (or ``failing``, for a failure on the task thread); the bridge's
-``TaskStopSignal`` (Java) reads both every few milliseconds and, once one is set, writes one byte to a pipe.
+3-4 new calls 26-133 ms after the process resumed, though Flink was failing the task 10 ms after. The task's
+execution state turns CANCELING or FAILED at once, then the StreamTask's ``canceled`` flag is set (``failing``, for
+a failure on the task thread); the bridge's ``TaskStopSignal`` (Java) reads them every 5 ms and, once one says so,
+writes one byte to a pipe.
 :meth:`TaskStop.stopping` reads that pipe without blocking: the operator asks it before every call, action and
 run (``scope.check``), next to whether it is closing.
 

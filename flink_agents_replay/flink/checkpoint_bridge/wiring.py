@@ -80,7 +80,8 @@ class CheckpointHooks:
         """Called once, right after ``attach_wakeups``, with the Java half of the task-stop signal.
 
         Wrap it in :class:`~flink_agents_replay.flink.checkpoint_bridge.task_stop.TaskStop`: from the moment Flink
-        cancels or fails the task (the StreamTask's ``canceled`` or ``failing`` flag, read every 5 ms), its
+        cancels or fails the task (its execution state, the StreamTask's ``canceled`` or ``failing`` flag, read every
+        5 ms), its
         ``stopping()`` says yes on any thread, well before ``close()`` reaches the function.
         """
 

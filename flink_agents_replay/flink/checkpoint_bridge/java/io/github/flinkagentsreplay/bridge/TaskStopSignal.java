@@ -15,10 +15,11 @@ import java.util.function.BooleanSupplier;
  * Watches the task for cancellation or failure and writes one byte to a pipe Python reads.
  *
  * <p>When Flink cancels a task, or fails it from outside ("Attempting to fail task externally": a TaskManager that
- * lost its JobManager, a failover elsewhere), it sets the StreamTask's {@code canceled} flag at once from a canceler
- * thread; a failure on the task thread sets {@code failing} before the operators close. The operator's close (which
+ * lost its JobManager, a failover elsewhere), the task's execution state turns CANCELING or FAILED at once, and a
+ * canceler thread then sets the StreamTask's {@code canceled} flag; a failure on the task thread sets {@code failing}
+ * before the operators close. The operator's close (which
  * stops the Python runs) comes only when the task thread gets there, tens of milliseconds later or more, and
- * meanwhile the runs went on calling. Neither flag has a listener (the task's cancelables are closed only once the
+ * meanwhile the runs went on calling. None of them has a listener (the task's cancelables are closed only once the
  * task has ended), so a daemon thread here reads them every {@code intervalMs} and, when one is set, writes the byte
  * {@code 1} to the pipe whose write end Python handed over ({@link #listen}), then stops. Python's worker threads
  * read the pipe without blocking before every call and action: they cannot call into Java, and no Java thread but
@@ -35,19 +36,26 @@ public final class TaskStopSignal {
 
     private final BooleanSupplier stopping;
     private final long intervalMs;
+    private final boolean executionState;
     private final String name;
     private volatile boolean closed;
     private transient Thread watcher;
 
-    TaskStopSignal(BooleanSupplier stopping, long intervalMs, String name) {
+    TaskStopSignal(BooleanSupplier stopping, long intervalMs, boolean executionState, String name) {
         this.stopping = stopping;
         this.intervalMs = intervalMs;
+        this.executionState = executionState;
         this.name = name;
     }
 
     /** How often the task's flags are read, in milliseconds. */
     public long intervalMs() {
         return intervalMs;
+    }
+
+    /** Whether the TaskManager task's execution state is read too (else only the StreamTask's flags). */
+    public boolean watchesExecutionState() {
+        return executionState;
     }
 
     /** Start watching; the byte goes to the pipe whose write end is the process's file descriptor {@code fd}. */
