@@ -252,9 +252,8 @@ public class CheckpointBridgeOperator<K, IN, OUT> extends EmbeddedPythonKeyedPro
     /**
      * The TaskManager's {@link Task} running this operator, or null. Its execution state turns CANCELING or FAILED
      * the moment Flink cancels or fails it from outside, before the canceler thread it then starts sets the
-     * StreamTask's {@code canceled} flag (measured on a resumed zombie: 36 ms before). Nothing public leads there;
-     * the runtime environment keeps it in a private field (Flink 2.3), read once here. Without it the StreamTask's
-     * flags alone tell.
+     * StreamTask's {@code canceled} flag. Nothing public leads there; the runtime environment keeps it in a private
+     * field (Flink 2.3), read once here. Without it the StreamTask's flags alone tell.
      */
     private static Task runtimeTask(StreamTask<?, ?> task) {
         Object environment = task.getEnvironment();
