@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentDefinitionError",
+    "AttemptFencedError",
     "CallBlocked",
     "CallInDoubtError",
     "CallTimeoutError",
@@ -246,3 +247,9 @@ class McpProtocolError(FlinkAgentsReplayError, RuntimeError):
 class McpConnectionError(FlinkAgentsReplayError, ConnectionError):
     """An MCP server could not be reached, or its session broke, on every attempt of a call (the transport's
     retries are spent). The call's action fails as with any exception."""
+
+
+class AttemptFencedError(JournalClosedError):
+    """A newer attempt of this subtask started on the call's partition (Flink restored the task elsewhere): this
+    attempt is a zombie, and its call is not made. A :class:`JournalClosedError`: the action journals no failure
+    (the next attempt owns the partition), and the run ends as runs end when the operator closes."""

@@ -44,7 +44,8 @@ __all__ = ["ActionSite", "FingerprintPolicy", "RunCancelled", "RunContext", "Run
 
 
 class RunCancelled(Exception):
-    """The operator is closing: the run stops at the next action or call boundary (and is not applied)."""
+    """The operator is closing, or its task is being cancelled or failed, or a newer attempt of it started: the run
+    stops at the next action or call boundary (and is not applied)."""
 
 
 class WaitPending(BaseException):
@@ -168,10 +169,11 @@ class Scope:
         return "/".join((*self.path[1:], spec.name)) if self.is_child else spec.name
 
     def check(self, context: RunContext, before: str) -> None:
-        """Stop at this boundary if the operator is closing or the sub-agent call ran out of time."""
+        """Stop at this boundary if the run must stop (the operator closing, its task stopping, a newer attempt)
+        or the sub-agent call ran out of time."""
         if context.cancelled():
             raise RunCancelled(f"run of key {context.run.key!r} seq {context.run.seq} stopped before {before}: "
-                               "the operator is closing")
+                               "the operator is closing or its task is stopping")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise SubAgentTimeoutError(f"sub-agent call {' -> '.join(self.path)} did not finish within "
                                        f"{self.timeout_s} s (stopped before {before})")

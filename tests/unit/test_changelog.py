@@ -21,6 +21,7 @@ from flink_agents_replay.longterm import versions as longterm_versions
 from flink_agents_replay.storage.capture.manifest import MANIFEST_VERSION
 from flink_agents_replay.storage.capture.schemas import CAPTURE_SCHEMAS
 from flink_agents_replay.storage.formats.state import STATE_VERSION
+from flink_agents_replay.storage.journal.fence_watch import FENCE_RECORD_VERSION
 from flink_agents_replay.storage.journal.fencing import FENCING_MARKER_VERSION
 from flink_agents_replay.storage.journal.markers import MARKER_VERSION
 from flink_agents_replay.storage.journal.transfer import DUMP_VERSION
@@ -37,6 +38,7 @@ FORMAT_VERSIONS = {
     "FORMAT_VERSION": FORMAT_VERSION,  # record envelope (journal and capture topics)
     "READABLE_VERSIONS": READABLE_VERSIONS,  # envelopes still read: dropping one is a compatibility change
     "FENCING_MARKER_VERSION": FENCING_MARKER_VERSION,  # attempt records' payload "version"
+    "FENCE_RECORD_VERSION": FENCE_RECORD_VERSION,  # a start's record in the journal's fence topic
     "STATE_VERSION": STATE_VERSION,  # keyed state entries
     "MARKER_VERSION": MARKER_VERSION,  # checkpoint markers (union operator state)
     "MANIFEST_VERSION": MANIFEST_VERSION,  # capture manifest entries

@@ -78,7 +78,7 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "ReplayIsolationError", "RunSlotTimeoutError", "SignatureError", "SubAgentCycleError", "SubAgentTimeoutError",
         "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
         "ToolCallDeniedError", "WaitNotSupportedError", "WaitTimedOutError",
-        "ReconcileError", "McpToolError", "McpProtocolError", "McpConnectionError",
+        "ReconcileError", "McpToolError", "McpProtocolError", "McpConnectionError", "AttemptFencedError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }

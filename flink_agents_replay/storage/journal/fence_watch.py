@@ -43,7 +43,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from flink_agents_replay.core.errors import JournalClosedError, JournalError
+from flink_agents_replay.core.errors import AttemptFencedError, JournalClosedError, JournalError
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings, KafkaSettingsLike
 from flink_agents_replay.integrations.kafka.store import KafkaTopicStore, TopicDelivery
 from flink_agents_replay.integrations.kafka.topics import FENCES
@@ -62,12 +62,6 @@ _ALL = ((0, 1 << 62),)  # what a fence record that cannot be read names: every p
 def fence_topic_of(journal_topic: str) -> str:
     """The fence topic of ``journal_topic``."""
     return journal_topic + FENCE_TOPIC_SUFFIX
-
-
-class AttemptFencedError(JournalClosedError):
-    """A newer attempt of this subtask started on the call's partition (Flink restored the task elsewhere): this
-    attempt is a zombie, and its call is not made. A :class:`JournalClosedError`: the action journals no failure
-    (the next attempt owns the partition), and the run ends as runs end when the operator closes."""
 
 
 def _ranges(partitions: Iterable[int]) -> list[list[int]]:
