@@ -16,6 +16,7 @@ __all__ = [
     "JournalError",
     "JournalGapError",
     "JournalRecordTooLargeError",
+    "McpCallInDoubtError",
     "McpConnectionError",
     "McpProtocolError",
     "McpToolError",
@@ -247,6 +248,12 @@ class McpProtocolError(FlinkAgentsReplayError, RuntimeError):
 class McpConnectionError(FlinkAgentsReplayError, ConnectionError):
     """An MCP server could not be reached, or its session broke, on every attempt of a call (the transport's
     retries are spent). The call's action fails as with any exception."""
+
+
+class McpCallInDoubtError(McpConnectionError, CallTimeoutError):
+    """An MCP call's request was sent and the session broke before its answer, on every attempt: it may have
+    taken effect. A :class:`CallTimeoutError`: nothing is journaled as its outcome, and after the action fails the
+    next attempt finds the call in doubt (an ``external`` tool's policy decides, under the same call id)."""
 
 
 class AttemptFencedError(JournalClosedError):

@@ -21,9 +21,13 @@ Failures:
   restarted and no longer knows the session) closes the session; the call is tried again on a new session, up to
   :data:`ATTEMPTS` (4) times in all, waiting 0.2 s, 0.4 s, then 0.8 s between attempts (exponential from
   :data:`BACKOFF_MIN_S`, at most :data:`BACKOFF_MAX_S`), then
-  :class:`~flink_agents_replay.core.errors.McpConnectionError` is raised. A request that was sent before the
-  failure may have reached the server: every attempt carries the same idempotency key in its ``_meta``
-  (:data:`IDEMPOTENCY_META_KEY`), which a server that honours it uses to act once.
+  :class:`~flink_agents_replay.core.errors.McpConnectionError` is raised, or, when a request had gone out,
+  :class:`~flink_agents_replay.core.errors.McpCallInDoubtError` (a ``CallTimeoutError``: the call is in doubt, never
+  a failure made again under a new call id). A request that was sent before the failure may have reached the
+  server: every attempt carries the same idempotency key in its ``_meta`` (:data:`IDEMPOTENCY_META_KEY`), which a
+  server that honours it uses to act once. A call waiting on an HTTP session pings it every
+  :data:`PING_EVERY_S` (2) seconds: a server that died during the call is noticed though its answer's stream
+  stays open.
 * A tool result with ``isError: true`` raises :class:`~flink_agents_replay.core.errors.McpToolError` with the
   result's text; a JSON-RPC error from the server (an unknown tool, invalid arguments) raises
   :class:`~flink_agents_replay.core.errors.McpProtocolError` with its code and message. Neither is retried.
@@ -52,6 +56,7 @@ import tenacity
 from flink_agents_replay.core.errors import (
     CallTimeoutError,
     ConfigError,
+    McpCallInDoubtError,
     McpConnectionError,
     McpProtocolError,
     McpToolError,
@@ -68,6 +73,8 @@ IDEMPOTENCY_META_KEY = "idempotency_key"
 ATTEMPTS = 4
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
+#: While a call waits for its answer on an HTTP session, the session is pinged this often (seconds).
+PING_EVERY_S = 2.0
 #: How to get the SDK.
 INSTALL_HINT = "pip install 'flink-agents-replay[mcp]'"
 
@@ -186,7 +193,11 @@ def _pairs(what: str, mapping: Any) -> tuple[tuple[str, str], ...] | None:
 
 
 class _TransportFailure(Exception):
-    """A transport failure of one attempt (retried)."""
+    """A transport failure of one attempt (retried). ``sent``: the request had gone out, so it may have acted."""
+
+    def __init__(self, message: str, *, sent: bool = False):
+        super().__init__(message)
+        self.sent = sent
 
 
 def result_value(result: Any, tool: str, server: McpServer) -> Any:
@@ -373,6 +384,40 @@ def _is_transport_error(exc: BaseException) -> bool:
                             anyio.EndOfStream))
 
 
+async def _answer_or_end(connection: _Connection, call: asyncio.Future, timeout_s: float | None) -> set:
+    """What came first: the call's answer (``{call}``), the session's end (``{ended}``), or neither within
+    ``timeout_s`` (``set()``). An HTTP session is pinged every :data:`PING_EVERY_S` while it waits: a server that
+    died during the call may leave its answer's stream open with nothing to come (the SDK does not notice), and a
+    failed ping ends the session, so the call is tried again, under its key, on a new one."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    ended = asyncio.ensure_future(connection.dead.wait())
+    try:
+        while True:
+            left = None if deadline is None else max(deadline - loop.time(), 0.0)
+            wait = left if connection.server.url is None else min(PING_EVERY_S, left if left is not None else
+                                                                  PING_EVERY_S)
+            done, _ = await asyncio.wait({call, ended}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return {call} if call in done else {ended}
+            if deadline is not None and loop.time() >= deadline:
+                return set()
+            if not await _answers_ping(connection):
+                connection.error = connection.error or "the server did not answer a ping during the call"
+                connection.close()
+                return {ended}
+    finally:
+        ended.cancel()
+
+
+async def _answers_ping(connection: _Connection) -> bool:
+    try:
+        await asyncio.wait_for(connection.session.send_ping(), PING_EVERY_S)
+    except Exception:  # noqa: BLE001 - any failure: the session is gone
+        return False
+    return True
+
+
 class SessionPool:
     """The sessions of one process, one per server config, on one event loop thread (see the module docstring)."""
 
@@ -400,13 +445,21 @@ class SessionPool:
             before_sleep=lambda state: _log.warning("%s of %s failed (attempt %d of %d), trying again: %s", what,
                                                     server.describe(), state.attempt_number, ATTEMPTS,
                                                     state.outcome.exception()))
+        sent = False
         try:
             for step in retrying:
                 with step:
-                    return self._run(attempt())
+                    try:
+                        return self._run(attempt())
+                    except _TransportFailure as failure:
+                        sent = sent or failure.sent
+                        raise
         except _TransportFailure as exc:
-            raise McpConnectionError(f"{what} of {server.describe()} failed {ATTEMPTS} times (waiting "
-                                     f"{BACKOFF_MIN_S} s to {BACKOFF_MAX_S} s between attempts); last: {exc}") from None
+            message = (f"{what} of {server.describe()} failed {ATTEMPTS} times (waiting {BACKOFF_MIN_S} s to "
+                       f"{BACKOFF_MAX_S} s between attempts); last: {exc}")
+            if sent:  # a request that went out may have acted: in doubt, never a failure made again under a new id
+                raise McpCallInDoubtError(f"{message}; it was sent and may have taken effect") from None
+            raise McpConnectionError(message) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _connection(self, server: McpServer) -> _Connection:
@@ -449,23 +502,20 @@ class SessionPool:
                          timeout_s: float | None) -> Any:
         connection = await self._connection(server)
         call = asyncio.ensure_future(connection.session.call_tool(tool, arguments, meta=meta))
-        ended = asyncio.ensure_future(connection.dead.wait())
-        try:
-            done, _ = await asyncio.wait({call, ended}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ended.cancel()
+        done = await _answer_or_end(connection, call, timeout_s)
         if call not in done:
             call.cancel()
             if not done:
                 raise CallTimeoutError(f"the MCP tool {tool!r} of {server.describe()} did not answer within "
                                        f"{timeout_s} s; it may still take effect")
-            raise _TransportFailure(f"the session ended during the call: {connection.error}")
+            raise _TransportFailure(f"the session ended during the call: {connection.error}", sent=True)
         try:
             return call.result()
         except Exception as exc:
             if _is_transport_error(exc):
+                connection.error = connection.error or _describe(exc)
                 connection.close()
-                raise _TransportFailure(_describe(exc)) from None
+                raise _TransportFailure(_describe(exc), sent=True) from None
             mcp = _sdk()
             if isinstance(exc, mcp.shared.exceptions.McpError):
                 raise McpProtocolError(tool, exc.error.message, exc.error.code, server.describe()) from None

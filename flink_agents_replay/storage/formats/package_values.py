@@ -79,6 +79,7 @@ PACKAGE_EXCEPTIONS: dict[str, type[BaseException]] = {
         "TopicMismatchError", "ToolLoopLimitError", "UnknownResourceError", "UnknownSubAgentError",
         "ToolCallDeniedError", "WaitNotSupportedError", "WaitTimedOutError",
         "ReconcileError", "McpToolError", "McpProtocolError", "McpConnectionError", "AttemptFencedError",
+        "McpCallInDoubtError",
         "ReplayError",  # the base class, FlinkAgentsReplayError: its name before 0.2.0, which records keep
     )
 }
