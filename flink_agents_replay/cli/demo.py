@@ -578,7 +578,7 @@ class _Approver(threading.Thread):
 
     def _decide(self, event: dict, *, approved: bool, reason: str | None = None) -> None:
         decision = {"key": event["key"], "wait_id": event["wait_id"], "approved": approved, "reason": reason,
-                    "by": "demo", "signal_id": secrets.token_hex(8)}
+                    "by": "demo", "signal_id": secrets.token_hex(8), "sent_at_ms": int(time.time() * 1000)}
         self.producer.produce(_DECISIONS_TOPIC, key=str(event["key"]).encode(), value=json.dumps(decision).encode())
         self.producer.flush(30)
         self.counts.sent += 1

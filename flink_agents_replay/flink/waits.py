@@ -203,7 +203,7 @@ class OperatorWaits:
         yield self._event("opened", key, waiting)
         received = self._decision(waiting.wait.wait_id)
         if received is not None and received.status is DecisionStatus.EARLY:
-            yield from self._apply(key, waiting, received, ctx)
+            yield from self._apply_in_time(key, waiting, received, ctx)
 
     def finished(self, key: Any, group: int, seq: int, ctx, *, reason: str | None = None,
                  calls: Iterable[CallRecord] = ()) -> Iterator[WaitEvent]:
@@ -262,7 +262,7 @@ class OperatorWaits:
         if parked is not None:
             waiting = self.parked(decode_parked_wait(parked).seq)
             received = ReceivedDecision(signal.decision, DecisionStatus.EARLY, now, None, signal.signal_id)
-            yield from self._apply(signal.key, waiting, received, ctx)
+            yield from self._apply_in_time(signal.key, waiting, received, ctx)
             return
         if self._early_count() >= self.max_early:
             self.counters["decisions_rejected"].inc()
@@ -281,6 +281,20 @@ class OperatorWaits:
 
     def _next_arrival(self) -> int:
         return 1 + max((decode_decision(raw).arrival for raw in self.decisions.values()), default=0)
+
+    def _apply_in_time(self, key: Any, waiting: WaitingRun, received: ReceivedDecision,
+                       ctx) -> Iterator[WaitEvent]:
+        """Apply ``received`` if it came in time; one decided after the wait's deadline loses to the timeout (its
+        timer may not have fired yet: after a restore, or while the key was busy), and is reported ignored."""
+        deadline = waiting.wait.deadline_ms
+        if not self.time_out or deadline is None or _decided_at(received) <= deadline:
+            yield from self._apply(key, waiting, received, ctx)
+            return
+        timeout = Decision(timed_out=True, by="timeout", decided_at_ms=deadline)
+        yield from self._apply(key, waiting, ReceivedDecision(timeout, DecisionStatus.EARLY, deadline, None), ctx)
+        self.counters["decisions_ignored"].inc()
+        yield WaitEvent("decision_ignored", key, waiting.wait.wait_id, self.agent_name, decision=received.decision,
+                        reason=f"it was decided after the wait's deadline ({deadline} epoch ms): the wait timed out")
 
     def _apply(self, key: Any, waiting: WaitingRun, received: ReceivedDecision, ctx) -> Iterator[WaitEvent]:
         self._keep(waiting.wait.wait_id, replace(received, status=DecisionStatus.APPLIED, keep_until_ms=None,
@@ -332,6 +346,12 @@ def _used_decision(waiting: WaitingRun, calls: Iterable[CallRecord]) -> Decision
     where = (waiting.event_id, waiting.action, asked)  # the same question asked in another action is another wait
     return next((call.result for call in calls if call.resource == DECISION_RESOURCE
                  and (call.event_id, call.action, call.args_digest) == where), None)
+
+
+def _decided_at(received: ReceivedDecision) -> int:
+    """When a decision was made: when its sender says it sent it (``sent_at_ms``), else when the key received it."""
+    decided = received.decision.decided_at_ms
+    return decided if decided is not None else received.received_at_ms
 
 
 def _now_ms() -> int:

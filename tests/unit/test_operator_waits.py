@@ -148,6 +148,37 @@ def test_a_deadline_resumes_the_run_with_a_timeout_and_a_later_decision_is_a_dup
     assert kinds(operator_waits.on_signal(late, context)) == ["decision_ignored"]
 
 
+def test_a_decision_made_after_the_deadline_loses_to_the_timeout_though_its_timer_has_not_fired_yet():
+    """After a restore (the deadline passed while the job was down) the late decision can come before the timer:
+    before, it was applied (the demo saw approvals sent after their timeout resume their runs)."""
+    operator_waits, counters, resumed, context = waits()
+    waiting, _ = parked(operator_waits, context)
+    deadline = waiting.wait.deadline_ms
+    late = Signal("k", waiting.wait.wait_id, Decision(approved=True, by="ana", decided_at_ms=deadline + 3000))
+    events = list(operator_waits.on_signal(late, context))
+    assert kinds(events) == ["resumed", "decision_ignored"] and "after the wait's deadline" in events[1].reason
+    assert resumed[0][2].timed_out and resumed[0][2].decided_at_ms == deadline
+    assert (counters["waits_timed_out"].count, counters["decisions_applied"].count) == (1, 0)
+    assert kinds(operator_waits.on_timer("k", deadline, context)) == []  # the timer finds it decided
+
+
+def test_a_decision_sent_in_time_is_applied_though_it_arrives_after_the_deadline():
+    operator_waits, counters, resumed, context = waits()
+    waiting, _ = parked(operator_waits, context)
+    in_time = Signal("k", waiting.wait.wait_id, Decision(approved=True, decided_at_ms=waiting.wait.deadline_ms - 1))
+    assert kinds(operator_waits.on_signal(in_time, context)) == ["resumed"]
+    assert not resumed[0][2].timed_out and counters["decisions_applied"].count == 1
+
+
+def test_an_early_decision_made_after_the_deadline_times_the_wait_out_when_the_run_reaches_it():
+    operator_waits, counters, resumed, context = waits()
+    wait = execute_run(Asks(), RunInput("k", 3, 1, 1), {}).waiting.wait  # the wait it will reach again
+    late = Signal("k", wait.wait_id, Decision(approved=True, decided_at_ms=wait.deadline_ms + 1))
+    assert kinds(operator_waits.on_signal(late, context)) == ["decision_early"]
+    _, events = parked(operator_waits, context)
+    assert kinds(events) == ["opened", "resumed", "decision_ignored"] and resumed[0][2].timed_out
+
+
 def test_a_malformed_decision_is_reported_not_raised():
     operator_waits, counters, _, context = waits()
     events = list(operator_waits.on_signal(parse_signal("k", b'{"approved": true}'), context))
