@@ -140,6 +140,9 @@ class Reconciler:
                  retry_on: tuple[type[BaseException], ...] = (ReconcileError, OSError)):
         if not callable(function):
             raise TypeError(f"a reconciler is a function of the call in doubt, got {function!r}")
+        _check_takes_one_argument(function)
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ValueError(f"Reconciler attempts must be a whole number of at least 1, got {attempts!r}")
         if not 0 <= backoff_s <= max_backoff_s < math.inf:
@@ -174,6 +177,20 @@ class Reconciler:
 
     def __repr__(self) -> str:
         return f"Reconciler({getattr(self.function, '__qualname__', self.function)!r}, attempts={self.attempts})"
+
+
+def _check_takes_one_argument(function: Callable[..., Any]) -> None:
+    """Refuse, where the resource is made, a reconciler that cannot be called with the call in doubt: called only
+    after a crash, it would otherwise fail then, as the call's outcome."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature Python can read (a builtin): trusted
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(f"a reconciler is called with one argument, the call in doubt (InDoubtCall); "
+                        f"{getattr(function, '__qualname__', function)!r} takes {signature}") from None
 
 
 #: What ``in_doubt=`` takes.
@@ -274,6 +291,10 @@ class Tool(Resource):
         self.needs_approval = needs_approval
         self.approval_timeout_s = approval_timeout_s
         super().__init__(side_effects=side_effects, in_doubt=in_doubt)
+        if isinstance(self.in_doubt, Reconciler) and self.side_effects is not SideEffects.EXTERNAL:
+            raise ValueError(f"a reconciler settles calls in doubt, and only an 'external' tool's calls can be (a "
+                             f"started record is journaled before each); this tool's side effects are "
+                             f"{self.side_effects.value!r}: drop in_doubt= or declare side_effects='external'")
         self.function = function
         self.timeout_s = timeout_s
         self.name = name or tool_name(function)

@@ -193,6 +193,14 @@ def test_reconciler_options_are_checked(options, message):
         Reconciler(Ledger(), **options)
 
 
+def test_a_reconciler_that_cannot_take_the_call_or_on_a_tool_without_effects_is_refused_where_it_is_made():
+    with pytest.raises(TypeError, match="called with one argument, the call in doubt"):
+        Tool(print, in_doubt=lambda: "paid")
+    with pytest.raises(ValueError, match="only an 'external' tool's calls can be"):
+        Tool(print, side_effects="none", in_doubt=Ledger())
+    assert Reconciler(Ledger(), retry_on=ConnectionError).retry_on == (ConnectionError,)  # one class will do
+
+
 def test_a_plain_function_becomes_a_reconciler_and_not_done_survives_pickling():
     tool = Tool(print, in_doubt=Ledger())
     assert isinstance(tool.in_doubt, Reconciler) and tool.in_doubt.attempts == 3
