@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flink_agents_replay.api.call_site import current_call_id
-from flink_agents_replay.api.resources import InDoubtPolicy, SideEffects, Tool
+from flink_agents_replay.api.resources import InDoubt, InDoubtPolicy, SideEffects, Tool
 from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.integrations.mcp_client import McpServer, list_tools, session_pool
 
@@ -64,17 +64,18 @@ class McpCall:
     """What an MCP tool's call runs: ``tools/call`` of ``tool`` on ``server`` through this process's session pool,
     with the call id in ``_meta``. Small and picklable: it travels to the TaskManagers with its tool."""
 
-    def __init__(self, server: McpServer, tool: str, timeout_s: float | None = None):
+    def __init__(self, server: McpServer, tool: str, timeout_s: float | None = None, resend: bool = True):
         self.server = server
         self.tool = tool
         self.timeout_s = timeout_s
+        self.resend = resend  # a request sent and not answered is sent again at once (rerun); else in doubt
 
     def __call__(self, *args: Any, **arguments: Any) -> Any:
         if args:
             raise TypeError(f"the MCP tool {self.tool!r} takes its arguments by name, got {len(args)} positional "
                             f"argument(s): ctx.call(name, order_id=...)")
         return session_pool().call_tool(self.server, self.tool, arguments, idempotency_key=current_call_id(),
-                                        timeout_s=self.timeout_s)
+                                        timeout_s=self.timeout_s, resend=getattr(self, "resend", True))
 
     def __repr__(self) -> str:
         return f"McpCall({self.tool!r}, {self.server.describe()})"
@@ -95,7 +96,7 @@ class McpTool(Tool):
 
     def __init__(self, server: McpServer, listing: Mapping[str, Any], *, name: str | None = None,
                  side_effects: SideEffects | str = SideEffects.EXTERNAL,
-                 in_doubt: InDoubtPolicy | str | Any = InDoubtPolicy.RERUN, timeout_s: float | None = None):
+                 in_doubt: InDoubt = InDoubtPolicy.RERUN, timeout_s: float | None = None):
         if timeout_s is not None and not 0 < timeout_s < float("inf"):
             raise ValueError(f"McpTool timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.server = server
@@ -109,6 +110,10 @@ class McpTool(Tool):
                          description=self.listing.get("description") or self.listing.get("title") or "",
                          schema=schema)
         self.call_timeout_s = timeout_s
+        # A request sent and not answered is sent again at once only when the next attempt would do the same (under
+        # the same key): a tool without effects, or an external one whose in-doubt policy is rerun. A reconciler,
+        # fail or assume_done decides in the engine instead.
+        self.function.resend = self.side_effects is not SideEffects.EXTERNAL or self.in_doubt is InDoubtPolicy.RERUN
 
     def definition(self) -> dict[str, Any]:
         """What the tool is, as plain JSON data, stable across processes: its names, description, input schema,
@@ -167,7 +172,7 @@ def _side_effects(listing: Mapping[str, Any], trust_annotations: bool, explicit:
 
 def mcp_tools(server: McpServer, *, trust_annotations: bool = False,
               side_effects: Mapping[str, SideEffects | str] | None = None,
-              in_doubt: InDoubtPolicy | str | Any = InDoubtPolicy.RERUN, timeout_s: float | None = None,
+              in_doubt: InDoubt = InDoubtPolicy.RERUN, timeout_s: float | None = None,
               prefix: str = "", rename: Mapping[str, str] | None = None) -> dict[str, McpTool]:
     """The server's tools as resources, by resource name: ``Agent(resources={"llm": ..., **mcp_tools(server)})``.
 

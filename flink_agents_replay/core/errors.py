@@ -250,10 +250,12 @@ class McpConnectionError(FlinkAgentsReplayError, ConnectionError):
     retries are spent). The call's action fails as with any exception."""
 
 
-class McpCallInDoubtError(McpConnectionError, CallTimeoutError):
-    """An MCP call's request was sent and the session broke before its answer, on every attempt: it may have
-    taken effect. A :class:`CallTimeoutError`: nothing is journaled as its outcome, and after the action fails the
-    next attempt finds the call in doubt (an ``external`` tool's policy decides, under the same call id)."""
+class McpCallInDoubtError(CallTimeoutError):
+    """An MCP call's request was sent and the session broke before its answer: it may have taken effect. A
+    :class:`CallTimeoutError`, not an :class:`McpConnectionError` (which says nothing was sent): nothing is journaled
+    as its outcome, and after the action fails the next attempt finds the call in doubt (an ``external`` tool's
+    policy decides, under the same call id). An action must not catch it and call again: that is a new call, under
+    a new id."""
 
 
 class AttemptFencedError(JournalClosedError):

@@ -48,15 +48,17 @@ from flink_agents_replay.api.resources import NOT_DONE, InDoubtCall, InDoubtPoli
 from flink_agents_replay.core.errors import (
     CallInDoubtError,
     CallTimeoutError,
+    JournalError,
     ReconcileError,
     ToolCallDeniedError,
     WaitNotSupportedError,
     WaitTimedOutError,
 )
-from flink_agents_replay.engine.context import ActionSite, RunContext, RunStats, Scope, WaitPending
+from flink_agents_replay.engine.context import ActionSite, RunCancelled, RunContext, RunStats, Scope, WaitPending
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GatedWait, Live, Recorded
+from flink_agents_replay.storage.records.journal import STARTED_META as _STARTED_META
 from flink_agents_replay.storage.records.journal import STILL_IN_DOUBT_IF_FAILED as _STILL_IN_DOUBT_IF_FAILED
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
@@ -329,7 +331,8 @@ class ActionCalls:
             self.stats.calls_reconciled += 1
             log.warning("%s in doubt: its reconciler found it failed (%s)", where, type(exc).__name__)
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
-                            external=True, meta={"reconciled": "failed", _STILL_IN_DOUBT_IF_FAILED: True})
+                            external=True, meta={"reconciled": "failed", _STILL_IN_DOUBT_IF_FAILED: True,
+                                                 _STARTED_META: dict(record.meta)})
             raise
         if answer is NOT_DONE:
             log.warning("%s in doubt: its reconciler found it not done; made now, under the same call id", where)
@@ -362,7 +365,9 @@ class ActionCalls:
         token = _CALL_SITE.set(self._site(position, resource_name, args_digest, live, in_doubt))
         meta: dict[str, Any] = {}
         report = _CALL_REPORT.set(meta)
-        attempt = _CALL_ATTEMPT.set(lambda noted: self._journal_attempt(position, resource_name, args_digest, noted))
+        started = [in_doubt or {}]  # what the call's last started record noted (kept with its exception)
+        attempt = _CALL_ATTEMPT.set(
+            lambda noted: started.append(self._journal_attempt(position, resource_name, args_digest, noted)))
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
@@ -374,10 +379,12 @@ class ActionCalls:
             # external resource's 'started' record) and its in_doubt policy decides, or simply makes it again.
             self.stats.calls_in_doubt += 1
             raise
+        except (RunCancelled, JournalError):  # the run stopped in the call (journal_attempt): no outcome of it
+            raise
         except Exception as exc:  # noqa: BLE001 - journaled, then re-raised as the same type
             self.stats.calls_executed += 1
             if in_doubt is not None:
-                meta[_STILL_IN_DOUBT_IF_FAILED] = True
+                meta.update({_STILL_IN_DOUBT_IF_FAILED: True, _STARTED_META: started[-1]})
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
                             external=external, meta=_with_latency(meta, begun))
             raise
@@ -391,14 +398,17 @@ class ActionCalls:
         # A copy: the journaled result stays as it was, whatever the action does to its copy.
         return resource.restore_result(private_copy(result), args, kwargs)
 
-    def _journal_attempt(self, position: int, resource_name: str, args_digest: str, noted: dict[str, Any]) -> None:
-        """A started record of the call under way, noting what it tries now (``journal_attempt``), acknowledged."""
+    def _journal_attempt(self, position: int, resource_name: str, args_digest: str,
+                         noted: dict[str, Any]) -> dict[str, Any]:
+        """A started record of the call under way, noting what it tries now (``journal_attempt``), acknowledged;
+        returns what it noted."""
         if self.context.journal is None:
-            return
+            return noted
         where = f"call {position} to {resource_name!r} in action {self.site.action}"
         self.scope.check(self.context, where)
         self.write_call(position, resource_name, args_digest, CallOutcome.STARTED, None, must_ack=True, meta=noted)
         self.scope.check(self.context, where)  # the wait may outlast the operator's close: nothing tried after it
+        return noted
 
     def _site(self, position: int, resource_name: str, args_digest: str, live: Live,
               in_doubt: dict[str, Any] | None) -> CallSite:

@@ -287,7 +287,7 @@ class OperatorWaits:
         """Apply ``received`` if it came in time; one decided after the wait's deadline loses to the timeout (its
         timer may not have fired yet: after a restore, or while the key was busy), and is reported ignored."""
         deadline = waiting.wait.deadline_ms
-        if not self.time_out or deadline is None or _decided_at(received) <= deadline:
+        if not self.time_out or deadline is None or _in_time(received, deadline):
             yield from self._apply(key, waiting, received, ctx)
             return
         timeout = Decision(timed_out=True, by="timeout", decided_at_ms=deadline)
@@ -348,10 +348,12 @@ def _used_decision(waiting: WaitingRun, calls: Iterable[CallRecord]) -> Decision
                  and (call.event_id, call.action, call.args_digest) == where), None)
 
 
-def _decided_at(received: ReceivedDecision) -> int:
-    """When a decision was made: when its sender says it sent it (``sent_at_ms``), else when the key received it."""
-    decided = received.decision.decided_at_ms
-    return decided if decided is not None else received.received_at_ms
+def _in_time(received: ReceivedDecision, deadline_ms: int) -> bool:
+    """Whether a decision came by the deadline: received by then, or sent by then as its sender says
+    (``sent_at_ms``: one sent in time while the job was down counts; a sender's clock running fast does not make
+    one received in time late)."""
+    sent = received.decision.decided_at_ms
+    return received.received_at_ms <= deadline_ms or (sent is not None and sent <= deadline_ms)
 
 
 def _now_ms() -> int:

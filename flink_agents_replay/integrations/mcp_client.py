@@ -245,7 +245,7 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return self.session is not None and not self.dead.is_set()
+        return self.session is not None and not self.dead.is_set() and not self._stop.is_set()  # not closing
 
     async def open(self) -> None:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -411,9 +411,13 @@ async def _answer_or_end(connection: _Connection, call: asyncio.Future, timeout_
 
 
 async def _answers_ping(connection: _Connection) -> bool:
+    """Whether the session is still there: a ping that fails says it is not; one not answered in time says
+    nothing (a server busy with a tool that blocks its loop answers late), so the call waits on."""
     try:
         await asyncio.wait_for(connection.session.send_ping(), PING_EVERY_S)
-    except Exception:  # noqa: BLE001 - any failure: the session is gone
+    except asyncio.TimeoutError:
+        return True
+    except Exception:  # noqa: BLE001 - refused, unknown session (a restarted server): the session is gone
         return False
     return True
 
@@ -436,8 +440,10 @@ class SessionPool:
             raise McpConnectionError("the process's MCP sessions are closed (the process is exiting)")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def _retrying(self, server: McpServer, what: str, attempt: Any) -> Any:
-        """``attempt()`` (a coroutine function), tried :data:`ATTEMPTS` times while the transport fails."""
+    def _retrying(self, server: McpServer, what: str, attempt: Any, *, resend: bool = True) -> Any:
+        """``attempt()`` (a coroutine function), tried :data:`ATTEMPTS` times while the transport fails. A request that
+        went out is sent again only with ``resend`` (the caller's in-doubt policy would make it again, under the same
+        key, anyway); else its failure is at once :class:`McpCallInDoubtError`, for that policy to decide."""
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(ATTEMPTS),
             wait=tenacity.wait_exponential(multiplier=BACKOFF_MIN_S, min=BACKOFF_MIN_S, max=BACKOFF_MAX_S),
@@ -453,6 +459,9 @@ class SessionPool:
                         return self._run(attempt())
                     except _TransportFailure as failure:
                         sent = sent or failure.sent
+                        if sent and not resend:
+                            raise McpCallInDoubtError(f"{what} of {server.describe()} failed after it was sent "
+                                                      f"({failure}); it may have taken effect") from None
                         raise
         except _TransportFailure as exc:
             message = (f"{what} of {server.describe()} failed {ATTEMPTS} times (waiting {BACKOFF_MIN_S} s to "
@@ -488,15 +497,16 @@ class SessionPool:
         closing.add_done_callback(self._retiring.discard)
 
     def call_tool(self, server: McpServer, tool: str, arguments: Mapping[str, Any], *,
-                  idempotency_key: str | None = None, timeout_s: float | None = None) -> Any:
+                  idempotency_key: str | None = None, timeout_s: float | None = None, resend: bool = True) -> Any:
         """Call ``tool`` with ``arguments`` on the server's session and return what :func:`result_value` makes of
-        its result. The idempotency key goes in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`."""
+        its result. The idempotency key goes in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`.
+        ``resend``: a request that went out and got no answer may be sent again (see :meth:`_retrying`)."""
         meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key is not None else None
 
         async def attempt() -> Any:
             return await self._call_once(server, tool, dict(arguments), meta, timeout_s)
 
-        return result_value(self._retrying(server, f"the call of {tool!r}", attempt), tool, server)
+        return result_value(self._retrying(server, f"the call of {tool!r}", attempt, resend=resend), tool, server)
 
     async def _call_once(self, server: McpServer, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
                          timeout_s: float | None) -> Any:
@@ -532,8 +542,12 @@ class SessionPool:
             listed, cursor = [], None
             while True:
                 try:
-                    page = await connection.session.list_tools(cursor) if cursor else \
-                        await connection.session.list_tools()
+                    listing = connection.session.list_tools(cursor) if cursor else connection.session.list_tools()
+                    page = await asyncio.wait_for(listing, server.connect_timeout_s)
+                except asyncio.TimeoutError:
+                    connection.close()
+                    raise _TransportFailure(f"no answer to tools/list within {server.connect_timeout_s} s "
+                                            "(connect_timeout_s)") from None
                 except Exception as exc:
                     if _is_transport_error(exc):
                         connection.close()

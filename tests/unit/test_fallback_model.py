@@ -150,3 +150,77 @@ def test_a_bad_request_is_raised_at_once_without_asking_the_fallback(servers):
 def test_fallbacks_take_two_or_more_chat_models():
     with pytest.raises(TypeError, match="two or more ChatModel"):
         FallbackChatModel([ChatModel("only", base_url="http://127.0.0.1:9/v1", api_key="x")])
+
+
+class RefusesOnce(ChatModel):
+    """A model whose first ask dies (the process is killed), whose second answers 400, and which answers after."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked = 0
+
+    def ask(self, *args, **kwargs):
+        self.asked += 1
+        if self.asked == 1:
+            raise ProcessDied()
+        if self.asked == 2:
+            raise openai.BadRequestError("bad request", response=httpx.Response(
+                400, request=httpx.Request("POST", "http://model/v1/chat/completions")), body=None)
+        return super().ask(*args, **kwargs)
+
+
+def fail_the_action(store, result_error: str):
+    """What the engine journals when the exception leaves the action: its failed calls to make again."""
+    from flink_agents_replay.engine.digest import digest_value
+    from flink_agents_replay.storage.records.journal import ActionFailedRecord, RecordKind, input_event_id, journal_key
+
+    digest = key_digest("again")
+    event = input_event_id(digest, 1)
+    codec = RecordCodec(SIGNING_KEY, "op")
+    journal = JournalWriter(store, codec, Durability.PER_ACTION).run_journal(KEY_GROUP)
+    journal.write(journal_key(KEY_GROUP, 1, event, "triage", digest), RecordKind.ACTION_FAILED,
+                  ActionFailedRecord(1, 0, event, "triage", result_error, digest_value(QUESTION), [0]),
+                  fingerprint="", must_ack=True, what="the failure")
+
+
+def test_a_call_in_doubt_at_the_fallback_that_then_fails_is_in_doubt_again_at_the_fallback(servers):
+    """Found by review: the call's revert to in doubt lost which model it was asking, and the third attempt asked
+    the primary, which had already failed it."""
+    primary, fallback = servers
+    primary.schedule_outage(after_chat=primary.stats().chat, seconds=30)
+    store, llm = MemoryJournalStore(8), two_models(servers, fallback_class=RefusesOnce)
+    with pytest.raises(ProcessDied):  # attempt 1: the primary 503s, the process dies while the fallback is asked
+        run(triage_agent(llm), store, key="again")
+    with pytest.raises(openai.BadRequestError):  # attempt 2: asked again of the fallback, which answers 400
+        run(triage_agent(llm), store, key="again", recover=True)
+    fail_the_action(store, "BadRequestError: bad request")
+    before_a = counts(servers)[0]
+    third = run(triage_agent(llm), store, key="again", recover=True)
+    assert [o.output for o in third.outputs] == [{"category": "shipping", "model": "model-b"}]
+    assert counts(servers)[0] == before_a  # the primary is not asked again
+    primary.schedule_outage(after_chat=0, seconds=0)
+
+
+def test_a_run_stopped_between_two_models_journals_no_outcome_for_the_call(servers):
+    """Found by review: the stop check inside journal_attempt raised RunCancelled through the call, which was
+    journaled as the call's failure and reused by the next attempt."""
+    from flink_agents_replay.engine.context import RunCancelled
+
+    primary, _ = servers
+    primary.schedule_outage(after_chat=primary.stats().chat, seconds=30)
+    store, llm, stopping = MemoryJournalStore(8), two_models(servers), {"now": False}
+
+    class StopsAfterThePrimary(ChatModel):
+        def ask(self, *args, **kwargs):
+            try:
+                return super().ask(*args, **kwargs)
+            finally:
+                stopping["now"] = True  # the task starts stopping once the primary failed
+
+    llm.models[0].__class__ = StopsAfterThePrimary
+    codec = RecordCodec(SIGNING_KEY, "op")
+    with pytest.raises(RunCancelled):
+        execute_run(triage_agent(llm), RunInput("stop", KEY_GROUP, 1, QUESTION), {}, cancelled=lambda: stopping["now"],
+                    journal=JournalWriter(store, codec, Durability.PER_ACTION).run_journal(KEY_GROUP))
+    assert [outcome for outcome, _ in llm_records(store)] == [CallOutcome.STARTED]  # no RAISED outcome
+    primary.schedule_outage(after_chat=0, seconds=0)

@@ -11,6 +11,7 @@ import pytest
 from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.engine import RunInput, execute_run
 from flink_agents_replay.engine.run import resume_history
+from flink_agents_replay.flink import waits as waits_module
 from flink_agents_replay.flink.signals import MalformedSignal, Signal, parse_signal
 from flink_agents_replay.flink.waits import OperatorWaits
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord
@@ -148,12 +149,13 @@ def test_a_deadline_resumes_the_run_with_a_timeout_and_a_later_decision_is_a_dup
     assert kinds(operator_waits.on_signal(late, context)) == ["decision_ignored"]
 
 
-def test_a_decision_made_after_the_deadline_loses_to_the_timeout_though_its_timer_has_not_fired_yet():
+def test_a_decision_made_after_the_deadline_loses_to_the_timeout_though_its_timer_has_not_fired_yet(monkeypatch):
     """After a restore (the deadline passed while the job was down) the late decision can come before the timer:
     before, it was applied (the demo saw approvals sent after their timeout resume their runs)."""
     operator_waits, counters, resumed, context = waits()
     waiting, _ = parked(operator_waits, context)
     deadline = waiting.wait.deadline_ms
+    monkeypatch.setattr(waits_module, "_now_ms", lambda: deadline + 3500)  # received after the deadline too
     late = Signal("k", waiting.wait.wait_id, Decision(approved=True, by="ana", decided_at_ms=deadline + 3000))
     events = list(operator_waits.on_signal(late, context))
     assert kinds(events) == ["resumed", "decision_ignored"] and "after the wait's deadline" in events[1].reason
@@ -162,17 +164,26 @@ def test_a_decision_made_after_the_deadline_loses_to_the_timeout_though_its_time
     assert kinds(operator_waits.on_timer("k", deadline, context)) == []  # the timer finds it decided
 
 
-def test_a_decision_sent_in_time_is_applied_though_it_arrives_after_the_deadline():
+def test_a_decision_sent_in_time_is_applied_though_it_arrives_after_the_deadline(monkeypatch):
     operator_waits, counters, resumed, context = waits()
     waiting, _ = parked(operator_waits, context)
+    monkeypatch.setattr(waits_module, "_now_ms", lambda: waiting.wait.deadline_ms + 60_000)  # the job was down
     in_time = Signal("k", waiting.wait.wait_id, Decision(approved=True, decided_at_ms=waiting.wait.deadline_ms - 1))
     assert kinds(operator_waits.on_signal(in_time, context)) == ["resumed"]
     assert not resumed[0][2].timed_out and counters["decisions_applied"].count == 1
 
 
-def test_an_early_decision_made_after_the_deadline_times_the_wait_out_when_the_run_reaches_it():
+def test_a_decision_received_in_time_counts_though_its_senders_clock_runs_fast():
+    operator_waits, counters, resumed, context = waits()
+    waiting, _ = parked(operator_waits, context)
+    skewed = Signal("k", waiting.wait.wait_id, Decision(approved=True, decided_at_ms=waiting.wait.deadline_ms + 2000))
+    assert kinds(operator_waits.on_signal(skewed, context)) == ["resumed"] and not resumed[0][2].timed_out
+
+
+def test_an_early_decision_made_after_the_deadline_times_the_wait_out_when_the_run_reaches_it(monkeypatch):
     operator_waits, counters, resumed, context = waits()
     wait = execute_run(Asks(), RunInput("k", 3, 1, 1), {}).waiting.wait  # the wait it will reach again
+    monkeypatch.setattr(waits_module, "_now_ms", lambda: wait.deadline_ms + 1)
     late = Signal("k", wait.wait_id, Decision(approved=True, decided_at_ms=wait.deadline_ms + 1))
     assert kinds(operator_waits.on_signal(late, context)) == ["decision_early"]
     _, events = parked(operator_waits, context)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from flink_agents_replay.storage.records.journal import (
+    STARTED_META,
     STILL_IN_DOUBT_IF_FAILED,
     AcceptedRecord,
     ActionFailedRecord,
@@ -116,7 +117,8 @@ class KeyHistory:
             if call is None or call.outcome is not CallOutcome.RAISED:
                 continue
             if call.meta.get(STILL_IN_DOUBT_IF_FAILED):
-                calls[position] = replace(call, outcome=CallOutcome.STARTED, result=None)
+                calls[position] = replace(call, outcome=CallOutcome.STARTED, result=None,
+                                          meta=dict(call.meta.get(STARTED_META) or {}))
             else:
                 del calls[position]
                 retried[position] = retried.get(position, 0) + 1

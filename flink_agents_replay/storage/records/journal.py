@@ -43,6 +43,7 @@ __all__ = [
     "CompletionRecord",
     "RecordKind",
     "RunPosition",
+    "STARTED_META",
     "STILL_IN_DOUBT_IF_FAILED",
     "child_input_event_id",
     "event_id",
@@ -75,8 +76,11 @@ DELETED = _Deleted()
 
 #: A call record's ``meta`` flag on the exception of a call that was in doubt (made again after it, or found failed
 #: by a reconciler): if the exception leaves the action, the call is in doubt again for the next attempt (its first
-#: try may have taken effect), never made under a new call id (0.7.0).
-STILL_IN_DOUBT_IF_FAILED = "in_doubt"
+#: try may have taken effect), never made under a new call id (0.7.0). Its ``@started`` (:data:`STARTED_META`) keeps
+#: what the call's last started record noted, which the started record it turns back into holds again. Names with
+#: ``@``: a resource's ``report_call`` cannot set them.
+STILL_IN_DOUBT_IF_FAILED = "@in_doubt"
+STARTED_META = "@started"
 
 
 @dataclass(frozen=True)
@@ -159,8 +163,8 @@ class CallRecord:
     input_digest: str = ""
     # How the call went, plain data: "latency_ms" (every call made for real) and what the resource reported
     # (a model's "model", "prompt_tokens", "completion_tokens"); "reconciled" ("done" / "failed") for an outcome
-    # a reconciler found, STILL_IN_DOUBT_IF_FAILED on the exception of a call that was in doubt. Absent from
-    # records before 0.5.
+    # a reconciler found, STILL_IN_DOUBT_IF_FAILED and STARTED_META on the exception of a call that was in doubt.
+    # Absent from records before 0.5.
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
