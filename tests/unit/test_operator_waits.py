@@ -183,8 +183,9 @@ def test_a_decision_received_in_time_counts_though_its_senders_clock_runs_fast()
 def test_an_early_decision_made_after_the_deadline_times_the_wait_out_when_the_run_reaches_it(monkeypatch):
     operator_waits, counters, resumed, context = waits()
     wait = execute_run(Asks(), RunInput("k", 3, 1, 1), {}).waiting.wait  # the wait it will reach again
-    monkeypatch.setattr(waits_module, "_now_ms", lambda: wait.deadline_ms + 1)
-    late = Signal("k", wait.wait_id, Decision(approved=True, decided_at_ms=wait.deadline_ms + 1))
+    # A minute past the deadline: the wait opened again below gets its deadline anew, a few ms later.
+    monkeypatch.setattr(waits_module, "_now_ms", lambda: wait.deadline_ms + 60_000)
+    late = Signal("k", wait.wait_id, Decision(approved=True, decided_at_ms=wait.deadline_ms + 60_000))
     assert kinds(operator_waits.on_signal(late, context)) == ["decision_early"]
     _, events = parked(operator_waits, context)
     assert kinds(events) == ["opened", "resumed", "decision_ignored"] and resumed[0][2].timed_out
