@@ -8,6 +8,8 @@
     flink-agents-replay local model status|stop [--work-dir DIR]
     flink-agents-replay local chroma start [--port N] [--work-dir DIR]
     flink-agents-replay local chroma status|stop [--work-dir DIR]
+    flink-agents-replay local phoenix start [--port N] [--work-dir DIR]
+    flink-agents-replay local phoenix status|stop [--work-dir DIR]
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors|flink-kubernetes-operator-api]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
                                 [-X NAME=VALUE ...]   (-X: a Kafka client setting, SASL, SSL...; tickets, diff too)
@@ -93,6 +95,13 @@ def _chroma(args: argparse.Namespace) -> int:
 
     return _service(LocalChromaServer(args.work_dir, port=args.port), args.action,
                     lambda status: print(f"export CHROMA_URL={status.url}"))
+
+
+def _phoenix(args: argparse.Namespace) -> int:
+    from flink_agents_replay.local.phoenix_server import LocalPhoenixServer
+
+    return _service(LocalPhoenixServer(port=args.port, work_dir=args.work_dir), args.action,
+                    lambda status: print(f"export OTEL_EXPORTER_OTLP_ENDPOINT={status.otlp_endpoint}"))
 
 
 def _non_negative(text: str) -> float:
@@ -363,6 +372,15 @@ def _add_local_commands(commands) -> None:
     chroma.add_argument("--work-dir", type=Path, default=None,
                         help="data, log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/chroma/server)")
     chroma.set_defaults(handler=_chroma)
+
+    phoenix = services.add_parser("phoenix", help="an Arize Phoenix trace viewer receiving OpenTelemetry spans "
+                                  "(installed into an environment of its own on first use)")
+    phoenix.add_argument("action", choices=["start", "stop", "status"])
+    phoenix.add_argument("--port", type=int, default=6006,
+                         help="UI and OTLP/HTTP port on 127.0.0.1 (0: any free port; default 6006)")
+    phoenix.add_argument("--work-dir", type=Path, default=None,
+                         help="data, log and PID directory (default: $FLINK_AGENTS_REPLAY_HOME/phoenix/server)")
+    phoenix.set_defaults(handler=_phoenix)
 
     jars = services.add_parser("jars", help="fetch the locked jars from Maven Central into the cache, checked by "
                                             "SHA-256 ($FLINK_AGENTS_REPLAY_MAVEN_URL: another repository)")

@@ -9,16 +9,13 @@ answers its heartbeat; ``stop`` ends it by the recorded PID; its data stays in t
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import subprocess
-import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flink_agents_replay.local.errors import LocalServiceError
+from flink_agents_replay.local.errors import LocalServiceError  # noqa: F401 - what install_chroma raises
 from flink_agents_replay.local.paths import home_dir
 from flink_agents_replay.local.processes import (
     RecordedProcess,
@@ -28,6 +25,7 @@ from flink_agents_replay.local.processes import (
     spawn_service,
     wait_until_ready,
 )
+from flink_agents_replay.local.venvs import install_into_own_venv, own_environment
 
 __all__ = ["CHROMA_VERSION", "ChromaStatus", "LocalChromaServer", "default_work_dir", "install_chroma",
            "own_environment"]
@@ -46,68 +44,7 @@ def install_chroma(version: str = CHROMA_VERSION) -> Path:
     (about 35 s and 500 MB; later calls return at once) and checked complete. Safe to call from several processes
     at once. An environment installed by an earlier version without that check is checked now, and installed
     again if it lacks something."""
-    venv = home_dir() / "chroma" / f"venv-{version}"
-    command = venv / "bin" / "chroma"
-    marker = venv / ".installed"
-    if _marked_complete(marker, version):
-        return command
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".install-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be installing it right now
-        if _marked_complete(marker, version):
-            return command
-        if not (marker.is_file() and _complete(venv)):
-            _install(venv, version)
-            if not command.is_file():
-                raise LocalServiceError(f"chromadb=={version} installed no 'chroma' command in {venv}")
-            if not _complete(venv):
-                raise LocalServiceError(f"chromadb=={version} installed into {venv} misses some of its requirements "
-                                        f"('pip check' there says which)")
-        marker.write_text(f"{version} {_CHECKED}")
-    return command
-
-
-#: What a marker says once ``pip check`` found the environment complete (0.5.1 on; earlier markers say only the
-#: version: such an environment may have been installed while PyFlink's process mode had left a PYTHONPATH).
-_CHECKED = "checked"
-
-
-def _marked_complete(marker: Path, version: str) -> bool:
-    try:
-        return marker.read_text().split() == [version, _CHECKED]
-    except OSError:
-        return False
-
-
-def _install(venv: Path, version: str) -> None:
-    _run([sys.executable, "-m", "venv", "--clear", str(venv)], "create the Chroma server's environment")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, f"chromadb=={version}"], f"install chromadb=={version} (the Chroma server) from PyPI")
-
-
-def _complete(venv: Path) -> bool:
-    """Whether every requirement of what the environment holds is installed in it (``pip check``)."""
-    result = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check", "--disable-pip-version-check"],
-                            capture_output=True, text=True, timeout=300, env=own_environment())
-    return result.returncode == 0
-
-
-def own_environment() -> dict[str, str]:
-    """This process's environment without what would let another Python see this one's packages: a
-    ``PYTHONPATH`` (PyFlink's process mode run in this process, as its tests and jobs do, leaves the job's in
-    ``os.environ``), ``PYTHONHOME``, a ``VIRTUAL_ENV``. Pip in the Chroma environment would otherwise take this
-    environment's packages as installed there, and the server would need them at run time."""
-    return {name: value for name, value in os.environ.items() if name not in _FOREIGN_PYTHON_SETTINGS}
-
-
-_FOREIGN_PYTHON_SETTINGS = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV"})
-
-
-def _run(command: list[str], what: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=own_environment())
-    if result.returncode != 0:
-        raise LocalServiceError(f"could not {what} (exit {result.returncode}):\n{result.stdout[-2000:]}"
-                                f"{result.stderr[-2000:]}")
+    return install_into_own_venv(home_dir() / "chroma" / f"venv-{version}", f"chromadb=={version}", "chroma")
 
 
 @dataclass(frozen=True)
