@@ -62,7 +62,8 @@ def _kind(name: str) -> str:
     choices = {"durability": Durability, "fingerprint_policy": FingerprintPolicy}.get(name)
     if choices is not None:
         return " or ".join(f"`{choice.value}`" for choice in choices)
-    return {"replay": "set by the replay job"}[name]
+    return {"replay": "set by the replay job",
+            "tracing": "True, a `TracingConfig` (or a dict of its settings), or None"}[name]
 
 
 def settings_page() -> str:

@@ -58,6 +58,7 @@ from flink_agents_replay.engine.context import ActionSite, RunCancelled, RunCont
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, calls_to_retry
 from flink_agents_replay.engine.gate import Blocked, GatedCall, GatedWait, Live, Recorded
+from flink_agents_replay.engine.trace import CallHow
 from flink_agents_replay.storage.records.journal import STARTED_META as _STARTED_META
 from flink_agents_replay.storage.records.journal import STILL_IN_DOUBT_IF_FAILED as _STILL_IN_DOUBT_IF_FAILED
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, RecordKind
@@ -148,7 +149,7 @@ class ActionCalls:
             record = None  # it parked here while the key's later inputs ran: it parks again, to resume in that order
         if record is not None and record.outcome is CallOutcome.RETURNED:
             decision = record.result  # decided in an earlier attempt of this resumed run
-            self.context.calls.append(record)
+            self._took_journaled(record)
         else:
             decision = self.context.run.decisions.get(wait.wait_id) or self._gate_decision(wait, digest)
             if decision is None:
@@ -200,7 +201,7 @@ class ActionCalls:
         position, record = self.match(WAIT_RESOURCE, digest)
         self.steps.append(CallStep(returned=(position,)))
         if record is not None and record.outcome is CallOutcome.RETURNED:
-            self.context.calls.append(record)
+            self._took_journaled(record)
             return record.result
         now_ms = int(time.time() * 1000)
         wait = WaitOpened(self._call_id(position, WAIT_RESOURCE, digest, retry=0), name, payload,
@@ -247,13 +248,17 @@ class ActionCalls:
                      self.context.run.key, self.context.run.seq, self.site.action, position, resource_name)
 
     def write_call(self, position: int, resource_name: str, args_digest: str, outcome: CallOutcome, result: Any,
-                   *, must_ack: bool = False, external: bool = False, meta: dict[str, Any] | None = None) -> None:
-        """Journal the call's state (started, returned, raised); list finished ones in the run's calls."""
+                   *, must_ack: bool = False, external: bool = False, meta: dict[str, Any] | None = None,
+                   how: CallHow = CallHow.EXECUTED, started_ns: int | None = None,
+                   arguments: tuple[tuple, dict] | None = None) -> None:
+        """Journal the call's state (started, returned, raised); list finished ones in the run's calls (and in its
+        trace, as ``how`` it went, begun at ``started_ns``: now if not given)."""
         context, site = self.context, self.site
         record = CallRecord(context.run.seq, site.order, site.event.id, site.action, position, resource_name,
                             args_digest, outcome, result, context.input_digest, meta=meta or {})
         if outcome is not CallOutcome.STARTED:
             context.calls.append(record)
+            self.trace_call(record, how, started_ns, arguments)
         if context.journal is None:
             return
         context.journal.write(
@@ -262,11 +267,25 @@ class ActionCalls:
             what=f"the result of call {position} to {resource_name!r} in action {site.action}",
         )
 
+    def trace_call(self, record: CallRecord, how: CallHow, started_ns: int | None = None,
+                   arguments: tuple[tuple, dict] | None = None) -> None:
+        """Note a finished call in the run's trace, if it is traced."""
+        trace = self.context.trace
+        if trace is not None:
+            call_id = self._call_id(record.position, record.resource, record.args_digest)
+            trace.call(record, how, call_id, self.scope.path, time.time_ns() if started_ns is None else started_ns,
+                       arguments)
+
+    def _took_journaled(self, record: CallRecord, arguments: tuple[tuple, dict] | None = None) -> None:
+        """A journaled outcome stands for the call: listed in the run's calls, traced as reused."""
+        self.context.calls.append(record)
+        self.trace_call(record, CallHow.REUSED, arguments=arguments)
+
     def _call_at(self, position: int, record: CallRecord | None, resource_name: str, resource: Any,
                  args_digest: str, args: tuple, kwargs: dict) -> Any:
         if record is not None and record.outcome is not CallOutcome.STARTED:
             self.stats.calls_reused += 1
-            self.context.calls.append(record)
+            self._took_journaled(record, (args, kwargs))
             return resource.restore_result(recorded_outcome(record), args, kwargs)
         if record is not None:
             settled = self._settle_in_doubt(position, record, resource_name, resource, args_digest, args, kwargs)
@@ -279,7 +298,8 @@ class ActionCalls:
             kwargs=kwargs))
         if isinstance(decision, Recorded):
             self.stats.calls_recorded += 1
-            self.write_call(position, resource_name, args_digest, decision.record.outcome, decision.record.result)
+            self.write_call(position, resource_name, args_digest, decision.record.outcome, decision.record.result,
+                            how=CallHow.RECORDED)
             return resource.restore_result(recorded_outcome(decision.record), args, kwargs)
         if isinstance(decision, Blocked):
             self.stats.calls_blocked += 1
@@ -304,7 +324,7 @@ class ActionCalls:
                 f"{where} started before a failure and never reported back; its in_doubt policy is 'fail'")
         if policy is InDoubtPolicy.ASSUME_DONE:
             log.warning("%s in doubt: assumed done (returns None)", where)
-            self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, None)
+            self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, None, how=CallHow.SETTLED)
             return None
         log.warning("%s in doubt: made again (in_doubt policy 'rerun')", where)
         return NOT_DONE
@@ -332,7 +352,7 @@ class ActionCalls:
             log.warning("%s in doubt: its reconciler found it failed (%s)", where, type(exc).__name__)
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
                             external=True, meta={"reconciled": "failed", _STILL_IN_DOUBT_IF_FAILED: True,
-                                                 _STARTED_META: dict(record.meta)})
+                                                 _STARTED_META: dict(record.meta)}, how=CallHow.SETTLED)
             raise
         if answer is NOT_DONE:
             log.warning("%s in doubt: its reconciler found it not done; made now, under the same call id", where)
@@ -340,7 +360,7 @@ class ActionCalls:
         self.stats.calls_reconciled += 1
         log.warning("%s in doubt: its reconciler found it done", where)
         self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, answer, external=True,
-                        meta={"reconciled": "done"})
+                        meta={"reconciled": "done"}, how=CallHow.SETTLED)
         return resource.restore_result(private_copy(answer), args, kwargs)
 
     def _make(self, position: int, resource_name: str, resource: Resource, args_digest: str, args: tuple,
@@ -371,7 +391,7 @@ class ActionCalls:
         # A copy: what the resource does to its arguments must not reach the action's objects (memory, events),
         # since a reused call could not do it again.
         call_args, call_kwargs = private_copy((args, kwargs))
-        begun = time.monotonic()
+        begun, begun_ns = time.monotonic(), time.time_ns()
         try:
             result = resource.invoke(*call_args, **call_kwargs)
         except CallTimeoutError:
@@ -386,7 +406,8 @@ class ActionCalls:
             if in_doubt is not None:
                 meta.update({_STILL_IN_DOUBT_IF_FAILED: True, _STARTED_META: started[-1]})
             self.write_call(position, resource_name, args_digest, CallOutcome.RAISED, encode_exception(exc),
-                            external=external, meta=_with_latency(meta, begun))
+                            external=external, meta=_with_latency(meta, begun, begun_ns), started_ns=begun_ns,
+                            arguments=(args, kwargs))
             raise
         finally:
             _CALL_ATTEMPT.reset(attempt)
@@ -394,7 +415,8 @@ class ActionCalls:
             _CALL_SITE.reset(token)
         self.stats.calls_executed += 1
         self.write_call(position, resource_name, args_digest, CallOutcome.RETURNED, result,
-                        external=external, meta=_with_latency(meta, begun))
+                        external=external, meta=_with_latency(meta, begun, begun_ns), started_ns=begun_ns,
+                        arguments=(args, kwargs))
         # A copy: the journaled result stays as it was, whatever the action does to its copy.
         return resource.restore_result(private_copy(result), args, kwargs)
 
@@ -451,9 +473,10 @@ def _arguments_by_index(args: tuple, kwargs: dict) -> dict[str, Any]:
     return {**{str(index): value for index, value in enumerate(args)}, **kwargs}
 
 
-def _with_latency(meta: dict[str, Any], begun: float) -> dict[str, Any]:
-    """The call's meta: its wall time and what the resource reported (``report_call``)."""
-    return {"latency_ms": round((time.monotonic() - begun) * 1000, 3), **meta}
+def _with_latency(meta: dict[str, Any], begun: float, begun_ns: int) -> dict[str, Any]:
+    """The call's meta: when it began (ms since the epoch: a reused call's trace shows it made then), how long it
+    took, and what the resource reported (``report_call``)."""
+    return {"at_ms": begun_ns // 1_000_000, "latency_ms": round((time.monotonic() - begun) * 1000, 3), **meta}
 
 
 def call_id(agent: str, action: str, seq: int, position: int, request: tuple) -> str:

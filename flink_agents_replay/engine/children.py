@@ -29,6 +29,7 @@ from flink_agents_replay.engine.child_pool import Outcome, run_inline
 from flink_agents_replay.engine.context import RunStats, Scope
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, is_crash
+from flink_agents_replay.engine.trace import CallHow
 from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, child_input_event_id
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 
@@ -71,13 +72,14 @@ def call_agents(calls: ActionCalls, state: Memory, requests: list[tuple[Agent | 
     """``ctx.call_agents``: each child's outputs, in the order asked; the first failure raised after all ended."""
     planned = [_plan(calls, agent_or_name, child_input) for agent_or_name, child_input in requests]
     to_run = [call for call in planned if not call.finished]
+    started_ns = time.time_ns()
     outcomes = _run_children(calls, state, to_run, timeout_s)
     executed = {call.position: outcome for call, outcome in zip(to_run, outcomes, strict=True)}
     results: list[list[Any]] = []
     failure: BaseException | None = None
     failed: list[int] = []
     for call in planned:
-        value, error = _settle(calls, call, executed.get(call.position))
+        value, error = _settle(calls, call, executed.get(call.position), started_ns)
         if error is not None:
             failure = failure or error
             failed.append(call.position)
@@ -145,23 +147,26 @@ def _run_child(calls: ActionCalls, call: _ChildCall, child_memory: dict, deadlin
     return [output.output for output in outputs], child_state.data, child_stats
 
 
-def _settle(calls: ActionCalls, call: _ChildCall, outcome: Outcome | None) -> tuple[Any, BaseException | None]:
+def _settle(calls: ActionCalls, call: _ChildCall, outcome: Outcome | None,
+            started_ns: int) -> tuple[Any, BaseException | None]:
     """A child call's (outputs, memory) or its exception: reused from the journal, or run now and journaled."""
     stats, run = calls.stats, calls.context.run
     if outcome is None:  # a finished child call: its recorded result, without running the child
         stats.child_calls_reused += 1
         log.info("key %r seq %d: sub-agent call %s reused from the journal (not run again)", run.key,
                  run.seq, " -> ".join((*calls.scope.path, call.child.name)))
+        calls.trace_call(call.record, CallHow.REUSED)
         if call.record.outcome is CallOutcome.RAISED:
             return None, decode_exception(call.record.result)
         return call.record.result, None
     stats.child_calls_executed += 1
     if outcome.error is not None:
         calls.write_call(call.position, call.resource, call.args_digest, CallOutcome.RAISED,
-                         encode_exception(outcome.error))
+                         encode_exception(outcome.error), started_ns=started_ns)
         return None, outcome.error
     outputs, child_memory, child_stats = outcome.value
     stats.add(child_stats)
     value = (outputs, child_memory)
-    calls.write_call(call.position, call.resource, call.args_digest, CallOutcome.RETURNED, value)
+    calls.write_call(call.position, call.resource, call.args_digest, CallOutcome.RETURNED, value,
+                     started_ns=started_ns)
     return value, None

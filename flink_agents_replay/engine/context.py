@@ -19,6 +19,7 @@ from flink_agents_replay.api.agent import ActionSpec, Agent, Event
 from flink_agents_replay.core.errors import SubAgentTimeoutError
 from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.gate import CallGate
+from flink_agents_replay.engine.trace import RunTrace
 from flink_agents_replay.storage.journal.history import KeyHistory
 from flink_agents_replay.storage.records.journal import CallRecord, CompletionRecord, RecordKind
 from flink_agents_replay.storage.records.waits import Decision, WaitOpened
@@ -145,6 +146,7 @@ class RunContext:
     calls: list[CallRecord] = field(default_factory=list)  # appended from child threads: list.append is atomic
     completions: list[CompletionRecord] = field(default_factory=list)  # written or reused, top level and children
     blocked: list[object] = field(default_factory=list)  # the gate's reports of the calls it blocked
+    trace: RunTrace | None = None  # what this execution did, when the run is traced
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from flink_agents_replay.core.errors import (
     WaitTimedOutError,
 )
 from flink_agents_replay.engine.action import execute_action
+from flink_agents_replay.engine.calls import ActionCalls
 from flink_agents_replay.engine.child_pool import ChildCallPool
 from flink_agents_replay.engine.context import (
     ActionSite,
@@ -61,6 +63,7 @@ from flink_agents_replay.engine.context import (
 )
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.gate import ALWAYS_LIVE, CallGate
+from flink_agents_replay.engine.trace import ActionHow, CallHow, RunTrace
 from flink_agents_replay.storage.journal.history import KeyHistory
 from flink_agents_replay.storage.records.journal import (
     ACCEPTED_ACTION,
@@ -100,6 +103,7 @@ class RunResult:
     #: Every memory update of the run, in order (what a run resumed after later inputs ran writes over the key's
     #: memory as it is then).
     memory_updates: list[MemoryUpdate] = field(default_factory=list)
+    trace: RunTrace | None = None  # what this execution did (``execute_run(trace=True)``)
 
 
 def resume_history(waiting: WaitingRun, recovered: KeyHistory | None = None) -> KeyHistory:
@@ -135,6 +139,8 @@ def execute_run(
     gate: CallGate | None = None,
     report_failures: bool = False,
     acknowledge: bool = True,
+    trace: bool = False,
+    trace_content: bool = False,
 ) -> RunResult:
     """Run ``run.input`` through ``agent`` on a private ``memory`` dict; return outputs and new memory.
 
@@ -148,11 +154,14 @@ def execute_run(
     With ``acknowledge`` the run waits for its records before it returns (its outputs may then leave). The
     operator passes ``False``: the run's slot is free at once, and it releases the outputs when
     :meth:`RunJournal.outputs_may_leave` says so (group commit, :mod:`flink_agents_replay.storage.journal.writer`).
+
+    With ``trace`` the result's :attr:`RunResult.trace` notes what this execution did (:mod:`.trace`), with
+    ``trace_content`` the calls' arguments too.
     """
     context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
                          cancelled=cancelled or _never, digest_of_key=key_digest(run.key),
                          input_digest=digest_value(run.input), child_pool=child_pool, gate=gate or ALWAYS_LIVE,
-                         run_events=run_events)
+                         run_events=run_events, trace=RunTrace(content=trace_content) if trace else None)
     stats = RunStats()
     state = Memory(memory)
     _drop_if_another_input(context, stats)
@@ -191,7 +200,7 @@ def execute_run(
         journal.acknowledge()  # outputs leave only after their records are acknowledged
     return RunResult(run.seq, state.data if error is None else before, outputs, stats, list(context.calls),
                      list(context.blocked), context.input_digest, error,
-                     memory_updates=state.updates_taken if error is None else [])
+                     memory_updates=state.updates_taken if error is None else [], trace=_ended(context.trace))
 
 
 def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: RunStats,
@@ -208,7 +217,11 @@ def _waiting(context: RunContext, pending: WaitPending, memory: dict, stats: Run
         context.journal.acknowledge()
     waiting = WaitingRun(pending.wait, run.seq, site.action, site.event.id, site.order, records, pending.retried)
     return RunResult(run.seq, memory, [], stats, list(context.calls), list(context.blocked), context.input_digest,
-                     waiting=waiting)
+                     waiting=waiting, trace=_ended(context.trace))
+
+
+def _ended(trace: RunTrace | None) -> RunTrace | None:
+    return None if trace is None else trace.ended()
 
 
 def _ends_the_run(exc: Exception) -> bool:
@@ -258,11 +271,19 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
         site = ActionSite(spec=spec, action=action, event=event,
                           order=scope.parent_order if scope.is_child else order,
                           record_key=journal_key(run.key_group, run.seq, event.id, action, context.digest_of_key))
-        sent = _reused(context, site, state, stats)
-        if sent is not None:
-            recorded_events.update(emitted.id for emitted in sent)
-        else:
-            sent = _executed(context, scope, site, state, stats, site.event.id in recorded_events)
+        started_ns = time.time_ns()
+        how = ActionHow.REUSED
+        try:
+            sent = _reused(context, scope, site, state, stats)
+            if sent is not None:
+                recorded_events.update(emitted.id for emitted in sent)
+            else:
+                how = ActionHow.EXECUTED
+                sent = _executed(context, scope, site, state, stats, site.event.id in recorded_events)
+        except Exception as exc:
+            _trace_action(context, scope, site, ActionHow.FAILED, started_ns, f"{type(exc).__name__}: {exc}")
+            raise
+        _trace_action(context, scope, site, how, started_ns)
         for emitted in sent:
             if isinstance(emitted, OutputEvent):
                 outputs.append(emitted)
@@ -272,7 +293,14 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
     return outputs
 
 
-def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStats) -> list[Event] | None:
+def _trace_action(context: RunContext, scope: Scope, site: ActionSite, how: ActionHow, started_ns: int,
+                  error: str | None = None) -> None:
+    if context.trace is not None:
+        context.trace.action(site.event.id, site.action, site.order, scope.path, how, started_ns, error)
+
+
+def _reused(context: RunContext, scope: Scope, site: ActionSite, state: Memory,
+            stats: RunStats) -> list[Event] | None:
     """The journaled completion of this action applied (memory) and its events, or ``None`` to execute it."""
     run, history = context.run, context.history
     if history is None:
@@ -291,8 +319,14 @@ def _reused(context: RunContext, site: ActionSite, state: Memory, stats: RunStat
     stats.actions_reused += 1
     # The run's calls include those of reused actions: a capture of this run must hold every call a replay
     # may be asked to serve as recorded.
-    context.calls.extend(call for call in history.recorded_calls(run.seq, site.event.id, site.action)
-                         if call is not None and call.outcome is not CallOutcome.STARTED)
+    reused = [call for call in history.recorded_calls(run.seq, site.event.id, site.action)
+              if call is not None and call.outcome is not CallOutcome.STARTED]
+    context.calls.extend(reused)
+    if context.trace is not None:
+        calls = ActionCalls(context=context, scope=scope, site=site, stats=stats,
+                            retried=history.retried_positions(run.seq, site.event.id, site.action))
+        for call in reused:
+            calls.trace_call(call, CallHow.REUSED)
     return sent
 
 

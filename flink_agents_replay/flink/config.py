@@ -29,6 +29,7 @@ from flink_agents_replay.engine import FingerprintPolicy
 from flink_agents_replay.integrations.kafka.settings import KafkaSettings, is_secret_setting
 from flink_agents_replay.replay.settings import ReplaySettings
 from flink_agents_replay.storage.journal.writer import Durability
+from flink_agents_replay.traces.export import TracingConfig
 
 __all__ = ["SIGNING_KEY_ENV", "AgentConfig", "default_capture_topic", "default_journal_topic", "default_uid",
            "job_signing_key", "read_signing_key_file"]
@@ -138,6 +139,9 @@ class AgentConfig:
         output_topics: the topics the job writes the agent's outputs to; recorded in the capture manifest
             so that a replay refuses to write to them.
         replay: replay mode (set by the replay job, :mod:`flink_agents_replay.replay`).
+        tracing: send OpenTelemetry spans of every run, action and call (docs/design.md §17): ``True`` for the
+            defaults (OTLP/HTTP to ``$OTEL_EXPORTER_OTLP_ENDPOINT``), a :class:`TracingConfig` (or a dict of its
+            settings) to choose; ``None``/``False``: off.
     """
 
     kafka: Mapping[str, Any] = field(default_factory=dict)
@@ -176,6 +180,7 @@ class AgentConfig:
     capture_topic_config: Mapping[str, str] = field(default_factory=dict)
     output_topics: Sequence[str] = ()
     replay: ReplaySettings | None = None
+    tracing: TracingConfig | bool | None = None
 
     def __repr__(self) -> str:
         # Configs end up in logs and tracebacks: the signing key and Kafka secrets are never shown.
@@ -222,6 +227,7 @@ class AgentConfig:
         if self.replay is not None:
             _check_isolation(self.replay, topic, capture_topic if self.capture else None, self.output_topics)
         return replace(self, uid=uid, journal_topic=topic, signing_key=signing_key, durability=durability,
+                       tracing=_tracing(self.tracing),
                        fingerprint_policy=policy, kafka=dict(self.kafka), topic_config=dict(self.topic_config),
                        capture_topic=capture_topic, output_topics=tuple(self.output_topics),
                        capture_topic_config={"retention.ms": str(DEFAULT_CAPTURE_RETENTION_MS),
@@ -271,6 +277,25 @@ class AgentConfig:
     def verification_keys_bytes(self) -> tuple[bytes, ...]:
         """The older keys still accepted, as bytes."""
         return tuple(k.encode() if isinstance(k, str) else k for k in self.verification_keys)
+
+
+def _tracing(setting: Any) -> TracingConfig | None:
+    """``tracing`` as the operator uses it: a :class:`TracingConfig`, or ``None`` for off."""
+    if setting is None or setting is False:
+        return None
+    if setting is True:
+        return TracingConfig()
+    if isinstance(setting, TracingConfig):
+        return setting
+    if isinstance(setting, Mapping):
+        try:
+            return TracingConfig(**dict(setting))
+        except pydantic.ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise ConfigError(f"tracing setting {where!r}: {error['msg']} (got {error.get('input')!r:.80})") from None
+    raise ConfigError(f"tracing must be True, False, None, a TracingConfig or a dict of its settings, got "
+                      f"{type(setting).__name__}: {setting!r:.80}")
 
 
 def read_signing_key_file(path: str) -> str:

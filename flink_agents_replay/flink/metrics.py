@@ -55,6 +55,8 @@ COUNTERS: dict[str, str] = {
     "decisions_rejected": "decisions that could not be read (reported as `decision_rejected` events)",
     "runs_ended_at_wait": "resumed runs ended by a timeout (`WaitTimedOutError`) or denial (`ToolCallDeniedError`) "
                           "their action did not handle: no output, memory as before (the `closed` event says why)",
+    "spans_exported": "tracing: spans the trace collector took",
+    "spans_dropped": "tracing: spans lost: the collector did not take them (down, or too slow for the queue)",
 }
 
 #: Counters that hold a value instead of counting.

@@ -69,6 +69,7 @@ from flink_agents_replay.flink.runs import RunPool
 from flink_agents_replay.flink.runtime_info import subtask_info
 from flink_agents_replay.flink.signals import KeyedInput, MalformedSignal, Signal
 from flink_agents_replay.flink.tool_check import check_restored_tools
+from flink_agents_replay.flink.trace_observer import TraceObserver
 from flink_agents_replay.flink.waits import OperatorWaits, WaitEvent
 from flink_agents_replay.storage.capture.records import CapturedRunEnd
 from flink_agents_replay.storage.formats.state import (
@@ -81,7 +82,7 @@ from flink_agents_replay.storage.formats.state import (
     encode_waiting,
 )
 from flink_agents_replay.storage.journal.checkpoints import RunInFlight
-from flink_agents_replay.storage.journal.markers import checkpoint_time, waits_open
+from flink_agents_replay.storage.journal.markers import checkpoint_time, restored_lineage, waits_open
 from flink_agents_replay.storage.records.journal import CallRecord, key_digest
 from flink_agents_replay.storage.records.parked import WaitingRun
 
@@ -155,8 +156,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
                             stopping=self._stopping)
         self.mode = parts.job_mode(self.config, max_parallelism=self.max_parallelism)
         self.mode.open(owned=self.owned, subtask=self.subtask, counters=self.counters)
-        self.observers = parts.observers(self.config, key_type=self.key_type, max_parallelism=self.max_parallelism,
-                                         mode=self.mode)
+        self.observers = parts.observers(self.config, self.agent, key_type=self.key_type,
+                                         max_parallelism=self.max_parallelism, mode=self.mode, info=info,
+                                         counters=self.counters)
+        self.tracer = next((o for o in self.observers if isinstance(o, TraceObserver)), None)
+        #: The job lineage: the id of the job that started with nothing to restore, kept in the markers through every
+        #: restore (a run's trace id derives from it, docs/design.md §17).
+        self.lineage = self.job_id or ""
+
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
         self._fence_watch = getattr(self.journal.writer, "fence_watch", None)
@@ -273,6 +280,10 @@ class ActionExecutionOperator(KeyedProcessFunction):
             changed = check_restored_tools(values, self.tool_digests, checkpoint_id=self.restored_from,
                                            policy=self.config.fingerprint_policy, subtask=self.subtask)
             self.counters["tools_changed"].inc(len(changed))
+        if self.restored_from is not None:
+            self.lineage = restored_lineage(values) or self.lineage
+            if self.tracer is not None:
+                self.tracer.restored_lineage(self.lineage)
         self.journal.restore(values, job_id=self.job_id)
         self.waits.restored(waits_open(values, self.owned))
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
@@ -290,7 +301,8 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if expired:
             self.counters["histories_expired"].inc(expired)
         return self.journal.snapshot(checkpoint_id, in_flight, checkpoint_time_ms=timestamp_ms,
-                                     waits_open=self.waits.open_by_group, tools=self.tool_digests)
+                                     waits_open=self.waits.open_by_group, tools=self.tool_digests,
+                                     lineage=self.lineage)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Delete the journal records this checkpoint made unnecessary."""
@@ -499,7 +511,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return execute_run(self.agent, run, memory, history=history, journal=journal,
                                fingerprint_policy=self.config.fingerprint_policy, cancelled=self._stopping,
                                child_pool=self.runs.child_pool, gate=gate, report_failures=self.mode.report_failures,
-                               acknowledge=False)  # group commit: the slot is free at once (RunPool.done)
+                               acknowledge=False,  # group commit: the slot is free at once (RunPool.done)
+                               trace=self.tracer is not None,
+                               trace_content=self.tracer is not None and self.tracer.content)
 
         on_ready = None
         if self.wakeups is not None:

@@ -7,11 +7,16 @@ writer for the capture observer, production's journal inside the replay mode).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.flink.capture_observer import CaptureObserver
 from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.mode import PRODUCTION, JobMode
 from flink_agents_replay.flink.observer import OperatorObserver
+from flink_agents_replay.flink.runtime_info import SubtaskInfo
+from flink_agents_replay.flink.trace_observer import TraceObserver
 from flink_agents_replay.replay.mode import ReplayMode
 from flink_agents_replay.storage.capture.manifest import CaptureDescription
 from flink_agents_replay.storage.capture.schemas import capture_codec
@@ -21,6 +26,8 @@ from flink_agents_replay.storage.journal.fence_watch import FenceWatch
 from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.storage.journal.writer import JournalWriter, max_record_bytes
 from flink_agents_replay.storage.records.codec import FORMAT_VERSION, RecordCodec
+from flink_agents_replay.traces.export import SpanSink
+from flink_agents_replay.traces.spans import resource_kinds
 
 __all__ = ["job_mode", "journal_checkpoints", "observers"]
 
@@ -36,10 +43,29 @@ def job_mode(config: AgentConfig, *, max_parallelism: int) -> JobMode:
                       name=config.capture_topic)
 
 
-def observers(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: JobMode) -> list[OperatorObserver]:
-    """The operator's observers: the capture's when ``config.capture`` is on, else none."""
-    if not config.capture:
-        return []
+def observers(config: AgentConfig, agent: Agent, *, key_type: str, max_parallelism: int, mode: JobMode,
+              info: SubtaskInfo, counters: Mapping[str, Any]) -> list[OperatorObserver]:
+    """The operator's observers: the capture's when ``config.capture`` is on, the tracer's when ``config.tracing``
+    is."""
+    found: list[OperatorObserver] = []
+    if config.capture:
+        found.append(_capture(config, key_type=key_type, max_parallelism=max_parallelism, mode=mode))
+    if config.tracing is not None:
+        found.append(_tracer(config, agent, info=info, counters=counters))
+    return found
+
+
+def _tracer(config: AgentConfig, agent: Agent, *, info: SubtaskInfo, counters: Mapping[str, Any]) -> TraceObserver:
+    replay = config.replay is not None
+    settings = config.tracing
+    if replay and settings.service_name is None:  # a replay's spans go to a service (a Phoenix project) of their own
+        settings = settings.model_copy(update={"service_name": settings.service(agent.name) + "-replay"})
+    return TraceObserver(sink=SpanSink(settings, agent=agent.name), agent=agent.name, kinds=resource_kinds(agent),
+                         job_id=info.job_id or "", attempt=info.attempt, subtask=info.index, replay=replay,
+                         counters=counters)
+
+
+def _capture(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: JobMode) -> CaptureObserver:
     description = CaptureDescription(config.uid, config.capture_topic, key_type, max_parallelism, FORMAT_VERSION,
                                      config.journal_topic if config.journal_enabled else None,
                                      tuple(config.output_topics))
@@ -50,7 +76,7 @@ def observers(config: AgentConfig, *, key_type: str, max_parallelism: int, mode:
         with_manifest=mode.resumable, create_topic=config.create_topic,
         replication_factor=config.replication_factor, topic_config=config.capture_topic_config,
         kafka_timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
-    return [CaptureObserver(writer=writer)]
+    return CaptureObserver(writer=writer)
 
 
 def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subtask: int, max_parallelism: int,

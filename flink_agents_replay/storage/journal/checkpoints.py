@@ -294,10 +294,10 @@ class JournalCheckpoints:
     # -- checkpoints -------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, runs_in_flight: Iterable[RunInFlight], *,
                  checkpoint_time_ms: int | None = None, waits_open: Mapping[int, int] | None = None,
-                 tools: Mapping[str, Mapping[str, str]] | None = None) -> bytes | None:
+                 tools: Mapping[str, Mapping[str, str]] | None = None, lineage: str | None = None) -> bytes | None:
         """The recovery marker: per owned partition, the first offset a restore from here must read (and the
         checkpoint's trigger time, for the run epochs of a restore; ``tools``, the agent's tool digests, kept by
-        subtask 0)."""
+        subtask 0; the job ``lineage``, for traces)."""
         if self.store is None or not self.resumable:  # a replay is run again from the savepoint, not resumed
             return None
         ends = self._barrier_ends(self.writer.acknowledge_appended(self.ack_timeout_s))
@@ -314,7 +314,7 @@ class JournalCheckpoints:
                  if digest in self.waiting_since}
         return encode_marker(self.store.topic_id, self.subtask, marker, ends, in_flight, unreplayed,
                              fences=self.writer.fences, replaying_since=since, checkpoint_time_ms=checkpoint_time_ms,
-                             waits_open=waits_open, tools=tools if self.subtask == 0 else None)
+                             waits_open=waits_open, tools=tools if self.subtask == 0 else None, lineage=lineage)
 
     def _first_offset(self, run: RunInFlight) -> int:
         """Where a restore must start reading to find every record of ``run`` (which wrote one at least). A first

@@ -24,6 +24,9 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``tools`` (optional, added in 0.7; subtask 0's marker only) — per tool of the agent, a digest of each part of
   its definition (:mod:`flink_agents_replay.api.tool_definitions`), so a restore names the tools that changed
   (:func:`restored_tools`). Markers without it compare nothing.
+* ``lineage`` (optional, added in 0.7) — the job lineage: the Flink job id of the start with nothing to restore,
+  kept through every checkpoint and savepoint after it, so a run's trace id stays the same across restores
+  (:func:`restored_lineage`, :mod:`flink_agents_replay.traces.ids`). Markers without it: the restoring job's id.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 from flink_agents_replay.core.errors import JournalError
 
 __all__ = ["MARKER_VERSION", "PruneTracker", "RestorePlan", "build_marker", "checkpoint_time", "encode_marker",
-           "plan_restore", "restored_tools", "waits_open"]
+           "plan_restore", "restored_lineage", "restored_tools", "waits_open"]
 
 MARKER_VERSION = 2
 _READABLE = (1, 2)
@@ -71,7 +74,7 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
                   fences: Mapping[int, int] | None = None,
                   replaying_since: Mapping[str, float] | None = None, checkpoint_time_ms: int | None = None,
                   waits_open: Mapping[int, int] | None = None,
-                  tools: Mapping[str, Mapping[str, str]] | None = None) -> bytes:
+                  tools: Mapping[str, Mapping[str, str]] | None = None, lineage: str | None = None) -> bytes:
     """The bytes kept in union operator state."""
     return json.dumps({
         "version": MARKER_VERSION, "topic_id": topic_id, "subtask": subtask,
@@ -84,7 +87,18 @@ def encode_marker(topic_id: str, subtask: int, offsets: Mapping[int, int], ends:
         **({} if checkpoint_time_ms is None else {"checkpoint_time_ms": checkpoint_time_ms}),
         "waits_open": {str(group): n for group, n in (waits_open or {}).items() if n},
         **({} if tools is None else {"tools": {name: dict(parts) for name, parts in tools.items()}}),
+        **({} if lineage is None else {"lineage": lineage}),
     }).encode()
+
+
+def restored_lineage(values: Iterable[bytes]) -> str | None:
+    """The job lineage the restored checkpoint kept (``None``: no marker kept one, e.g. before 0.7)."""
+    for value in values:
+        if value:
+            lineage = json.loads(value).get("lineage")
+            if isinstance(lineage, str) and lineage:
+                return lineage
+    return None
 
 
 def restored_tools(values: Iterable[bytes]) -> dict[str, dict[str, str]] | None:

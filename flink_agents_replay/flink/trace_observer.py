@@ -1,0 +1,86 @@
+"""Tracing as an observer of the agent operator: the spans of every applied or parked run, out before each
+checkpoint completes.
+
+The operator tells its observers of each run it applies and each it parks at a wait (:mod:`.observer`); this one
+hands the run's trace (:class:`~flink_agents_replay.engine.trace.RunTrace`, which the operator asks the engine to
+note when tracing is on) to the subtask's :class:`~flink_agents_replay.traces.export.SpanSink`, which makes and
+exports the spans on its own thread. At a checkpoint it waits (at most ``flush_timeout_s``) for them to leave: a run
+applied before the checkpoint is not executed again after a failure, so its spans must be out by then; a run
+applied after it is executed again, reusing its journaled calls, and its spans are made again from those records
+with the same ids. The counters ``spans_exported`` and ``spans_dropped`` follow the sink's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flink_agents_replay.engine import RunResult
+from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.traces.export import SpanSink
+from flink_agents_replay.traces.spans import RunIdentity, spans_of_run
+
+__all__ = ["TraceObserver"]
+
+
+class TraceObserver:
+    """Hands each applied or parked run's trace to ``sink``; ``kinds`` says what each resource is."""
+
+    def __init__(self, *, sink: SpanSink, agent: str, kinds: Mapping[str, str], job_id: str, attempt: int,
+                 subtask: int, replay: bool, counters: Mapping[str, Any]) -> None:
+        self.sink = sink
+        self.agent = agent
+        self.kinds = dict(kinds)
+        self.job_id, self.attempt, self.subtask, self.replay = job_id, attempt, subtask, replay
+        self.lineage = job_id  # a fresh start's; a restore sets the restored one (:meth:`restored_lineage`)
+        self.content = sink.settings.content()
+        self.counters = counters
+        self._counted = (0, 0)
+
+    def restored_lineage(self, lineage: str | None) -> None:
+        """The lineage the restored checkpoint kept (a replay keeps its own: its runs are not production's)."""
+        if lineage and not self.replay:
+            self.lineage = lineage
+
+    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None) -> None:
+        pass
+
+    def run_applied(self, *, key: Any, group: int, result: RunResult) -> None:
+        self._submit(key, result, with_run=True)
+
+    def run_parked(self, *, key: Any, group: int, result: RunResult) -> None:
+        self._submit(key, result, with_run=False)
+
+    def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
+                   partitions: Iterable[int]) -> None:
+        self.sink.flush()
+        self._count()
+
+    def close(self) -> None:
+        self.sink.close()
+        self._count()
+
+    def _submit(self, key: Any, result: RunResult, *, with_run: bool) -> None:
+        trace = result.trace
+        if trace is None:
+            return
+        run = RunIdentity(self.agent, key, key_digest(key), result.seq, self.lineage, self.job_id, self.attempt,
+                          self.subtask, self.replay)
+        outputs = [output.output for output in result.outputs] if self.content else None
+
+        def make():
+            spans = spans_of_run(trace, run, self.kinds, content=self.content, outputs=outputs, error=result.error)
+            return spans if with_run else spans[1:]  # a parked run's span is made when it ends
+
+        self.sink.submit(make, 1 + len(trace.actions) + 2 * len(trace.calls))
+        self._count()
+
+    def _count(self) -> None:
+        exported, dropped = self.sink.exported, self.sink.dropped
+        before_exported, before_dropped = self._counted
+        if exported > before_exported:
+            self.counters["spans_exported"].inc(exported - before_exported)
+        if dropped > before_dropped:
+            self.counters["spans_dropped"].inc(dropped - before_dropped)
+        self._counted = (exported, dropped)
+

@@ -1,0 +1,247 @@
+"""Sending spans: the package's own tracer provider, a queue, and one thread that builds and exports in batches.
+
+A run hands over what it did (a function that makes its spans) and goes on: the spans are made and exported on the
+exporter's thread, never on a run's or the task's. The queue is bounded (``max_queued_spans``); what does not fit is
+dropped and counted, and so is every span of a batch the exporter could not deliver (a collector that is down), so
+an outage never slows or fails a run: ``dropped`` tells how much was lost. :meth:`SpanSink.flush` waits, at most
+``flush_timeout_s``, until what was handed over has left: the operator calls it at each checkpoint, so that the
+spans of runs applied before the checkpoint are out before it completes (runs applied after it are executed again
+after a failure, and their spans made again from their journaled records).
+
+The provider is this package's, never the global one: other libraries' spans (chromadb-client's, say) are not
+exported by it, and its spans do not go through an application's provider. Its id generator hands out the ids
+:mod:`.ids` derived, so a span made again after a failure is the same span. The exporter is the OpenTelemetry SDK's
+OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables unless the settings name an endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import pydantic
+
+from flink_agents_replay.traces.conventions import OI_PROJECT_NAME, SCHEMA_URL
+from flink_agents_replay.traces.spans import SpanData
+
+__all__ = ["SpanSink", "TracingConfig"]
+
+log = logging.getLogger(__name__)
+
+#: Spans sent in one export request.
+_BATCH = 512
+
+
+class TracingConfig(pydantic.BaseModel):
+    """Where a job's spans go and what they hold (``AgentConfig(tracing=TracingConfig(...))``, or ``tracing=True``
+    for the defaults).
+
+    Attributes:
+        service_name: the spans' ``service.name``, which is also their Phoenix project; default
+            ``$OTEL_SERVICE_NAME``, else the agent's name (a replay adds ``-replay``).
+        endpoint: the OTLP/HTTP base URL (``http://collector:4318``); default ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+            or ``$OTEL_EXPORTER_OTLP_ENDPOINT``, read where the job runs, as the OpenTelemetry SDK reads them.
+        headers: sent with every export (default ``$OTEL_EXPORTER_OTLP_HEADERS``).
+        capture_content: put prompts, replies, tool arguments and results, inputs and outputs into spans. Off
+            unless set, or ``$OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``.
+        export_timeout_s: how long one export request may take before its spans count as dropped.
+        flush_timeout_s: how long a checkpoint waits for the spans of the runs applied before it to leave.
+        max_queued_spans: spans waiting for export per subtask; more are dropped and counted (``spans_dropped``).
+        resource_attributes: more resource attributes for every span (``OTEL_RESOURCE_ATTRIBUTES`` applies too).
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    service_name: str | None = None
+    endpoint: str | None = None
+    headers: dict[str, str] | None = pydantic.Field(default=None, repr=False)
+    capture_content: bool | None = None
+    export_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    flush_timeout_s: float = pydantic.Field(default=5.0, ge=0)
+    max_queued_spans: int = pydantic.Field(default=20_000, ge=1)
+    resource_attributes: dict[str, str] = pydantic.Field(default_factory=dict)
+
+    def content(self) -> bool:
+        """Whether spans carry prompts and replies."""
+        if self.capture_content is not None:
+            return self.capture_content
+        return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower() == "true"
+
+    def service(self, agent: str) -> str:
+        return self.service_name or os.environ.get("OTEL_SERVICE_NAME") or agent
+
+
+def _derived_ids():
+    """The tracer provider's id generator: it hands out the ids the next span is to have (set on the exporter's
+    thread, the only one making spans with this provider)."""
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    class DerivedIds(IdGenerator):
+        trace_id = 0
+        span_id = 0
+
+        def generate_trace_id(self) -> int:
+            return self.trace_id
+
+        def generate_span_id(self) -> int:
+            return self.span_id
+
+        def is_trace_id_random(self) -> bool:
+            return False
+
+    return DerivedIds()
+
+
+class SpanSink:
+    """Spans of runs, made and exported on a thread of their own (see the module's docstring).
+
+    ``exporter``: an OpenTelemetry ``SpanExporter`` (default: OTLP/HTTP from the settings and the environment).
+    """
+
+    def __init__(self, settings: TracingConfig, *, agent: str, exporter=None) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        self.settings = settings
+        service = settings.service(agent)
+        resource = Resource.create({"service.name": service, OI_PROJECT_NAME: service,
+                                    **settings.resource_attributes})
+        self._ids = _derived_ids()
+        self._provider = TracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
+        self._collected: list = []
+        self._provider.add_span_processor(_collector(self._collected))
+        self._tracer = self._provider.get_tracer("flink_agents_replay", schema_url=SCHEMA_URL)
+        self._exporter = exporter if exporter is not None else _otlp_exporter(settings)
+        self._pending: deque[tuple[int, Callable[[], list[SpanData]]]] = deque()
+        self._queued = 0  # spans waiting, by the estimates handed in
+        self._busy = False
+        self._closed = False
+        self._lock = threading.Condition()
+        self.exported = 0
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._work, name="flink-agents-replay-spans", daemon=True)
+        self._thread.start()
+
+    def submit(self, make: Callable[[], list[SpanData]], estimate: int) -> None:
+        """Have the spans ``make`` returns exported (about ``estimate`` of them); never blocks."""
+        with self._lock:
+            if self._closed or self._queued + estimate > self.settings.max_queued_spans:
+                self.dropped += estimate
+                return
+            self._pending.append((estimate, make))
+            self._queued += estimate
+            self._lock.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything handed over so far has been exported or dropped; ``False`` if it took longer than
+        ``timeout_s`` (default: the settings' ``flush_timeout_s``)."""
+        timeout = self.settings.flush_timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def close(self) -> None:
+        """Export what is queued (within the flush timeout), then stop the thread and the exporter."""
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self.dropped += self._queued
+            self._pending.clear()
+            self._queued = 0
+            self._lock.notify_all()
+        self._thread.join(self.settings.export_timeout_s + 1)
+        self._exporter.shutdown()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._pending or self._closed)
+                if self._closed:
+                    return
+                taken = list(self._pending)
+                self._pending.clear()
+                self._busy = True
+            try:
+                self._export([span for _, make in taken for span in self._made(make)])
+            except Exception:  # noqa: BLE001 - the thread must live on; what it held is lost, and counted
+                log.exception("spans could not be exported; they are dropped")
+                with self._lock:
+                    self.dropped += sum(estimate for estimate, _ in taken)
+            finally:
+                with self._lock:
+                    self._queued -= sum(estimate for estimate, _ in taken)
+                    self._busy = False
+                    self._lock.notify_all()
+
+    def _made(self, make: Callable[[], list[SpanData]]) -> list[SpanData]:
+        try:
+            return make()
+        except Exception:  # noqa: BLE001 - a trace must never fail a job; say what broke
+            log.exception("the spans of a run could not be made; they are dropped")
+            with self._lock:
+                self.dropped += 1
+            return []
+
+    def _export(self, spans: list[SpanData]) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        readable = [self._readable(span) for span in spans]
+        for start in range(0, len(readable), _BATCH):
+            batch = readable[start:start + _BATCH]
+            try:
+                result = self._exporter.export(batch)
+            except Exception:  # noqa: BLE001 - an exporter that raises is a failed export
+                log.exception("exporting %d spans failed", len(batch))
+                result = None
+            with self._lock:
+                if result is SpanExportResult.SUCCESS:
+                    self.exported += len(batch)
+                    continue
+                self.dropped += len(batch)
+            log.warning("%d spans were not delivered (the trace collector did not take them); dropped",
+                            len(batch))
+
+    def _readable(self, span: SpanData):
+        """The SDK span of ``span``, made by the package's tracer with the derived ids."""
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+
+        context = Context()
+        if span.parent_id is not None:
+            parent = SpanContext(span.trace_id, span.parent_id, is_remote=False, trace_flags=TraceFlags(1))
+            context = trace.set_span_in_context(NonRecordingSpan(parent))
+        self._ids.trace_id, self._ids.span_id = span.trace_id, span.span_id
+        made = self._tracer.start_span(span.name, context=context, attributes=span.attributes,
+                                       start_time=span.start_ns)
+        if span.error is not None:
+            made.set_status(Status(StatusCode.ERROR, span.error))
+        made.end(end_time=max(span.end_ns, span.start_ns))
+        return self._collected.pop()
+
+
+def _collector(into: list):
+    """A span processor that hands each ended span back to the sink (which batches and exports it)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Collect(SpanProcessor):
+        def on_end(self, span) -> None:
+            into.append(span)
+
+    return Collect()
+
+
+def _otlp_exporter(settings: TracingConfig):
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        from flink_agents_replay.core.errors import ConfigError
+
+        raise ConfigError("tracing needs the OpenTelemetry OTLP exporter: pip install 'flink-agents-replay[tracing]'"
+                          ) from exc
+    endpoint = settings.endpoint
+    if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is
+    return OTLPSpanExporter(endpoint=endpoint, headers=settings.headers, timeout=settings.export_timeout_s)

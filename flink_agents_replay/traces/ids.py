@@ -1,0 +1,50 @@
+"""Trace and span ids derived from what a run is, so that every attempt of a run names the same spans.
+
+A run's trace id hashes its identity: the job lineage (the same across restores from checkpoints and savepoints,
+another for an unrelated job on the same topic, another for a replay), the agent, the key's digest and the seq.
+Every attempt of the run, in whatever process, exports into that one trace.
+
+Spans that stand for one logical thing get ids derived from it, so a span exported again (an attempt that re-derives
+it after a failure, or an export retried) is the same span, which a receiver that keeps one span per id (Phoenix
+does) stores once: the run, each action, and each *execution* of a call (its call id and when it began, from its
+journaled record: a call in doubt made again under the same call id is another execution). Spans of what one
+execution of a run did and no other can repeat (a call it reused) get random ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+__all__ = ["action_span_id", "executed_call_span_id", "random_span_id", "run_span_id", "trace_id"]
+
+
+def _hash(*parts: object, size: int) -> int:
+    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode("utf-8", "surrogatepass")).digest()
+    value = int.from_bytes(digest[:size], "big")
+    return value or 1  # zero is the invalid id
+
+
+def trace_id(lineage: str, agent: str, key_digest: str, seq: int) -> int:
+    """The 128-bit trace id of a run."""
+    return _hash("trace", lineage, agent, key_digest, seq, size=16)
+
+
+def run_span_id(trace: int) -> int:
+    """The run's own span, the root of its trace."""
+    return _hash("run", trace, size=8)
+
+
+def action_span_id(trace: int, event_id: str, action: str) -> int:
+    """The span of one action of the run (the event it handles and its journal name identify it)."""
+    return _hash("action", trace, event_id, action, size=8)
+
+
+def executed_call_span_id(trace: int, call_id: str, began_ms: object, outcome: str) -> int:
+    """The span of one execution of a call, from its journaled record (call id, when it began, its outcome)."""
+    return _hash("call", trace, call_id, began_ms, outcome, size=8)
+
+
+def random_span_id() -> int:
+    """A span of what only this execution did."""
+    return secrets.randbits(64) or 1

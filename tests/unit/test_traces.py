@@ -1,0 +1,203 @@
+"""A run's spans from what its executions did: the engine's notes, the span builder and the exporter's sink, with the
+in-memory journal and the OpenTelemetry SDK's in-memory exporter (the real OTLP path to Phoenix is tested in
+tests/integration/test_traces_phoenix.py).
+
+The core case: a run whose model call is journaled, then the process dies inside the tool call; the next attempt
+reuses the model call and makes the tool call. Across both attempts' spans the model call must appear once as
+executed (with its tokens) and once as reused (without), every span in one trace."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
+from flink_agents_replay.api.call_site import report_call
+from flink_agents_replay.api.resources import Resource, SideEffects
+from flink_agents_replay.core.keygroups import key_group
+from flink_agents_replay.engine import RunInput, execute_run
+from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+from flink_agents_replay.storage.journal.recovery import read_recovery_index
+from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+from flink_agents_replay.storage.records.codec import RecordCodec
+from flink_agents_replay.storage.records.journal import key_digest
+from flink_agents_replay.traces import conventions as c
+from flink_agents_replay.traces.export import SpanSink, TracingConfig
+from flink_agents_replay.traces.spans import CHAT, TOOL, RunIdentity, spans_of_run
+
+MAX_PARALLELISM = 128
+KEY = "customer-7"
+SECRET_PROMPT = "the secret prompt text"
+
+
+class ProcessDied(BaseException):
+    """The process dying inside a call: no outcome journaled."""
+
+
+class Model(Resource):
+    def __init__(self):
+        super().__init__(side_effects=SideEffects.NONE)
+        self.calls = 0
+
+    def invoke(self, prompt):
+        self.calls += 1
+        report_call(model="stub-model", prompt_tokens=11, completion_tokens=7)
+        return f"reply to {len(prompt)} chars"
+
+
+class Refund(Resource):
+    def __init__(self):
+        super().__init__(side_effects=SideEffects.IDEMPOTENT)
+        self.die = False
+        self.calls = 0
+
+    def invoke(self, order):
+        self.calls += 1
+        if self.die:
+            raise ProcessDied()
+        return f"refunded {order}"
+
+
+def make_agent(model: Model, refund: Refund) -> Agent:
+    class Triage(Agent):
+        name = "triage"
+
+        @action(InputEvent)
+        def handle(event, ctx):
+            answer = ctx.call("model", SECRET_PROMPT)
+            ctx.send_event(OutputEvent({"answer": answer, "refund": ctx.call("refund", event.input["order"])}))
+
+    return Triage(resources={"model": model, "refund": refund})
+
+
+def attempts(model: Model, refund: Refund):
+    """Two attempts of one run: the first dies in the refund call, the second reuses the model call."""
+    store, codec = MemoryJournalStore(MAX_PARALLELISM), RecordCodec(b"0123456789abcdef0123", "triage")
+    agent = make_agent(model, refund)
+    group = key_group(KEY, "STRING", MAX_PARALLELISM)
+    run = RunInput(KEY, group, 1, {"order": "o-1"})
+    refund.die = True
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    with pytest.raises(ProcessDied):
+        execute_run(agent, run, {}, journal=writer.run_journal(group), trace=True)
+    writer.close()
+    groups = range(MAX_PARALLELISM)
+    index = read_recovery_index(store, codec, dict.fromkeys(groups, 0), store.end_offsets(list(groups)))
+    refund.die = False
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    result = execute_run(agent, run, {}, history=index.history(key_digest(KEY)), journal=writer.run_journal(group),
+                         trace=True)
+    writer.close()
+    return result
+
+
+def identity(attempt: int = 1) -> RunIdentity:
+    return RunIdentity("triage", KEY, key_digest(KEY), 1, lineage="job-a", job_id="j", attempt=attempt)
+
+
+KINDS = {"model": CHAT, "refund": TOOL}
+
+
+def test_a_reused_model_call_is_executed_once_and_reused_once_in_one_trace():
+    model, refund = Model(), Refund()
+    result = attempts(model, refund)
+    assert model.calls == 1 and refund.calls == 2  # the fault hit inside the refund, after the model call
+    spans = spans_of_run(result.trace, identity(), KINDS)
+    assert len({span.trace_id for span in spans}) == 1
+    chats = [span for span in spans if span.name == "chat stub-model"]
+    reused = [span for span in spans if span.name == "reused chat stub-model"]
+    assert len(chats) == 1 and len(reused) == 1
+    assert chats[0].attributes[c.GEN_AI_USAGE_INPUT_TOKENS] == 11
+    assert chats[0].attributes[c.OI_TOKENS_COMPLETION] == 7
+    assert chats[0].attributes[c.GEN_AI_OPERATION_NAME] == "chat"
+    assert c.GEN_AI_USAGE_INPUT_TOKENS not in reused[0].attributes
+    assert c.GEN_AI_OPERATION_NAME not in reused[0].attributes  # never counted as a model call again
+    assert reused[0].attributes[c.FA_REUSED] is True
+    assert reused[0].attributes[c.FA_ORIGINAL_START_MS] * 1_000_000 == chats[0].start_ns
+    assert chats[0].start_ns < reused[0].start_ns  # the original timing, from the first attempt
+    tools = [span for span in spans if span.name == "execute_tool refund"]
+    assert len(tools) == 1 and tools[0].attributes[c.FA_CALL_HOW] == "executed"
+    root = next(span for span in spans if span.parent_id is None)
+    action = next(span for span in spans if span.name == "action handle")
+    assert action.parent_id == root.span_id
+    assert {chats[0].parent_id, reused[0].parent_id, tools[0].parent_id} == {action.span_id}
+    assert root.start_ns <= chats[0].start_ns and root.end_ns >= tools[0].end_ns
+
+
+def test_the_executed_span_made_again_has_the_same_id_and_attempts_share_the_trace():
+    model, refund = Model(), Refund()
+    result = attempts(model, refund)
+    first = spans_of_run(result.trace, identity(1), KINDS)
+    again = spans_of_run(result.trace, identity(2), KINDS)
+    ids = {span.name: span.span_id for span in first}
+    ids_again = {span.name: span.span_id for span in again}
+    for name in ("invoke_agent triage", "action handle", "chat stub-model", "execute_tool refund"):
+        assert ids[name] == ids_again[name], name
+    assert ids["reused chat stub-model"] != ids_again["reused chat stub-model"]
+    other_job = spans_of_run(result.trace, RunIdentity("triage", KEY, key_digest(KEY), 1, lineage="job-b"), KINDS)
+    assert other_job[0].trace_id != first[0].trace_id
+
+
+def test_prompts_stay_out_unless_content_is_on():
+    model, refund = Model(), Refund()
+    result = attempts(model, refund)
+    off = spans_of_run(result.trace, identity(), KINDS)
+    assert SECRET_PROMPT not in repr([span.attributes for span in off])
+    model2, refund2 = Model(), Refund()
+    store_on = _traced_with_content(model2, refund2)
+    on = spans_of_run(store_on, identity(), KINDS, content=True)
+    assert any(SECRET_PROMPT in str(span.attributes.get(c.OI_INPUT_VALUE, "")) for span in on)
+
+
+def _traced_with_content(model: Model, refund: Refund):
+    agent = make_agent(model, refund)
+    run = RunInput(KEY, key_group(KEY, "STRING", MAX_PARALLELISM), 1, {"order": "o-1"})
+    return execute_run(agent, run, {}, trace=True, trace_content=True).trace
+
+
+def test_the_sink_exports_with_the_derived_ids_under_the_service_name():
+    model, refund = Model(), Refund()
+    result = attempts(model, refund)
+    exporter = InMemorySpanExporter()
+    sink = SpanSink(TracingConfig(service_name="triage-svc"), agent="triage", exporter=exporter)
+    spans = spans_of_run(result.trace, identity(), KINDS)
+    sink.submit(lambda: spans, len(spans))
+    assert sink.flush(5)
+    sink.close()
+    exported = exporter.get_finished_spans()
+    assert [(s.context.trace_id, s.context.span_id) for s in exported] == [(s.trace_id, s.span_id) for s in spans]
+    assert exported[0].resource.attributes["service.name"] == "triage-svc"
+    assert exported[0].resource.attributes[c.OI_PROJECT_NAME] == "triage-svc"
+    assert exported[0].instrumentation_scope.schema_url == c.SCHEMA_URL
+    parents = {s.context.span_id: (s.parent.span_id if s.parent else None) for s in exported}
+    assert parents == {s.span_id: s.parent_id for s in spans}
+    assert sink.exported == len(spans) and sink.dropped == 0
+
+
+class DownCollector(SpanExporter):
+    """A collector that is down: every export fails."""
+
+    def __init__(self):
+        self.attempts = 0
+
+    def export(self, spans):
+        self.attempts += 1
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        pass
+
+
+def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_never_blocks():
+    model, refund = Model(), Refund()
+    result = attempts(model, refund)
+    spans = spans_of_run(result.trace, identity(), KINDS)
+    collector = DownCollector()
+    sink = SpanSink(TracingConfig(max_queued_spans=len(spans)), agent="triage", exporter=collector)
+    sink.submit(lambda: spans, len(spans))
+    assert sink.flush(5)
+    assert collector.attempts == 1 and sink.dropped == len(spans) and sink.exported == 0
+    sink.close()
+    sink.submit(lambda: spans, len(spans))  # after close: dropped at once
+    assert sink.dropped == 2 * len(spans)
