@@ -121,6 +121,8 @@ class RunInput:
     #: (journaled in a resumed record, so a restore resumes it at the same place in the key's order).
     resumed_after: int | None = None
     resumed_wait: str | None = None  # the wait it resumes from (with ``resumed_after``)
+    #: The W3C ``traceparent`` the input arrived with (a Kafka record header), if any: its run's trace links to it.
+    traceparent: str | None = None
 
 
 #: The event loop, as sub-agents need it: ``(context, scope, first event, memory, stats) -> outputs``.

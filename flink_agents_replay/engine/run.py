@@ -161,7 +161,8 @@ def execute_run(
     context = RunContext(run=run, history=history, journal=journal, fingerprint_policy=fingerprint_policy,
                          cancelled=cancelled or _never, digest_of_key=key_digest(run.key),
                          input_digest=digest_value(run.input), child_pool=child_pool, gate=gate or ALWAYS_LIVE,
-                         run_events=run_events, trace=RunTrace(content=trace_content) if trace else None)
+                         run_events=run_events,
+                         trace=RunTrace(content=trace_content, traceparent=run.traceparent) if trace else None)
     stats = RunStats()
     state = Memory(memory)
     _drop_if_another_input(context, stats)

@@ -73,6 +73,7 @@ class RunTrace:
     threads too (``list.append`` is atomic)."""
 
     content: bool = False  # keep the calls' arguments (prompts), for a trace that shows them
+    traceparent: str | None = None  # the W3C traceparent the run's input came with (its upstream), if any
     start_ns: int = field(default_factory=time.time_ns)
     end_ns: int = 0
     actions: list[TracedAction] = field(default_factory=list)

@@ -214,7 +214,9 @@ class SpanSink:
             parent = SpanContext(span.trace_id, span.parent_id, is_remote=False, trace_flags=TraceFlags(1))
             context = trace.set_span_in_context(NonRecordingSpan(parent))
         self._ids.trace_id, self._ids.span_id = span.trace_id, span.span_id
-        made = self._tracer.start_span(span.name, context=context, attributes=span.attributes,
+        links = [trace.Link(SpanContext(linked_trace, linked_span, is_remote=True, trace_flags=TraceFlags(1)))
+                 for linked_trace, linked_span in span.links]
+        made = self._tracer.start_span(span.name, context=context, attributes=span.attributes, links=links,
                                        start_time=span.start_ns)
         if span.error is not None:
             made.set_status(Status(StatusCode.ERROR, span.error))

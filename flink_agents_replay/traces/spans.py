@@ -42,7 +42,8 @@ from flink_agents_replay.traces.ids import (
     trace_id,
 )
 
-__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "RunIdentity", "SpanData", "resource_kinds", "spans_of_run"]
+__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "RunIdentity", "SpanData", "parse_traceparent", "resource_kinds",
+           "spans_of_run"]
 
 #: What a resource is, for its spans (:func:`resource_kinds`).
 CHAT, TOOL, MEMORY, RESOURCE = "chat", "tool", "memory", "resource"
@@ -80,6 +81,7 @@ class SpanData:
     end_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # an ERROR status with this description
+    links: tuple[tuple[int, int], ...] = ()  # (trace id, span id) of spans this one follows from (the upstream)
 
 
 def resource_kinds(agent: Agent) -> dict[str, str]:
@@ -118,9 +120,25 @@ def spans_of_run(trace: RunTrace, run: RunIdentity, kinds: Mapping[str, str], *,
     every = actions + calls
     start = min([trace.start_ns, *(span.start_ns for span in every)])
     end = max([trace.end_ns or trace.start_ns, *(span.end_ns for span in every)])
+    upstream = parse_traceparent(trace.traceparent)
     run_span = SpanData(f"invoke_agent {run.agent}", tid, root, None, start, end,
-                        _run_attributes(run, content, run_input, outputs), error)
+                        _run_attributes(run, content, run_input, outputs), error, links=(upstream,) if upstream else ())
     return [run_span, *every]
+
+
+def parse_traceparent(header: str | None) -> tuple[int, int] | None:
+    """(trace id, span id) of a W3C ``traceparent`` header (``00-<32 hex>-<16 hex>-<2 hex>``); ``None`` for none or
+    a malformed one (an upstream's bad header must not fail a run)."""
+    if not header or not isinstance(header, str):
+        return None
+    parts = header.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or parts[0] == "ff":
+        return None
+    try:
+        trace, span = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    return (trace, span) if trace and span else None
 
 
 def _action_span(action: TracedAction, tid: int, span_id: int, parent: int, calls: list[SpanData]) -> SpanData:

@@ -201,3 +201,24 @@ def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_neve
     sink.close()
     sink.submit(lambda: spans, len(spans))  # after close: dropped at once
     assert sink.dropped == 2 * len(spans)
+
+
+def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_ignored():
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    agent = make_agent(Model(), Refund())
+    group = key_group(KEY, "STRING", MAX_PARALLELISM)
+    traced = execute_run(agent, RunInput(KEY, group, 1, {"order": "o-1"}, traceparent=upstream), {}, trace=True).trace
+    spans = spans_of_run(traced, identity(), KINDS)
+    assert spans[0].links == ((0x0af7651916cd43dd8448eb211c80319c, 0xb7ad6b7169203331),)
+    assert spans[0].trace_id != 0x0af7651916cd43dd8448eb211c80319c  # a link: the run keeps its own trace
+    exporter = InMemorySpanExporter()
+    sink = SpanSink(TracingConfig(), agent="triage", exporter=exporter)
+    sink.submit(lambda: spans, len(spans))
+    assert sink.flush(5)
+    sink.close()
+    [link] = exporter.get_finished_spans()[0].links
+    assert (link.context.trace_id, link.context.span_id) == spans[0].links[0]
+    for bad in ("garbage", "00-xyz-abc-01", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "",
+                "00-00000000000000000000000000000000-b7ad6b7169203331-01"):
+        traced = execute_run(agent, RunInput(KEY, group, 1, {"order": "o-1"}, traceparent=bad), {}, trace=True).trace
+        assert spans_of_run(traced, identity(), KINDS)[0].links == ()
