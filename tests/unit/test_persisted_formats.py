@@ -70,6 +70,9 @@ RECORD_KEY = journal_key(3, 1, "ev-1", "classify", key_digest("customer:1"))
 HERE = {"topic": "op.journal", "partition": 3}  # where RECORD_KEY's records are signed for and read from
 CAPTURE_HERE = {"topic": "op.capture", "partition": None}
 PACKAGE = b"flink_agents_replay"
+#: What the 0.7.0 fixtures on hold as an input's traceparent header and a captured run's trace id.
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,11 @@ def _journal_records() -> list[tuple[RecordKind, object]]:
 def _capture_records() -> list[tuple[str, object]]:
     return [
         (CAPTURED_INPUT, CapturedInput(("tenant", 7), 1, None, {"text": "hi"}, "in-1")),
+        (CAPTURED_INPUT, CapturedInput("k", 2, None, {"text": "hi"}, "in-2", traceparent=TRACEPARENT)),
         (CAPTURED_RUN, CapturedRun("customer:1", 1, "in-1", [CapturedOutput("ev-3", {"answer": 1})],
                                    [_call(1, CallOutcome.RETURNED, [1, 2])],
-                                   [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")], "boom")),
+                                   [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")], "boom",
+                                   trace_id=TRACE_ID)),
     ]
 
 
@@ -148,7 +153,8 @@ def test_every_capture_record_round_trips_and_names_no_package_module(kind, reco
 
 
 def test_every_keyed_state_entry_round_trips_and_names_no_package_module():
-    waiting, in_flight = WaitingInput({"text": "x"}, 5, 3), InFlightInput(4, ("a", {1}), None, epoch=7)
+    waiting = WaitingInput({"text": "x"}, 5, 3, traceparent=TRACEPARENT)
+    in_flight = InFlightInput(4, ("a", {1}), None, epoch=7, traceparent=TRACEPARENT)
     memory = {"log": ["a"], "seen": {1, 2}, "nested": {"deep": {"x": 1.5}}}
     entries = [encode_waiting(waiting), encode_in_flight(in_flight), encode_memory(memory)]
     assert all(PACKAGE not in entry for entry in entries)
@@ -290,6 +296,12 @@ def test_capture_records_written_by_earlier_versions_still_read(version):
     run = _decode(codec, fixture["capture"]["captured_run"], capture=True)
     assert captured == CapturedInput("customer:1", 1, 1_700_000_000_000, {"text": "refund please"}, "in-1")
     assert run.outputs == [CapturedOutput("ev-3", {"answer": "refund"})]
+    traced = "captured_input_traced" in fixture["capture"]  # 0.7.0 on: the header, and each run's trace id
+    assert traced == (version >= "v0_7_0")
+    assert run.trace_id == (TRACE_ID if traced else None)
+    if traced:
+        assert _decode(codec, fixture["capture"]["captured_input_traced"], capture=True) == CapturedInput(
+            "customer:1", 2, None, {"text": "and again"}, "in-2", traceparent=TRACEPARENT)
     assert type(decode_exception(run.calls[1].result)) is CallBlocked
     assert run.blocked == [BlockedCall("ev-1", "classify", 2, "mailer", "('x',)")]
 
@@ -301,6 +313,14 @@ def test_keyed_state_written_by_earlier_versions_still_reads(version):
     epoch = 5 if version >= "v0_4_0" else None  # kept with the run since 0.4.0
     assert decode_in_flight(state["in_flight"]) == InFlightInput(4, {"text": "now"}, 1_700_000_000_400, epoch)
     assert decode_memory(state["memory"]) == {"history": ["hi", {"n": 1}], "count": 3}
+    assert ("waiting_traced" in state) == (version >= "v0_7_0")  # state version 4: the input's traceparent
+    if "waiting_traced" in state:
+        assert decode_waiting(state["waiting_traced"]) == WaitingInput({"text": "traced next"}, 1_700_000_000_600,
+                                                                       None, TRACEPARENT)
+        assert decode_in_flight(state["in_flight_traced"]) == InFlightInput(5, {"text": "traced now"},
+                                                                            1_700_000_000_700, 6, TRACEPARENT)
+    else:
+        assert decode_in_flight(state["in_flight"]).traceparent is None
 
 
 @pytest.mark.parametrize("version", [v for v in VERSIONS if "waiting_run" in _fixture(v)["state"]])
@@ -335,6 +355,7 @@ def test_runs_kept_aside_their_wait_index_and_applied_decisions_written_by_earli
     assert (run.seq, run.action, run.event_id, run.order, run.retried) == (4, "refund", "ev-2", 1, {0: 1})
     assert run.input == {"order": "O-4", "amount": 120, "lines": (1, 2)} and type(run.input["lines"]) is tuple
     assert run.event_time == 1_700_000_000_400
+    assert run.traceparent == (TRACEPARENT if "waiting_traced" in state else None)
     assert decode_memory(run.memory) == {"done": {"1": "free"}, "count": 2}
     completion, lookup, opened = run.records
     assert (completion.seq, completion.action, completion.memory_updates[0].path) == (4, "classify", "count")

@@ -43,7 +43,8 @@ SIGNED_KEY = CAPTURE_SIGNED_KEY
 
 @dataclass(frozen=True)
 class CapturedInput:
-    """One accepted input: the key, its seq, its event time (ms, or ``None``), the record and its digest."""
+    """One accepted input: the key, its seq, its event time (ms, or ``None``), the record and its digest, and the
+    W3C ``traceparent`` its Kafka record carried, if any (a replay's run links to it too)."""
 
     key: Any
     seq: int
@@ -51,6 +52,7 @@ class CapturedInput:
     payload: Any
     input_digest: str
     key_group: int | None = None  # set by the writer; None in records of schema version 1
+    traceparent: str | None = None  # None in records of schema versions 1 and 2
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class CapturedRun:
     blocked: list[BlockedCall] = field(default_factory=list)
     error: str | None = None  # replay only: the exception that ended the run (its outputs are then empty)
     key_group: int | None = None  # set by the writer; None in records of schema version 1
+    #: The run's trace id (32 hex digits), derived from the job lineage, the agent, the key and the seq
+    #: (:mod:`flink_agents_replay.traces.ids`): where the run's spans are, with tracing on. A replay's runs have
+    #: their own. None in records before schema version 5.
+    trace_id: str | None = None
 
 
 @dataclass(frozen=True)

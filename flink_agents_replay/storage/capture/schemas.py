@@ -1,13 +1,13 @@
-"""The capture's records as plain data (schema version 2 of inputs, 4 of runs, 1 of parked runs; see
+"""The capture's records as plain data (schema version 3 of inputs, 5 of runs, 1 of parked runs; see
 :mod:`flink_agents_replay.storage.formats`).
 
 ==========  =============================================================================================
 kind        plain payload (``bytes`` fields are user values, pickled)
 ==========  =============================================================================================
-``input``   ``key`` (bytes), ``seq``, ``event_time``, ``payload`` (bytes), ``input_digest``
+``input``   ``key`` (bytes), ``seq``, ``event_time``, ``payload`` (bytes), ``input_digest``, ``traceparent``
 ``run``     ``key`` (bytes), ``seq``, ``input_digest``, ``outputs`` (``[event id, output bytes]``), ``calls``
             (journal call records, :func:`flink_agents_replay.storage.records.schemas.call_to_plain`), ``blocked``
-            (``[event id, action, position, resource, arguments]``), ``error``
+            (``[event id, action, position, resource, arguments]``), ``error``, ``trace_id``
 ``parked``  ``key`` (bytes), ``seq``, ``input_digest``, ``action``, ``event_id``, ``wait`` (the wait as opened,
             :func:`flink_agents_replay.storage.records.waits.wait_to_plain`: JSON payload), ``calls``,
             ``blocked`` (as in ``run``)
@@ -19,7 +19,9 @@ Version 2 added ``key_group`` to both kinds (the partition the record was writte
 journal call schema 3: a run that waited holds its wait (``@wait``) and the decision it got (``@decision``), which
 a replay gives the same wait (:mod:`flink_agents_replay.replay.policy`). ``parked`` (0.7, version 1, with
 ``key_group``) is a run parked at a wait with no decision; readers before 0.7 skip the kind (a reader skips every
-kind it does not know: :mod:`.reader`).
+kind it does not know: :mod:`.reader`). Input version 3 (0.7) adds the W3C ``traceparent`` header the input's Kafka
+record carried (``None`` without one), run version 5 (0.7) the run's ``trace_id`` (32 hex digits; ``None`` where
+unknown); older records read without them.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ CAPTURED_PARKED = "parked"
 def _input_to_plain(record: CapturedInput) -> dict[str, Any]:
     return {"key": dump_user(record.key, what="a key"), "seq": record.seq, "event_time": record.event_time,
             "payload": dump_user(record.payload, what="an input"), "input_digest": record.input_digest,
-            "key_group": record.key_group}
+            "key_group": record.key_group, "traceparent": record.traceparent}
 
 
 def _input_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedInput:
     return CapturedInput(load_user(plain["key"]), plain["seq"], plain["event_time"], load_user(plain["payload"]),
-                         plain["input_digest"], plain.get("key_group"))
+                         plain["input_digest"], plain.get("key_group"), plain.get("traceparent"))
 
 
 def _run_to_plain(run: CapturedRun) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def _run_to_plain(run: CapturedRun) -> dict[str, Any]:
             "outputs": [[o.event_id, dump_user(o.output, what="an output")] for o in run.outputs],
             "calls": [call_to_plain(call) for call in run.calls],
             "blocked": [[b.event_id, b.action, b.position, b.resource, b.arguments] for b in run.blocked],
-            "error": run.error, "key_group": run.key_group}
+            "error": run.error, "key_group": run.key_group, "trace_id": run.trace_id}
 
 
 def _run_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedRun:
@@ -72,7 +74,7 @@ def _run_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedRun:
                        outputs=[CapturedOutput(event_id, load_user(output)) for event_id, output in plain["outputs"]],
                        calls=[call_from_plain(call) for call in plain["calls"]],
                        blocked=[BlockedCall(*blocked) for blocked in plain["blocked"]], error=plain["error"],
-                       key_group=plain.get("key_group"))
+                       key_group=plain.get("key_group"), trace_id=plain.get("trace_id"))
 
 
 def _parked_to_plain(parked: CapturedParked) -> dict[str, Any]:
@@ -93,8 +95,8 @@ def _parked_from_plain(plain: dict[str, Any], _: EventTypes) -> CapturedParked:
 
 #: The capture topic's record kinds, by header kind.
 CAPTURE_SCHEMAS: dict[str, RecordSchema] = {schema.kind: schema for schema in (
-    RecordSchema(CAPTURED_INPUT, 2, _input_to_plain, _input_from_plain, CapturedInput),
-    RecordSchema(CAPTURED_RUN, 4, _run_to_plain, _run_from_plain, CapturedRun),
+    RecordSchema(CAPTURED_INPUT, 3, _input_to_plain, _input_from_plain, CapturedInput),
+    RecordSchema(CAPTURED_RUN, 5, _run_to_plain, _run_from_plain, CapturedRun),
     RecordSchema(CAPTURED_PARKED, 1, _parked_to_plain, _parked_from_plain),
 )}
 

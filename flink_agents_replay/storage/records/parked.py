@@ -8,7 +8,8 @@ the journal, carries them: a run may wait for days, and checkpoints keep pruning
 A key's decisions are kept by wait id (:class:`ReceivedDecision`): one that came before its wait was reached
 (*early*), one applied to a parked run, one whose run finished (*closed*, kept a while so that a duplicate is
 recognised). A key's parked runs are kept by seq, and indexed by wait id (:class:`ParkedWait`, with the
-deadline). The entries are state format version 3 (:mod:`flink_agents_replay.storage.formats.state`).
+deadline). The entries are state format version 3, and 4 since a run kept aside keeps its input's W3C ``traceparent``
+(:mod:`flink_agents_replay.storage.formats.state`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class WaitingRun:
     event_time: int | None = None
     memory: bytes | None = None
     kept_aside: bool = False  # the key's later inputs run while it waits (input, event_time, memory are set)
+    traceparent: str | None = None  # kept aside: the W3C traceparent its input arrived with (state version 4 on)
 
 
 def encode_waiting_run(run: WaitingRun) -> bytes:
@@ -71,6 +73,8 @@ def encode_waiting_run(run: WaitingRun) -> bytes:
     wait = {"wait_record": at} if at is not None else {"wait": wait_to_plain(run.wait)}
     aside = {"input": dump_user(run.input, what="an input"), "event_time": run.event_time,
              "memory": run.memory} if run.kept_aside else {}
+    if run.kept_aside and run.traceparent is not None:
+        aside["traceparent"] = run.traceparent
     return encode_entry({**wait, "seq": run.seq, "action": run.action, "event_id": run.event_id, "order": run.order,
                          "records": records, "retried": [[position, count] for position, count in run.retried.items()],
                          **aside})
@@ -83,7 +87,7 @@ def decode_waiting_run(raw: bytes, event_types: EventTypes) -> WaitingRun:
                for kind, record in plain["records"]]
     wait = records[plain["wait_record"]].result if "wait_record" in plain else wait_from_plain(plain["wait"])
     aside = {"input": load_user(plain["input"]), "event_time": plain["event_time"], "memory": plain["memory"],
-             "kept_aside": True} if "input" in plain else {}
+             "kept_aside": True, "traceparent": plain.get("traceparent")} if "input" in plain else {}
     return WaitingRun(wait, plain["seq"], plain["action"], plain["event_id"], plain["order"], records,
                       {position: count for position, count in plain["retried"]}, **aside)
 
