@@ -218,6 +218,18 @@ def chroma_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def phoenix(tmp_path_factory):
+    """The development trace viewer (Arize Phoenix, installed once into the cache) on a free port and a fresh data
+    directory, shared by the session's tests (each sends to a project of its own), stopped at the end."""
+    from flink_agents_replay.local.phoenix_server import LocalPhoenixServer
+
+    server = LocalPhoenixServer(port=0, work_dir=tmp_path_factory.mktemp("phoenix"), start_timeout_s=300)
+    server.start()
+    yield server
+    server.stop()
+
+
 def pytest_unconfigure(config):
     """End PyFlink's gateway JVM with the session, its pipes closed (it would otherwise outlive the run's last
     output by a moment and be reported as a running subprocess at exit)."""

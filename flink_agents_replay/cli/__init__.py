@@ -10,6 +10,7 @@
     flink-agents-replay local chroma status|stop [--work-dir DIR]
     flink-agents-replay local phoenix start [--port N] [--work-dir DIR]
     flink-agents-replay local phoenix status|stop [--work-dir DIR]
+    flink-agents-replay local phoenix install
     flink-agents-replay local jars fetch [kafka-broker|flink-connectors|flink-kubernetes-operator-api]
     flink-agents-replay inspect --bootstrap-servers HOST:PORT --topic TOPIC [--key KEY --key-type STRING]
                                 [-X NAME=VALUE ...]   (-X: a Kafka client setting, SASL, SSL...; tickets, diff too)
@@ -98,8 +99,11 @@ def _chroma(args: argparse.Namespace) -> int:
 
 
 def _phoenix(args: argparse.Namespace) -> int:
-    from flink_agents_replay.local.phoenix_server import LocalPhoenixServer
+    from flink_agents_replay.local.phoenix_server import LocalPhoenixServer, install_phoenix
 
+    if args.action == "install":  # ahead of time (a test run installs it while its first tiers run)
+        print(f"phoenix: {install_phoenix()}")
+        return 0
     return _service(LocalPhoenixServer(port=args.port, work_dir=args.work_dir), args.action,
                     lambda status: print(f"export OTEL_EXPORTER_OTLP_ENDPOINT={status.otlp_endpoint}"))
 
@@ -174,7 +178,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     result = run_demo(tickets=args.tickets, customers=args.customers, parallelism=args.parallelism,
                       model_delay_ms=args.model_delay_ms, feed_per_second=args.feed_per_second,
-                      job_module=args.job_module)
+                      job_module=args.job_module, trace_viewer_url=args.trace_viewer_url)
     print()
     print(format_table(result))
     return 0 if result.ok else 1
@@ -375,7 +379,7 @@ def _add_local_commands(commands) -> None:
 
     phoenix = services.add_parser("phoenix", help="an Arize Phoenix trace viewer receiving OpenTelemetry spans "
                                   "(installed into an environment of its own on first use)")
-    phoenix.add_argument("action", choices=["start", "stop", "status"])
+    phoenix.add_argument("action", choices=["start", "stop", "status", "install"])
     phoenix.add_argument("--port", type=int, default=6006,
                          help="UI and OTLP/HTTP port on 127.0.0.1 (0: any free port; default 6006)")
     phoenix.add_argument("--work-dir", type=Path, default=None,
@@ -416,6 +420,9 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--feed-per-second", type=_non_negative, default=25.0, help="tickets fed per second")
     demo.add_argument("--job-module", default="flink_agents_replay.jobs.agent_job",
                       help="module of the job to submit with `flink run -pym` (default the packaged main job)")
+    demo.add_argument("--trace-viewer-url", default=None,
+                      help="a running Phoenix (flink-agents-replay local phoenix start) to send the runs' traces to; "
+                           "default: the demo starts one of its own and stops it at the end")
     demo.set_defaults(handler=_demo)
 
 

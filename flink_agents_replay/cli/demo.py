@@ -5,8 +5,9 @@
 1. starts a Kafka broker (KRaft, 127.0.0.1), the local OpenAI-compatible model and order service (every
    request counted), a small MCP server of orders (the ``mcp`` SDK's FastMCP over streamable HTTP, recording every
    request in SQLite: the agent's tool loop looks orders up with its ``lookup_order`` tool), a Chroma server for
-   the agent's long-term memory (it remembers each customer's past issues and mentions them in its replies) and a
-   standalone Flink session cluster with two TaskManagers;
+   the agent's long-term memory (it remembers each customer's past issues and mentions them in its replies), Arize
+   Phoenix as the trace viewer (unless ``--trace-viewer-url`` names a running one) and a standalone Flink session
+   cluster with two TaskManagers;
 2. submits the packaged main job, :mod:`flink_agents_replay.jobs.agent_job`, with ``flink run -d -pym`` and
    Flink's Kafka connector as ``--jarfile`` (tickets topic -> triage agent -> replies topic through Flink's
    exactly-once ``KafkaSink``; ``--orders-mcp-url``: the job lists the MCP server's tools when it is built);
@@ -19,7 +20,9 @@
    again, and their actions find their journal records instead of calling the model again;
 5. reads the replies topic with ``isolation.level=read_committed`` and prints what happened: calls made,
    calls repeated (expected 0), replies written exactly once, memories stored once per ticket, approvals
-   asked and decided, refunds paid (each once), journal records pruned, recovery time.
+   asked and decided, refunds paid (each once), journal records pruned, recovery time, and where to see the runs'
+   traces: Phoenix's page of the agent's project and the trace of a run the kill cut short (its calls made before
+   the kill shown once as executed, and again as reused after the restore).
 
 Every figure comes from a counter kept outside the operator's log: the model and order service's request
 statistics (``GET /stats``), the MCP server's SQLite record of the order lookups, the agent operator's Flink
@@ -96,6 +99,9 @@ class DemoResult:
     order_lookups_resent: int = 0  # lookups made again under the call id they had (in doubt at the kill)
     approvals: Approvals = field(default_factory=lambda: Approvals())
     notes: list[str] = field(default_factory=list)
+    runs_traced: int = 0  # run spans (one per run's trace) the trace viewer holds
+    viewer_url: str = ""
+    recovered_trace_url: str = ""  # a run with calls reused after the kill, in the trace viewer
 
     @property
     def ok(self) -> bool:
@@ -169,6 +175,8 @@ def format_table(result: DemoResult) -> str:
         ("refunds paid", f"{result.approvals.refunds_paid} by the order service, for "
                          f"{result.approvals.replies_refunded} replies saying so (each once)"),
         ("journal records", f"{result.journal_written} written, {result.journal_pruned} pruned at checkpoints"),
+        ("traces", f"{result.runs_traced} runs, one trace each, in Phoenix: {result.viewer_url}"),
+        ("a recovered run", result.recovered_trace_url or "none found (no run reused calls after the kill)"),
         ("demo took", f"{result.seconds:.0f} s"),
         ("verdict", "OK: every effect once" if result.ok else "FAILED"),
     ]
@@ -190,7 +198,7 @@ class _Progress:
 
 def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, model_delay_ms: int = 40,
              feed_per_second: float = 25.0, kill_after: float = 0.35, job_module: str = DEFAULT_JOB_MODULE,
-             say: Callable[[str], None] = print) -> DemoResult:
+             trace_viewer_url: str | None = None, say: Callable[[str], None] = print) -> DemoResult:
     """Run the demo end to end; return what it measured. See the module docstring.
 
     Args:
@@ -201,9 +209,11 @@ def run_demo(*, tickets: int = 300, customers: int = 40, parallelism: int = 2, m
         feed_per_second: tickets written to the input topic per second.
         kill_after: fraction of the tickets answered before the TaskManager is killed.
         job_module: the job to submit, a module taking the main job's arguments (default the packaged main job).
+        trace_viewer_url: a running Phoenix to send the traces to (default: the demo starts one, and stops it).
         say: where progress lines go.
     """
-    demo = _Demo(_Progress(say), tickets=make_tickets(tickets, customers), model_delay_ms=model_delay_ms)
+    demo = _Demo(_Progress(say), tickets=make_tickets(tickets, customers), model_delay_ms=model_delay_ms,
+                 trace_viewer_url=trace_viewer_url)
     try:
         demo.start_services()
         demo.submit(job_module, parallelism, feed_per_second)
@@ -230,13 +240,15 @@ class _Kill:
 class _Demo:
     """The demo's services and phases: start, submit and feed, kill, wait for recovery, measure, stop."""
 
-    def __init__(self, progress: _Progress, *, tickets: list[dict], model_delay_ms: int):
+    def __init__(self, progress: _Progress, *, tickets: list[dict], model_delay_ms: int,
+                 trace_viewer_url: str | None = None):
         from flink_agents_replay.flink.operator import LOG_FILE_ENV
         from flink_agents_replay.local.chroma_server import LocalChromaServer
         from flink_agents_replay.local.flink_cluster import LocalFlinkCluster
         from flink_agents_replay.local.kafka_broker import LocalKafkaBroker
         from flink_agents_replay.local.mcp_orders_server import LocalMcpOrdersServer
         from flink_agents_replay.local.model_server import StubModelServer
+        from flink_agents_replay.local.phoenix_server import LocalPhoenixServer
 
         self.progress = progress
         self.tickets = tickets
@@ -254,6 +266,11 @@ class _Demo:
         self.chroma = LocalChromaServer(self.work / "chroma", port=0, start_timeout_s=300)
         self.chroma_url = ""
         self.cluster = LocalFlinkCluster(self.work / "flink", taskmanagers=2)
+        # The trace viewer (installed into the cache on first use) starts beside the other services.
+        self.viewer = None if trace_viewer_url else LocalPhoenixServer(port=0, work_dir=self.work / "phoenix",
+                                                                       start_timeout_s=600)
+        self.viewer_url = trace_viewer_url or ""
+        self._viewer_start: _Background | None = None
         self.feeder: _Feeder | None = None
         self.approver: _Approver | None = None
         self.reader: CommittedReader | None = None
@@ -264,6 +281,10 @@ class _Demo:
     def start_services(self) -> None:
         """Kafka, the model and order service, the MCP orders server, a Flink session cluster; the input and output
         topics."""
+        if self.viewer is not None:
+            self.progress("starting Phoenix, the trace viewer, meanwhile (installed into the cache on first use: two "
+                          "minutes or so)")
+            self._viewer_start = _Background(self.viewer.start)
         self.progress("starting Kafka (KRaft) on 127.0.0.1")
         self.bootstrap = self.broker.start().bootstrap_servers
         self.server.start()
@@ -276,6 +297,9 @@ class _Demo:
         self.progress("starting a Flink session cluster: 1 JobManager, 2 TaskManagers")
         self.cluster.start()
         self.progress(f"Flink web UI at {self.cluster.rest_url}")
+        if self._viewer_start is not None:
+            self.viewer_url = self._viewer_start.result().url
+        self.progress(f"traces go to Phoenix at {self.viewer_url}")
         ensure_topics(self.bootstrap, [_INPUT_TOPIC, _OUTPUT_TOPIC, _DECISIONS_TOPIC], partitions=2,
                       replication_factor=1)
 
@@ -291,7 +315,8 @@ class _Demo:
             "--signing-key", secrets.token_hex(16),
             "--checkpoint-interval-ms", "2000", "--memory-url", self.chroma_url, "--signals-topic", _DECISIONS_TOPIC,
             "--waits-topic", _WAITS_TOPIC, "--refund-approval-above", str(REFUND_APPROVAL_ABOVE),
-            "--approval-timeout-s", str(APPROVAL_TIMEOUT_S), jar=kafka_connector_jar(),
+            "--approval-timeout-s", str(APPROVAL_TIMEOUT_S), "--otlp-endpoint", self.viewer_url,
+            jar=kafka_connector_jar(),
         )
         self.progress(f"job {self.job_id} submitted; feeding {len(self.tickets)} tickets at {feed_per_second:.0f}/s")
         self.feeder = _Feeder(self.bootstrap, _INPUT_TOPIC, self.tickets, feed_per_second)
@@ -348,6 +373,7 @@ class _Demo:
         stats, seen, lookups = self.server.stats(), Counter(row["ticket_id"] for row in rows), self._lookups()
         remembered = _remembered_tickets(self.chroma_url)
         journal = summarize_topic({"bootstrap.servers": self.bootstrap}, self.journal_topic)
+        runs_traced, recovered = self._traces()
         return DemoResult(
             tickets=len(self.tickets), chat_calls=stats.chat, order_calls=lookups.calls,
             # classify, then the tool loop: one turn, or two when the model looks the order up first
@@ -366,7 +392,28 @@ class _Demo:
             seconds=time.monotonic() - self.progress.begun,
             approvals=replace(approvals, refunds_paid=stats.refunds,
                               replies_refunded=sum(1 for row in rows if str(row.get("refund", "")).startswith("R-"))),
+            runs_traced=runs_traced, viewer_url=self.viewer_url, recovered_trace_url=recovered,
         )
+
+    def _traces(self) -> tuple[int, str]:
+        """How many runs Phoenix holds a trace of (their spans were flushed at the last checkpoint; Phoenix stores
+        them a moment later), and the page of one whose calls were reused after the kill."""
+        from flink_agents_replay.local.phoenix_server import read_spans, trace_url
+
+        def roots(spans: list[dict]) -> list[dict]:
+            return [span for span in spans if span["parent_id"] is None]
+
+        def all_runs() -> list[dict] | None:
+            spans = read_spans(self.viewer_url, AGENT_ID)
+            return spans if len(roots(spans)) >= len(self.tickets) else None
+
+        try:
+            spans = poll_until(all_runs, 60, "the runs' traces in Phoenix", interval_s=0.5)
+        except TimeoutError:
+            spans = read_spans(self.viewer_url, AGENT_ID)
+        recovered = next((span["trace_id"] for span in spans if span["attributes"].get("flink_agents.call.reused")),
+                         None)
+        return len(roots(spans)), trace_url(self.viewer_url, AGENT_ID, recovered) if recovered else ""
 
     def stop(self) -> None:
         """Stop everything started (Kafka clients first: without the broker they would only log errors)."""
@@ -376,8 +423,12 @@ class _Demo:
             self.approver.stop()
         if self.reader is not None:
             self.reader.close()
-        self.progress("stopping Flink, Chroma, the MCP orders server, the model service and Kafka")
-        for stop in (self.cluster.stop, self.chroma.stop, self.mcp.stop, self.server.stop, self.broker.discard):
+        self.progress("stopping Flink, Chroma, Phoenix, the MCP orders server, the model service and Kafka")
+        if self._viewer_start is not None:
+            self._viewer_start.join()  # a start under way must end before the server can be stopped
+        stop_viewer = self.viewer.stop if self.viewer is not None else (lambda: None)
+        for stop in (self.cluster.stop, self.chroma.stop, stop_viewer, self.mcp.stop, self.server.stop,
+                     self.broker.discard):
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up; say what did not stop
@@ -413,6 +464,31 @@ class _Demo:
 
     def _wait(self, condition: Callable[[], bool], timeout_s: float, report: Callable[[], str]) -> None:
         _wait(condition, timeout_s, self.progress, report, lambda: self.cluster.job_diagnostics(self.job_id))
+
+
+class _Background:
+    """A function run on a thread of its own; :meth:`result` waits for it and returns its value or raises."""
+
+    def __init__(self, function: Callable[[], object]) -> None:
+        self._outcome: list = []
+        self._thread = threading.Thread(target=self._run, args=(function,), daemon=True)
+        self._thread.start()
+
+    def _run(self, function: Callable[[], object]) -> None:
+        try:
+            self._outcome.append((True, function()))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the result
+            self._outcome.append((False, exc))
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        self.join()
+        ok, value = self._outcome[0]
+        if not ok:
+            raise value
+        return value
 
 
 @dataclass(frozen=True)

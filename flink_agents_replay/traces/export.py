@@ -122,6 +122,7 @@ class SpanSink:
         self._lock = threading.Condition()
         self.exported = 0
         self.dropped = 0
+        self.collector_down = False  # the last export failed: a flush does not wait until one succeeds again
         self._thread = threading.Thread(target=self._work, name="flink-agents-replay-spans", daemon=True)
         self._thread.start()
 
@@ -137,19 +138,23 @@ class SpanSink:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything handed over so far has been exported or dropped; ``False`` if it took longer than
-        ``timeout_s`` (default: the settings' ``flush_timeout_s``)."""
+        ``timeout_s`` (default: the settings' ``flush_timeout_s``), or at once while the collector is down (the last
+        export failed: each failed export takes the exporter's retries, and a checkpoint must not wait for them)."""
         timeout = self.settings.flush_timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout)
+            return self._lock.wait_for(
+                lambda: self.collector_down or (not self._pending and not self._busy), timeout) and not (
+                self._pending or self._busy)
 
     def close(self) -> None:
         """Export what is queued (within the flush timeout), then stop the thread and the exporter."""
         self.flush()
         with self._lock:
             self._closed = True
-            self.dropped += self._queued
+            left = sum(estimate for estimate, _ in self._pending)  # a batch under way counts itself
+            self.dropped += left
+            self._queued -= left
             self._pending.clear()
-            self._queued = 0
             self._lock.notify_all()
         self._thread.join(self.settings.export_timeout_s + 1)
         self._exporter.shutdown()
@@ -196,10 +201,12 @@ class SpanSink:
                 log.exception("exporting %d spans failed", len(batch))
                 result = None
             with self._lock:
-                if result is SpanExportResult.SUCCESS:
+                self.collector_down = result is not SpanExportResult.SUCCESS
+                if not self.collector_down:
                     self.exported += len(batch)
                     continue
                 self.dropped += len(batch)
+                self._lock.notify_all()  # a flush waiting for this batch stops waiting
             log.warning("%d spans were not delivered (the trace collector did not take them); dropped",
                             len(batch))
 

@@ -241,11 +241,12 @@ def _rest(rest: str, path: str):
         return json.load(response)
 
 
-def _dead_letter_metric(rest: str, job_id: str) -> int | None:
-    """The parse operator's ``deadLetters`` counter, summed over its subtasks, as the REST API reports it."""
+def _dead_letter_metric(rest: str, job_id: str, metric: str = "deadLetters") -> int | None:
+    """An operator's counter (the parse operator's ``deadLetters`` by default), summed over its subtasks, as the REST
+    API reports it."""
     for vertex in _rest(rest, f"/jobs/{job_id}")["vertices"]:
         names = [m["id"] for m in _rest(rest, f"/jobs/{job_id}/vertices/{vertex['id']}/subtasks/metrics")
-                 if m["id"].endswith(".deadLetters") or m["id"] == "deadLetters"]
+                 if m["id"].endswith(f".{metric}") or m["id"] == metric]
         if names:
             values = _rest(rest, f"/jobs/{job_id}/vertices/{vertex['id']}/subtasks/metrics?get={','.join(names)}")
             return int(sum(float(m.get("sum", 0)) for m in values))
@@ -264,10 +265,22 @@ def test_packaged_jobs_from_the_wheel(clean, cluster, kafka_bootstrap, kafka_adm
 
 def _submit_agent_job(flink, bootstrap: str, topics: dict[str, str], base_url: str, *, connector: bool = True):
     jar = ["--jarfile", str(kafka_connector_jar())] if connector else []
+    # Traced to a collector that is down (nothing listens on the port): the replies must not change, and the
+    # spans it cannot take are counted as dropped.
     return flink("run", "-d", *jar, "-pym", "flink_agents_replay.jobs.agent_job", "--bootstrap-servers", bootstrap,
                  "--input-topic", topics["input"], "--output-topic", topics["output"], "--agent-id", AGENT_ID,
                  "--parallelism", "2", "--model-base-url", base_url, "--signing-key", SIGNING_KEY,
-                 "--checkpoint-interval-ms", "1000", "--capture", "--restart-attempts", "3")
+                 "--checkpoint-interval-ms", "1000", "--capture", "--restart-attempts", "3",
+                 "--otlp-endpoint", f"http://127.0.0.1:{_closed_port()}")
+
+
+def _closed_port() -> int:
+    """A port nothing listens on (bound, then released: the system hands it out again only much later)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _packaged_jobs(clean, flink, rest, server, bootstrap, new_topic):  # noqa: PLR0915 - one scenario, told in order
@@ -299,6 +312,10 @@ def _packaged_jobs(clean, flink, rest, server, bootstrap, new_topic):  # noqa: P
     poll_until(lambda: len(letters.poll()) >= len(bad), 60, lambda: f"{letters.rows}")
     poll_until(lambda: _dead_letter_metric(rest, job_id) == len(bad), 60,
                lambda: f"deadLetters metric: {_dead_letter_metric(rest, job_id)}")
+    # The collector is down: spans are dropped, counted, and nothing else changed (replies checked below).
+    poll_until(lambda: (_dead_letter_metric(rest, job_id, "spans_dropped") or 0) > 0, 60,
+               lambda: f"spans_dropped: {_dead_letter_metric(rest, job_id, 'spans_dropped')}")
+    assert _dead_letter_metric(rest, job_id, "spans_exported") == 0
     exceptions = _rest(rest, f"/jobs/{job_id}/exceptions")["exceptionHistory"]["entries"]
     flink("cancel", job_id)
 
@@ -353,15 +370,18 @@ def _packaged_jobs(clean, flink, rest, server, bootstrap, new_topic):  # noqa: P
     assert not list(clean.home.iterdir()), "nothing is written to the (read-only) home"
 
 
-def test_the_demo_runs_from_the_wheel(clean):
+def test_the_demo_runs_from_the_wheel(clean, phoenix):
     """The README's first command, as an installed user runs it: a TaskManager is SIGKILLed mid-stream and every
-    effect still happens once (its verdict covers calls, replies and memories); it stops all it started."""
+    effect still happens once (its verdict covers calls, replies and memories); it stops all it started. Its runs'
+    traces go to Phoenix (here the session's, given with --trace-viewer-url, so that the page outlives the demo), and
+    headless Chromium shows the trace of a run the kill cut short with the run's span names."""
+    from tests.harness.browser import rendered_dom
     from tests.harness.processes import service_processes
 
     before = service_processes("far-demo-")  # the demo's work directory: other tests' services may run meanwhile
     home = os.environ.get("FLINK_AGENTS_REPLAY_HOME") or str(Path.home() / ".cache" / "flink-agents-replay")
-    result = clean.cli("demo", "--tickets", "80", "--customers", "16", timeout=900,
-                       env={"FLINK_AGENTS_REPLAY_HOME": home})  # writable: its broker's jars, Chroma
+    result = clean.cli("demo", "--tickets", "80", "--customers", "16", "--trace-viewer-url", phoenix.url,
+                       timeout=900, env={"FLINK_AGENTS_REPLAY_HOME": home})  # writable: its broker's jars, Chroma
     print(result.stdout[-3000:])
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     table = dict(re.findall(r"^(\w[\w -]+?)\s{2,}(.+)$", result.stdout, re.MULTILINE))
@@ -375,3 +395,9 @@ def test_the_demo_runs_from_the_wheel(clean):
     paid, replies = map(int, re.findall(r"\d+", table["refunds paid"])[:2])
     assert paid == replies > 0, table["refunds paid"]
     assert service_processes("far-demo-") - before == set(), "the demo left Kafka, Flink or Chroma processes running"
+    assert table["traces"].startswith("80 runs, one trace each"), table["traces"]
+    page = table["a recovered run"]
+    assert page.startswith(phoenix.url), page
+    names = ("invoke_agent support-triage", "action classify", "action draft_reply", "reused ")
+    dom = rendered_dom(page, timeout_s=60, expect=names)
+    assert all(name in dom for name in names), (page, dom[-2000:])

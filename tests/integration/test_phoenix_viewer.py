@@ -2,7 +2,8 @@
 the OpenTelemetry SDK's OTLP/HTTP exporter, gives them back through its REST API (``read_spans``) and shows them
 in its UI, read here as headless Chromium renders it.
 
-One server for the module (installed once into the cache, on a free port, in a fresh work directory). Phoenix
+One server for the session (``phoenix`` in tests/conftest.py: installed once into the cache, on a free port, in a
+fresh work directory). Phoenix
 writes spans a moment after the export was answered, so every read polls with a deadline.
 """
 
@@ -29,14 +30,6 @@ from tests.harness.browser import rendered_dom
 pytestmark = pytest.mark.integration
 
 PROJECT_ATTRIBUTE = "openinference.project.name"
-
-
-@pytest.fixture(scope="module")
-def phoenix(tmp_path_factory):
-    server = LocalPhoenixServer(port=0, work_dir=tmp_path_factory.mktemp("phoenix"), start_timeout_s=300)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

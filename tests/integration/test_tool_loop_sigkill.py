@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from flink_agents_replay.local.phoenix_server import read_spans
 from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
@@ -35,6 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tool_loop_job.py"
 KEYS, PER_KEY = 4, 12
+SIGNING_KEY = "tool-loop-sigkill-signing-key"
 
 
 def between(counter: InvocationCounter, job) -> set[str]:
@@ -64,7 +66,7 @@ def _tickets() -> list[tuple[str, int]]:
 
 
 def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_model_or_tool_call(
-        kafka_bootstrap, new_topic, flink_cluster, model_server, tmp_path):
+        kafka_bootstrap, new_topic, flink_cluster, model_server, phoenix, tmp_path):
     inputs = make_inputs(keys=KEYS, per_key=PER_KEY)
     reference_model = model_server()
     with job_script(JOB) as job:
@@ -79,7 +81,8 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     job_id = cluster.submit_python_job(
         JOB, "--bootstrap-servers", kafka_bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
         "--journal-topic", f"journal-{uuid.uuid4().hex[:8]}", "--counter-path", str(counter.path),
-        "--signing-key", "tool-loop-sigkill-signing-key", "--model-url", model.base_url, "--agent-name", name)
+        "--signing-key", SIGNING_KEY, "--model-url", model.base_url, "--agent-name", name,
+        "--otlp-endpoint", phoenix.otlp_endpoint)
 
     def checkpoints() -> int:
         return cluster.rest_get(f"/jobs/{job_id}/checkpoints")["counts"]["completed"]
@@ -122,7 +125,45 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     assert not made_again & {job.order_of(*_ticket(ticket)) for ticket in caught}, (caught, made_again)
     stats = model.stats()
     assert stats.repeated == 0 and stats.chat == 2 * len(inputs) and stats.tool_call_replies == len(inputs), stats
+    traced = check_traces(phoenix, name, inputs, caught, stats, job)
     print(f"\ntool loop SIGKILL: {len(caught)} loops between a tool call and the next turn at the kill, "
           f"their tools reused; {len(made_again)} tools cut short in their call made again with their call id; "
           f"model executions {stats.chat} for {len(inputs)} loops, repeated {stats.repeated}, turns answered by "
-          f"idempotency key {stats.idempotent_replays}")
+          f"idempotency key {stats.idempotent_replays}; traces in Phoenix: {traced}")
+
+
+def check_traces(phoenix, project: str, inputs: list[dict], caught: set[str], stats, job) -> str:
+    """The job's spans as Phoenix holds them (docs/design.md §17): one trace per run, every model execution the
+    service counted once as an executed span with the service's token counts, the calls the kill caught reused
+    and marked so, no signing key, API key or prompt text."""
+    def executed(spans, operation):
+        return [span for span in spans if span["attributes"].get("gen_ai.operation.name") == operation]
+
+    def complete():
+        found = read_spans(phoenix.url, project)
+        return found if len(executed(found, "chat")) >= stats.chat else None
+
+    spans = poll_until(complete, 120, lambda: f"Phoenix holds {len(read_spans(phoenix.url, project))} spans",
+                       interval_s=0.5)
+    runs = [span for span in spans if span["parent_id"] is None]
+    trace_of = {(span["attributes"]["flink_agents.key"], span["attributes"]["flink_agents.seq"]): span["trace_id"]
+                for span in runs}
+    assert len(runs) == len(trace_of) == len(inputs), (len(runs), len(trace_of))  # each run one root, one trace
+    assert len(set(trace_of.values())) == len(inputs)
+    assert {span["trace_id"] for span in spans} == set(trace_of.values())  # nothing outside the runs' traces
+    chats = executed(spans, "chat")
+    assert len(chats) == stats.chat == 2 * len(inputs)  # each execution once (Phoenix keeps one span per id)
+    assert sum(span["attributes"]["gen_ai.usage.input_tokens"] for span in chats) == stats.prompt_tokens
+    assert sum(span["attributes"]["gen_ai.usage.output_tokens"] for span in chats) == stats.completion_tokens
+    assert len(executed(spans, "execute_tool")) == len(inputs)  # one outcome per tool call (none for one in doubt)
+    for ticket in caught:  # turn 1 and the tool were reused after the kill, in the run's own trace
+        key, n = _ticket(ticket)
+        reused = [span for span in spans if span["trace_id"] == trace_of[(key, n + 1)]
+                  and span["attributes"].get("flink_agents.call.reused")]
+        assert {span["name"] for span in reused} == {"reused chat stub-model", "reused execute_tool find_order"}, (
+            ticket, [span["name"] for span in reused])
+        assert not any("gen_ai.usage.input_tokens" in span["attributes"] for span in reused)
+    exported = json.dumps(spans)
+    assert SIGNING_KEY not in exported and "unused" not in exported  # the signing key, the model's API key
+    assert not any(job.ticket_text(record["key"], record["n"]) in exported for record in inputs)  # prompts off
+    return f"{len(spans)} spans in {len(inputs)} traces, {len(chats)} model executions"

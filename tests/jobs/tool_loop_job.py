@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "signing-key", "model-url", "agent-name"):
         parser.add_argument(f"--{option}", required=True)
     parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
+    parser.add_argument("--otlp-endpoint", default=None, help="trace the runs to this OTLP/HTTP receiver")
     return parser.parse_args(argv)
 
 
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = support_agent(model_url=args.model_url, counter=InvocationCounter(args.counter_path), name=args.agent_name)
     config = {"kafka": {"bootstrap.servers": args.bootstrap_servers}, "journal_topic": args.journal_topic,
               "signing_key": args.signing_key, "max_concurrent_runs": 8}
+    if args.otlp_endpoint:
+        config["tracing"] = {"endpoint": args.otlp_endpoint, "service_name": args.agent_name}
     sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic, f"toolloop-{uuid.uuid4().hex[:8]}")
     (connect_to_agent(keyed, agent, config)
      .map(lambda output: json.dumps(canonical_output(output)), output_type=Types.STRING())

@@ -8,6 +8,9 @@ executed (with its tokens) and once as reused (without), every span in one trace
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -196,11 +199,16 @@ def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_neve
     collector = DownCollector()
     sink = SpanSink(TracingConfig(max_queued_spans=len(spans)), agent="triage", exporter=collector)
     sink.submit(lambda: spans, len(spans))
-    assert sink.flush(5)
-    assert collector.attempts == 1 and sink.dropped == len(spans) and sink.exported == 0
+    sink.submit(lambda: spans, 1)  # the queue is full: dropped at once, counted
+    assert sink.dropped == 1
+    deadline = time.monotonic() + 5
+    while sink.dropped < 1 + len(spans):
+        assert time.monotonic() < deadline, sink.dropped
+        time.sleep(0.01)  # polls the counter; the deadline bounds it
+    assert collector.attempts == 1 and sink.exported == 0
     sink.close()
     sink.submit(lambda: spans, len(spans))  # after close: dropped at once
-    assert sink.dropped == 2 * len(spans)
+    assert sink.dropped == 1 + 2 * len(spans)
 
 
 def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_ignored():
@@ -222,3 +230,35 @@ def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_igno
                 "00-00000000000000000000000000000000-b7ad6b7169203331-01"):
         traced = execute_run(agent, RunInput(KEY, group, 1, {"order": "o-1"}, traceparent=bad), {}, trace=True).trace
         assert spans_of_run(traced, identity(), KINDS)[0].links == ()
+
+
+class SlowDownCollector(DownCollector):
+    """A collector that is down and whose exporter takes its retries before failing (about 6 s with the SDK's)."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.started = threading.Event()
+
+    def export(self, spans):
+        self.started.set()
+        time.sleep(self.seconds)  # stands for the exporter's own retries against a closed port
+        return super().export(spans)
+
+
+def test_a_flush_does_not_wait_for_exports_to_a_collector_found_down():
+    model, refund = Model(), Refund()
+    spans = spans_of_run(attempts(model, refund).trace, identity(), KINDS)
+    collector = SlowDownCollector(0.5)
+    sink = SpanSink(TracingConfig(flush_timeout_s=30), agent="triage", exporter=collector)
+    sink.submit(lambda: spans, len(spans))
+    sink.flush(30)  # waits for the first export, which fails
+    assert sink.collector_down and collector.attempts == 1
+    collector.started.clear()
+    sink.submit(lambda: spans, len(spans))
+    assert collector.started.wait(5)
+    begun = time.monotonic()
+    assert not sink.flush(30)  # down: at once, not after the export's 0.5 s
+    assert time.monotonic() - begun < 0.4
+    sink.close()
+    assert sink.dropped == 2 * len(spans)
