@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.core.errors import AgentDefinitionError
 
-__all__ = ["Event", "EventTypes", "InputEvent", "OutputEvent", "event_name", "with_event_id"]
+__all__ = ["Event", "EventTypes", "InputEvent", "OutputEvent", "TracedInput", "event_name", "traceparent_of",
+           "untraced", "with_event_id"]
 
 _EVENT_ID_ATTRIBUTE = "_event_id"
 
@@ -65,6 +67,30 @@ class OutputEvent(Event):
 
     def __init__(self, output: Any):
         super().__init__(output=output)
+
+
+@dataclass(frozen=True)
+class TracedInput:
+    """An input on its way to the agent's operator with the W3C ``traceparent`` its Kafka record carried.
+
+    The packaged Kafka input (``records_from_kafka``) sends a record on in this wrapper only when the record had a
+    ``traceparent`` header; key selectors (``key_by`` on its stream) and every function of the user see the
+    record itself (:func:`untraced`), and the agent's operator takes the traceparent into the run's state and its
+    trace's link. Never persisted: what is kept is the traceparent as a string, next to the input.
+    """
+
+    value: Any
+    traceparent: str
+
+
+def untraced(value: Any) -> Any:
+    """The record itself, whether or not it came in a :class:`TracedInput`."""
+    return value.value if isinstance(value, TracedInput) else value
+
+
+def traceparent_of(value: Any) -> str | None:
+    """The traceparent ``value`` came with, if it is a :class:`TracedInput`."""
+    return value.traceparent if isinstance(value, TracedInput) else None
 
 
 def with_event_id(event: Event, event_id: str) -> Event:

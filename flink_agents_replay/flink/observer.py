@@ -25,8 +25,10 @@ __all__ = ["OperatorObserver"]
 class OperatorObserver(Protocol):
     """Hooks the operator calls on the task thread."""
 
-    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None) -> None:
-        """``value`` became input ``seq`` of ``key`` (key group ``group``), about to run."""
+    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None,
+                       traceparent: str | None = None) -> None:
+        """``value`` became input ``seq`` of ``key`` (key group ``group``), about to run; ``traceparent``: the W3C
+        traceparent header its Kafka record carried, if any."""
         ...
 
     def run_applied(self, *, key: Any, group: int, result: RunResult) -> None:

@@ -40,6 +40,7 @@ The other parts the operator calls without knowing what they do:
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -52,12 +53,14 @@ from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.api.memory import Memory
 from flink_agents_replay.api.tool_definitions import tool_digests
+from flink_agents_replay.core.events import traceparent_of, untraced
 from flink_agents_replay.core.keygroups import key_group, key_group_range
 from flink_agents_replay.engine import RunInput, RunResult, RunStats, execute_run
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.run import resume_history
 from flink_agents_replay.flink import metrics as metrics_table
 from flink_agents_replay.flink import parts
+from flink_agents_replay.flink.capture_observer import CaptureObserver
 from flink_agents_replay.flink.checkpoint_bridge.task_stop import TaskStop
 from flink_agents_replay.flink.checkpoint_bridge.wakeups import CompletionWakeups
 from flink_agents_replay.flink.config import AgentConfig
@@ -160,9 +163,15 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                          max_parallelism=self.max_parallelism, mode=self.mode, info=info,
                                          counters=self.counters)
         self.tracer = next((o for o in self.observers if isinstance(o, TraceObserver)), None)
+        self.capture = next((o for o in self.observers if isinstance(o, CaptureObserver)), None)
         #: The job lineage: the id of the job that started with nothing to restore, kept in the markers through every
-        #: restore (a run's trace id derives from it, docs/design.md §17).
+        #: restore (a run's trace id derives from it, docs/design.md §17). A replay's is its own job id.
         self.lineage = self.job_id or ""
+        if self.capture is not None:
+            self.capture.lineage = self.lineage  # the capture names each run's trace id
+        # Observers written before inputs carried a traceparent do not take it (``input_accepted``).
+        self._told_traceparent = {id(observer) for observer in self.observers
+                                  if "traceparent" in inspect.signature(observer.input_accepted).parameters}
 
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
@@ -280,10 +289,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
             changed = check_restored_tools(values, self.tool_digests, checkpoint_id=self.restored_from,
                                            policy=self.config.fingerprint_policy, subtask=self.subtask)
             self.counters["tools_changed"].inc(len(changed))
-        if self.restored_from is not None:
+        if self.restored_from is not None and self.config.replay is None:  # a replay's runs are not production's
             self.lineage = restored_lineage(values) or self.lineage
             if self.tracer is not None:
                 self.tracer.restored_lineage(self.lineage)
+            if self.capture is not None:
+                self.capture.lineage = self.lineage
         self.journal.restore(values, job_id=self.job_id)
         self.waits.restored(waits_open(values, self.owned))
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced
@@ -325,9 +336,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
         elif isinstance(value, CapturedRunEnd):  # a replay: production finished this run after the savepoint
             self.waits.resume_in_replay(key, value.seq, ctx)
             return
-        waiting = self.mode.admit(value, ctx.timestamp(), self._accepted_seq)
+        # A record with a traceparent header comes wrapped (records_from_kafka): the agent sees the record itself.
+        traceparent = traceparent_of(value)
+        waiting = self.mode.admit(untraced(value), ctx.timestamp(), self._accepted_seq)
         if waiting is None:  # the restored state already holds this input
             return
+        if traceparent is not None:
+            waiting = replace(waiting, traceparent=traceparent)
         if self.in_flight_state.value() is not None:
             self.pending_state.add(encode_waiting(waiting))  # one run per key: wait, in order
             if self.runs.has(key) or not self.waits.any_parked():  # behind a wait, it must not hold the decision
@@ -405,7 +420,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
             return True
         # It keeps its epoch; one saved before epochs were kept was in flight at the checkpoint restored.
         epoch = in_flight.epoch if in_flight.epoch is not None else self.epochs.of_restored_run()
-        self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch)
+        self._submit(key, in_flight.seq, _waiting(in_flight), ctx, epoch)
         return True
 
     # -- runs --------------------------------------------------------------------------------------
@@ -431,12 +446,13 @@ class ActionExecutionOperator(KeyedProcessFunction):
         seq = self.mode.seq_for(key, waiting, self._accepted_seq() + 1)
         self.seq_state.update(seq)
         epoch = self.epochs.current
-        self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time, epoch)))
+        self.in_flight_state.update(encode_in_flight(InFlightInput(seq, waiting.value, waiting.event_time, epoch,
+                                                                   traceparent=waiting.traceparent)))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.input_accepted(key=key, group=group, seq=seq, value=waiting.value,
-                                    event_time=waiting.event_time)
+                                    event_time=waiting.event_time, **self._traceparent_for(observer, waiting))
         self._submit(key, seq, waiting, ctx, epoch)
 
     def _resume(self, key, waiting_run: WaitingRun, decision, ctx) -> None:
@@ -477,15 +493,19 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """Submit a parked run again with its decision; it becomes the key's run in flight."""
         epoch = self.epochs.current  # what it does from now on belongs after the last checkpoint
         if waiting_run.kept_aside:
-            in_flight = InFlightInput(waiting_run.seq, waiting_run.input, waiting_run.event_time, epoch)
+            in_flight = InFlightInput(waiting_run.seq, waiting_run.input, waiting_run.event_time, epoch,
+                                      traceparent=waiting_run.traceparent)
         else:
             held = decode_in_flight(self.in_flight_state.value())
-            in_flight = InFlightInput(held.seq, held.value, held.event_time, epoch)
+            in_flight = InFlightInput(held.seq, held.value, held.event_time, epoch, traceparent=held.traceparent)
         self.in_flight_state.update(encode_in_flight(in_flight))
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         self._resumed_kept_aside[key] = waiting_run.kept_aside
-        self._submit(key, in_flight.seq, WaitingInput(in_flight.value, in_flight.event_time), ctx, epoch,
-                     resume=(waiting_run, decision))
+        self._submit(key, in_flight.seq, _waiting(in_flight), ctx, epoch, resume=(waiting_run, decision))
+
+    def _traceparent_for(self, observer, waiting: WaitingInput) -> dict[str, str | None]:
+        """``traceparent=`` for an observer's ``input_accepted``, if it takes it."""
+        return {"traceparent": waiting.traceparent} if id(observer) in self._told_traceparent else {}
 
     def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int, resume=None) -> None:
         kept_aside = resume is not None and resume[0].kept_aside
@@ -497,14 +517,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
         if history is not None and self.waits.any_parked():
             self._adopt_records(history, resuming=seq if resume is not None else None)
         journal = self.journal.run_journal(group)
-        run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch)
+        run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch, traceparent=waiting.traceparent)
         if resume is not None:
             waiting_run, decision = resume
             history = resume_history(waiting_run, history)
             run = RunInput(key, group, seq, waiting.value, waiting.event_time, epoch,
                            decisions={} if decision is None else {waiting_run.wait.wait_id: decision}, resuming=True,
                            resumed_after=self._accepted_seq() if kept_aside else None,
-                           resumed_wait=waiting_run.wait.wait_id)
+                           resumed_wait=waiting_run.wait.wait_id, traceparent=waiting.traceparent)
         gate = self.mode.gate_for(digest, seq)
 
         def execute() -> RunResult:
@@ -634,12 +654,12 @@ class ActionExecutionOperator(KeyedProcessFunction):
         earlier = self.waits.parked(waiting.seq)
         if earlier is not None:
             return replace(waiting, input=earlier.input, event_time=earlier.event_time, memory=earlier.memory,
-                           kept_aside=earlier.kept_aside)
+                           kept_aside=earlier.kept_aside, traceparent=earlier.traceparent)
         if not self.run_later_inputs:
             return waiting
         in_flight = decode_in_flight(self.in_flight_state.value())
         return replace(waiting, input=in_flight.value, event_time=in_flight.event_time,
-                       memory=self.memory_state.value(), kept_aside=True)
+                       memory=self.memory_state.value(), kept_aside=True, traceparent=in_flight.traceparent)
 
     def _apply(self, key, result: RunResult, ctx):
         memory = result.memory
@@ -663,6 +683,11 @@ class ActionExecutionOperator(KeyedProcessFunction):
                      describe_stats(self.totals))
         for output in result.outputs:
             yield AgentOutput(key, result.seq, output.id, output.output)
+
+
+def _waiting(in_flight: InFlightInput) -> WaitingInput:
+    """The input of a run in flight, as the run takes it (with its traceparent)."""
+    return WaitingInput(in_flight.value, in_flight.event_time, traceparent=in_flight.traceparent)
 
 
 def _written_over(raw_memory: bytes | None, updates) -> dict:

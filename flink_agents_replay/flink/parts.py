@@ -49,7 +49,7 @@ def observers(config: AgentConfig, agent: Agent, *, key_type: str, max_paralleli
     is."""
     found: list[OperatorObserver] = []
     if config.capture:
-        found.append(_capture(config, key_type=key_type, max_parallelism=max_parallelism, mode=mode))
+        found.append(_capture(config, agent, key_type=key_type, max_parallelism=max_parallelism, mode=mode))
     if config.tracing is not None:
         found.append(_tracer(config, agent, info=info, counters=counters))
     return found
@@ -65,7 +65,8 @@ def _tracer(config: AgentConfig, agent: Agent, *, info: SubtaskInfo, counters: M
                          counters=counters)
 
 
-def _capture(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: JobMode) -> CaptureObserver:
+def _capture(config: AgentConfig, agent: Agent, *, key_type: str, max_parallelism: int,
+             mode: JobMode) -> CaptureObserver:
     description = CaptureDescription(config.uid, config.capture_topic, key_type, max_parallelism, FORMAT_VERSION,
                                      config.journal_topic if config.journal_enabled else None,
                                      tuple(config.output_topics))
@@ -76,7 +77,7 @@ def _capture(config: AgentConfig, *, key_type: str, max_parallelism: int, mode: 
         with_manifest=mode.resumable, create_topic=config.create_topic,
         replication_factor=config.replication_factor, topic_config=config.capture_topic_config,
         kafka_timeout_s=config.kafka_timeout_s, ack_timeout_s=config.ack_timeout_s)
-    return CaptureObserver(writer=writer)
+    return CaptureObserver(writer=writer, agent=agent.name)
 
 
 def journal_checkpoints(config: AgentConfig, agent: Agent, *, owned: range, subtask: int, max_parallelism: int,

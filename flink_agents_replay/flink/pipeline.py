@@ -21,6 +21,7 @@ from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.core.keygroups import JAVA_KEY_TYPES, UnsupportedKeyTypeError
 from flink_agents_replay.flink.config import AgentConfig
 from flink_agents_replay.flink.operator import ActionExecutionOperator, AgentOutput
+from flink_agents_replay.flink.traced_input import traced_keyed_stream
 
 __all__ = ["AgentOutput", "check_embedded_python_path", "connect_to_agent", "key_type_of", "wait_events"]
 
@@ -71,7 +72,9 @@ def connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[s
     """Run ``agent`` on every input of ``keyed_stream``; return the DataStream of its :class:`AgentOutput` s.
 
     Args:
-        keyed_stream: ``stream.key_by(selector, key_type=Types.STRING() | Types.LONG() | Types.INT())``.
+        keyed_stream: ``stream.key_by(selector, key_type=Types.STRING() | Types.LONG() | Types.INT())``. Keyed
+            records of ``records_from_kafka`` bring the W3C ``traceparent`` header of their Kafka record, if any, to
+            their run (its trace links to it; the capture keeps it).
         agent: the agent instance (its actions and resources are shipped with the job).
         config: an :class:`AgentConfig` or a dict of its fields (``{"kafka": {...}, ...}``).
         signals: the decisions for runs waiting at ``ctx.wait_for``, keyed like ``keyed_stream`` (the same
@@ -132,6 +135,9 @@ def _connect_to_agent(keyed_stream, agent: Agent, config: AgentConfig | Mapping[
     config = config.resolved(agent.name)
     key_type = key_type_of(keyed_stream)
     check_embedded_python_path(keyed_stream)
+    # Records of the packaged Kafka input keep their traceparent header on the way to the operator
+    # (flink/traced_input.py): the operator takes it off, the agent sees the record.
+    keyed_stream = traced_keyed_stream(keyed_stream)
     if check_journal and config.journal_enabled:
         from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 

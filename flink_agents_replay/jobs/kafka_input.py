@@ -12,6 +12,11 @@ Dead letters leave through Flink's exactly-once ``KafkaSink`` (a ``read_committe
 also across restarts) and are counted in the parse operator's ``deadLetters`` metric. The source keeps each
 record's partition and offset through a small deserializer shipped in the package's jar
 (``PositionedKafkaRecords``): PyFlink's own Kafka source hands over values only.
+
+The same deserializer reads a record's W3C ``traceparent`` header (its last one, as UTF-8 text). A record taken with
+one travels to the agent's operator in a :class:`~flink_agents_replay.core.events.TracedInput`, which the stream
+returned here hides from every function of the job (:mod:`flink_agents_replay.flink.traced_input`): the key selector
+and the agent see the record, the run's trace links to the upstream span and the capture keeps the header.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from pyflink.datastream import ProcessFunction
 
+from flink_agents_replay.core.events import TracedInput
+from flink_agents_replay.flink.traced_input import TracedRecords
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
 
 __all__ = ["DEAD_LETTER_METRIC", "DEAD_LETTER_VERSION", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput",
@@ -177,7 +184,8 @@ class _ParseRecords(ProcessFunction):
             record, reason = None, f"the parse failed: {type(exc).__name__}: {exc}"
         if reason is None:
             if record is not None:
-                yield record
+                traceparent = row.traceparent
+                yield TracedInput(record, traceparent) if traceparent is not None else record
             return
         self.counter.inc()
         letter = DeadLetter(reason, row.topic, row.partition, row.offset, row.timestamp, row.value)
@@ -212,6 +220,9 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
     """The records ``parse`` takes; the others (and any that ``parse`` raises on), as :class:`DeadLetter` JSON, to
     the dead-letter topic. Operator uids: ``<uid>-source``, ``parse-<uid>``, ``<uid>-dead-letters-sink``.
 
+    A record's ``traceparent`` header reaches the agent's run when the stream is keyed (``key_by``) straight into
+    ``connect_to_agent``; every function of the job sees the record itself (:class:`TracedRecords`).
+
     Source and parse run at ``parallelism`` (default 1: one upstream instance, in each partition's order); key the
     result right after, or keep whatever follows at the same parallelism, so a key's records keep their order.
 
@@ -225,9 +236,9 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
 
     ship_bridge_jar(env._j_stream_execution_environment)  # holds PositionedKafkaRecords
     tag = OutputTag("dead-letters", Types.STRING())
-    row_type = Types.ROW_NAMED(["topic", "partition", "offset", "timestamp", "value"],
+    row_type = Types.ROW_NAMED(["topic", "partition", "offset", "timestamp", "value", "traceparent"],
                                [Types.STRING(), Types.INT(), Types.LONG(), Types.LONG(),
-                                Types.PRIMITIVE_ARRAY(Types.BYTE())])
+                                Types.PRIMITIVE_ARRAY(Types.BYTE()), Types.STRING()])
     records = (
         env.from_source(_positioned_source(source), WatermarkStrategy.no_watermarks(), f"{source.topic} source",
                         type_info=row_type)
@@ -239,4 +250,4 @@ def records_from_kafka(env, source: KafkaInput, parse: RecordParser, dead_letter
                                     dead_letters.transactional_id_prefix, properties=dead_letters.kafka_properties)
     records.get_side_output(tag).sink_to(sink).name("dead letters sink").uid(f"{uid}-dead-letters-sink") \
         .set_parallelism(1)
-    return records
+    return TracedRecords(records, uid)

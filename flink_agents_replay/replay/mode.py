@@ -157,11 +157,11 @@ class ReplayMode:
                 f"entries): give each job started without a savepoint its own capture topic {NO_RESTART_MARKER}")
 
     def admit(self, value: Any, event_time: int | None, accepted_seq: Callable[[], int]) -> WaitingInput | None:
-        """A captured input as a waiting input with production's seq and event time; ``None`` when the
+        """A captured input as a waiting input with production's seq, event time and traceparent; ``None`` when the
         savepoint already holds it (the key had accepted that seq, ``accepted_seq()``)."""
         if not isinstance(value, CapturedInput):
             return WaitingInput(value, event_time)
-        waiting = WaitingInput(value.payload, value.event_time, value.seq)
+        waiting = WaitingInput(value.payload, value.event_time, value.seq, traceparent=value.traceparent)
         return None if self._held_by_savepoint(waiting, accepted_seq()) else waiting
 
     def drop_held(self, waiting: list[bytes], accepted_seq: Callable[[], int]) -> list[bytes]:

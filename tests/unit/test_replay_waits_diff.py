@@ -87,7 +87,7 @@ class Capture:
         self.store = MemoryJournalStore(PARTITIONS, topic=topic)
         description = CaptureDescription(UID, topic, "STRING", PARTITIONS, 3)
         self.observer = CaptureObserver(writer=CaptureWriter(self.store, capture_codec(KEY, UID), description, None,
-                                                             timeout_s=1.0))
+                                                             timeout_s=1.0), agent="agent")
 
     def records(self) -> list:
         decoder = CaptureDecoder(KEY, UID, key_type="STRING", max_parallelism=PARTITIONS)

@@ -4,6 +4,10 @@ import java.io.Serializable;
 import java.lang.reflect.InvocationHandler;
 import java.lang.reflect.Method;
 import java.lang.reflect.Proxy;
+import java.nio.ByteBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CodingErrorAction;
+import java.nio.charset.StandardCharsets;
 import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
@@ -12,8 +16,10 @@ import org.apache.flink.util.Collector;
 
 /**
  * A Kafka source deserializer that keeps where each record came from: every record becomes a
- * {@code Row(topic, partition, offset, timestamp, value)} with the value's raw bytes (null for a
- * tombstone), so a job can send a record it cannot parse to a dead-letter topic with its position.
+ * {@code Row(topic, partition, offset, timestamp, value, traceparent)} with the value's raw bytes (null
+ * for a tombstone), so a job can send a record it cannot parse to a dead-letter topic with its position;
+ * {@code traceparent} is the value of the record's last {@code traceparent} header (W3C trace context),
+ * null when it has none or its value is not UTF-8, so that the run of the record links to its upstream.
  *
  * <p>PyFlink's {@code KafkaSource} only offers value-only deserializers, which drop the position. The
  * connector's {@code KafkaRecordDeserializationSchema} takes a {@code ConsumerRecord}, whose class is
@@ -31,18 +37,27 @@ public final class PositionedKafkaRecords implements InvocationHandler, Serializ
 
     private static final TypeInformation<Row> PRODUCED_TYPE =
             Types.ROW_NAMED(
-                    new String[] {"topic", "partition", "offset", "timestamp", "value"},
+                    new String[] {"topic", "partition", "offset", "timestamp", "value", "traceparent"},
                     Types.STRING,
                     Types.INT,
                     Types.LONG,
                     Types.LONG,
-                    PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO);
+                    PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO,
+                    Types.STRING);
+
+    /** The W3C trace context header a record's upstream span travels in. */
+    static final String TRACEPARENT = "traceparent";
 
     private transient Method topic;
     private transient Method partition;
     private transient Method offset;
     private transient Method timestamp;
     private transient Method value;
+    private transient Method headers;
+    private transient Class<?> headersType;
+    private transient Method lastHeader;
+    private transient Class<?> headerType;
+    private transient Method headerValue;
 
     /** The deserializer, for {@code KafkaSourceBuilder.setDeserializer}; the connector must be loadable. */
     public static Object deserializer() throws ClassNotFoundException {
@@ -86,6 +101,7 @@ public final class PositionedKafkaRecords implements InvocationHandler, Serializ
             offset = type.getMethod("offset");
             timestamp = type.getMethod("timestamp");
             value = type.getMethod("value");
+            headers = type.getMethod("headers");
         }
         ((Collector<Row>) collector)
                 .collect(
@@ -94,6 +110,48 @@ public final class PositionedKafkaRecords implements InvocationHandler, Serializ
                                 partition.invoke(record),
                                 offset.invoke(record),
                                 timestamp.invoke(record),
-                                value.invoke(record)));
+                                value.invoke(record),
+                                traceparent(headers.invoke(record))));
+    }
+
+    /** The last {@code traceparent} header's value as UTF-8 text, or null (none, or not UTF-8). */
+    private String traceparent(Object recordHeaders) throws ReflectiveOperationException {
+        if (recordHeaders == null) {
+            return null;
+        }
+        if (recordHeaders.getClass() != headersType) {
+            lastHeader = accessible(recordHeaders.getClass().getMethod("lastHeader", String.class));
+            headersType = recordHeaders.getClass();
+        }
+        Object header = lastHeader.invoke(recordHeaders, TRACEPARENT);
+        if (header == null) {
+            return null;
+        }
+        if (header.getClass() != headerType) {
+            headerValue = accessible(header.getClass().getMethod("value"));
+            headerType = header.getClass();
+        }
+        byte[] bytes = (byte[]) headerValue.invoke(header);
+        if (bytes == null) {
+            return null;
+        }
+        try {
+            return StandardCharsets.UTF_8
+                    .newDecoder()
+                    .onMalformedInput(CodingErrorAction.REPORT)
+                    .onUnmappableCharacter(CodingErrorAction.REPORT)
+                    .decode(ByteBuffer.wrap(bytes))
+                    .toString();
+        } catch (CharacterCodingException notUtf8) {
+            return null;
+        }
+    }
+
+    /** A public method of a class that may not be public itself (an implementation of a public interface). */
+    private static Method accessible(Method method) {
+        if (!java.lang.reflect.Modifier.isPublic(method.getDeclaringClass().getModifiers())) {
+            method.setAccessible(true);
+        }
+        return method;
     }
 }
