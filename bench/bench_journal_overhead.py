@@ -77,12 +77,15 @@ class Measured:
     load: float  # the machine's 1-minute load average as the job ended
 
 
-def _run_variant(bootstrap: str, name: str, overrides: dict, delay_ms: float, runs: int, args, label: str) -> Measured:
+def _run_variant(bootstrap: str, name: str, overrides: dict, delay_ms: float, runs: int, args, label: str, *,
+                 flink_config: dict[str, str] | None = None) -> Measured:
+    """One job of a variant (``bench_tracing_overhead.py`` runs its jobs through this too)."""
     topic = h.produce_bench_inputs(bootstrap, args.keys, runs)
     agent = h.bench_agent(label, call_delay_s=delay_ms / 1000, sync_flush=bool(overrides.get("sync_flush")))
     stats_path = os.path.join(tempfile.mkdtemp(prefix="far-bench-stats-"), "producer.jsonl")
     config = _config(bootstrap, overrides, args.concurrency, args.poll_interval_ms, stats_path)
-    job = h.timed_agent_job(bootstrap, topic, agent, config, runs, checkpoint_interval_ms=args.checkpoint_interval_ms)
+    job = h.timed_agent_job(bootstrap, topic, agent, config, runs, checkpoint_interval_ms=args.checkpoint_interval_ms,
+                            flink_config=flink_config)
     return Measured(job, h.read_producer_statistics(stats_path), h.load1())
 
 
