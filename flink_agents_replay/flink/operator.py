@@ -40,7 +40,6 @@ The other parts the operator calls without knowing what they do:
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -169,9 +168,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.lineage = self.job_id or ""
         if self.capture is not None:
             self.capture.lineage = self.lineage  # the capture names each run's trace id
-        # Observers written before inputs carried a traceparent do not take it (``input_accepted``).
-        self._told_traceparent = {id(observer) for observer in self.observers
-                                  if "traceparent" in inspect.signature(observer.input_accepted).parameters}
 
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
@@ -452,7 +448,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
         group = key_group(key, self.key_type, self.max_parallelism)
         for observer in self.observers:
             observer.input_accepted(key=key, group=group, seq=seq, value=waiting.value,
-                                    event_time=waiting.event_time, **self._traceparent_for(observer, waiting))
+                                    event_time=waiting.event_time, traceparent=waiting.traceparent)
         self._submit(key, seq, waiting, ctx, epoch)
 
     def _resume(self, key, waiting_run: WaitingRun, decision, ctx) -> None:
@@ -502,10 +498,6 @@ class ActionExecutionOperator(KeyedProcessFunction):
         ctx.timer_service().register_event_time_timer(DRAIN_TIMER)
         self._resumed_kept_aside[key] = waiting_run.kept_aside
         self._submit(key, in_flight.seq, _waiting(in_flight), ctx, epoch, resume=(waiting_run, decision))
-
-    def _traceparent_for(self, observer, waiting: WaitingInput) -> dict[str, str | None]:
-        """``traceparent=`` for an observer's ``input_accepted``, if it takes it."""
-        return {"traceparent": waiting.traceparent} if id(observer) in self._told_traceparent else {}
 
     def _submit(self, key, seq: int, waiting: WaitingInput, ctx, epoch: int, resume=None) -> None:
         kept_aside = resume is not None and resume[0].kept_aside

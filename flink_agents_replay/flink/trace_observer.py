@@ -42,8 +42,9 @@ class TraceObserver:
         if lineage and not self.replay:
             self.lineage = lineage
 
-    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None) -> None:
-        pass
+    def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None,
+                       traceparent: str | None = None) -> None:
+        pass  # a run's spans are made when it is applied or parked (its traceparent travels with the run)
 
     def run_applied(self, *, key: Any, group: int, result: RunResult) -> None:
         self._submit(key, result, with_run=True)
