@@ -81,6 +81,7 @@ __all__ = [
     "ToolCallDeniedError",
     "ToolLoopLimitError",
     "ToolLoopResult",
+    "TracingConfig",
     "Usage",
     "WaitTimedOutError",
     "action",
@@ -127,6 +128,7 @@ _EXPORTS = {
     "AgentOutput": "flink_agents_replay.flink.operator",
     "connect_to_agent": "flink_agents_replay.flink.pipeline",
     "current_call_id": "flink_agents_replay.api.resources",
+    "TracingConfig": "flink_agents_replay.traces.export",
 }
 
 if TYPE_CHECKING:
@@ -157,6 +159,7 @@ if TYPE_CHECKING:
     from flink_agents_replay.flink.pipeline import connect_to_agent, wait_events
     from flink_agents_replay.storage.records.chat import ChatResult, ToolCall, Usage
     from flink_agents_replay.storage.records.waits import Decision
+    from flink_agents_replay.traces.export import TracingConfig
 
 
 def __getattr__(name: str):

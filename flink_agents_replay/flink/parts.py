@@ -26,7 +26,7 @@ from flink_agents_replay.storage.journal.fence_watch import FenceWatch
 from flink_agents_replay.storage.journal.kafka_store import KafkaJournalStore
 from flink_agents_replay.storage.journal.writer import JournalWriter, max_record_bytes
 from flink_agents_replay.storage.records.codec import FORMAT_VERSION, RecordCodec
-from flink_agents_replay.traces.export import SpanSink
+from flink_agents_replay.traces.process_sink import ProcessSpanSink
 from flink_agents_replay.traces.spans import resource_kinds
 
 __all__ = ["job_mode", "journal_checkpoints", "observers"]
@@ -60,9 +60,9 @@ def _tracer(config: AgentConfig, agent: Agent, *, info: SubtaskInfo, counters: M
     settings = config.tracing
     if replay and settings.service_name is None:  # a replay's spans go to a service (a Phoenix project) of their own
         settings = settings.model_copy(update={"service_name": settings.service(agent.name) + "-replay"})
-    return TraceObserver(sink=SpanSink(settings, agent=agent.name), agent=agent.name, kinds=resource_kinds(agent),
-                         job_id=info.job_id or "", attempt=info.attempt, subtask=info.index, replay=replay,
-                         counters=counters)
+    sink = ProcessSpanSink(settings, agent=agent.name, kinds=resource_kinds(agent))
+    return TraceObserver(sink=sink, agent=agent.name, job_id=info.job_id or "", attempt=info.attempt,
+                         subtask=info.index, replay=replay, counters=counters)
 
 
 def _capture(config: AgentConfig, agent: Agent, *, key_type: str, max_parallelism: int,

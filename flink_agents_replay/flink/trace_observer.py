@@ -2,9 +2,10 @@
 checkpoint completes.
 
 The operator tells its observers of each run it applies and each it parks at a wait (:mod:`.observer`); this one
-hands the run's trace (:class:`~flink_agents_replay.engine.trace.RunTrace`, which the operator asks the engine to
-note when tracing is on) to the subtask's :class:`~flink_agents_replay.traces.export.SpanSink`, which makes and
-exports the spans on its own thread. At a checkpoint it waits (at most ``flush_timeout_s``) for them to leave: a run
+packs the facts of the run's trace (:class:`~flink_agents_replay.engine.trace.RunTrace`, which the operator asks the
+engine to note when tracing is on; :mod:`flink_agents_replay.traces.handoff`) and hands them to the subtask's
+exporter process (:class:`~flink_agents_replay.traces.process_sink.ProcessSpanSink`), which makes and exports the
+spans on an interpreter of its own. At a checkpoint it waits (at most ``flush_timeout_s``) for them to leave: a run
 applied before the checkpoint is not executed again after a failure, so its spans must be out by then; a run
 applied after it is executed again, reusing its journaled calls, and its spans are made again from those records
 with the same ids. The counters ``spans_exported`` and ``spans_dropped`` follow the sink's.
@@ -12,25 +13,27 @@ with the same ids. The counters ``spans_exported`` and ``spans_dropped`` follow 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flink_agents_replay.engine import RunResult
 from flink_agents_replay.storage.records.journal import key_digest
-from flink_agents_replay.traces.export import SpanSink
-from flink_agents_replay.traces.spans import RunIdentity, spans_of_run
+from flink_agents_replay.traces.handoff import RunIdentity, encode_run, span_count, text
+from flink_agents_replay.traces.process_sink import ProcessSpanSink
 
 __all__ = ["TraceObserver"]
 
+log = logging.getLogger("flink_agents_replay.operator")
+
 
 class TraceObserver:
-    """Hands each applied or parked run's trace to ``sink``; ``kinds`` says what each resource is."""
+    """Hands each applied or parked run's trace to ``sink``."""
 
-    def __init__(self, *, sink: SpanSink, agent: str, kinds: Mapping[str, str], job_id: str, attempt: int,
-                 subtask: int, replay: bool, counters: Mapping[str, Any]) -> None:
+    def __init__(self, *, sink: ProcessSpanSink, agent: str, job_id: str, attempt: int, subtask: int, replay: bool,
+                 counters: Mapping[str, Any]) -> None:
         self.sink = sink
         self.agent = agent
-        self.kinds = dict(kinds)
         self.job_id, self.attempt, self.subtask, self.replay = job_id, attempt, subtask, replay
         self.lineage = job_id  # a fresh start's; a restore sets the restored one (:meth:`restored_lineage`)
         self.content = sink.settings.content()
@@ -65,16 +68,12 @@ class TraceObserver:
         trace = result.trace
         if trace is None:
             return
-        run = RunIdentity(self.agent, key, key_digest(key), result.seq, self.lineage, self.job_id, self.attempt,
-                          self.subtask, self.replay)
+        run = RunIdentity(self.agent, text(key), key_digest(key), result.seq, self.lineage, self.job_id,
+                          self.attempt, self.subtask, self.replay)
         outputs = [output.output for output in result.outputs] if self.content else None
-
-        def make():
-            spans = spans_of_run(trace, run, self.kinds, content=self.content, outputs=outputs, error=result.error)
-            return spans if with_run else spans[1:]  # a parked run's span is made when it ends
-
-        self.sink.submit(make, 1 + len(trace.actions) + 2 * len(trace.calls))
-        self._count()
+        # A parked run's own span is made when it ends.
+        packed = encode_run(trace, run, content=self.content, outputs=outputs, error=result.error, with_run=with_run)
+        self.sink.submit(packed, span_count(trace, with_run=with_run))
 
     def _count(self) -> None:
         exported, dropped = self.sink.exported, self.sink.dropped
@@ -83,5 +82,8 @@ class TraceObserver:
             self.counters["spans_exported"].inc(exported - before_exported)
         if dropped > before_dropped:
             self.counters["spans_dropped"].inc(dropped - before_dropped)
+            log.warning("%d spans were dropped since the last checkpoint (%d in all): the trace collector did not "
+                        "take them%s", dropped - before_dropped, dropped,
+                        " (it is down)" if self.sink.collector_down else "")
         self._counted = (exported, dropped)
 

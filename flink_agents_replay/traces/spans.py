@@ -20,7 +20,6 @@ Nothing here reads a signing key or an API key: they are not in a run's trace to
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +28,11 @@ from flink_agents_replay.api.agent import Agent
 from flink_agents_replay.api.chat_model import ChatModel
 from flink_agents_replay.api.fallback_model import FallbackChatModel
 from flink_agents_replay.api.resources import Tool
-from flink_agents_replay.engine.trace import ActionHow, CallHow, RunTrace, TracedAction, TracedCall
-from flink_agents_replay.storage.records.chat import ChatResult
+from flink_agents_replay.engine.trace import ActionHow, CallHow, TracedAction
 from flink_agents_replay.storage.records.journal import STILL_IN_DOUBT_IF_FAILED, CallOutcome
 from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, WAIT_RESOURCE
 from flink_agents_replay.traces import conventions as c
+from flink_agents_replay.traces.handoff import CallEntry, CallFacts, RunFacts, RunIdentity
 from flink_agents_replay.traces.ids import (
     action_span_id,
     executed_call_span_id,
@@ -42,31 +41,10 @@ from flink_agents_replay.traces.ids import (
     trace_id,
 )
 
-__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "RunIdentity", "SpanData", "parse_traceparent", "resource_kinds",
-           "spans_of_run"]
+__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "SpanData", "parse_traceparent", "resource_kinds", "spans_of_run"]
 
 #: What a resource is, for its spans (:func:`resource_kinds`).
 CHAT, TOOL, MEMORY, RESOURCE = "chat", "tool", "memory", "resource"
-_TEXT_KEPT = 16 * 1024  # of a prompt or a reply, with content on
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """Which run, in which job, executed where: what names its trace and tags its spans."""
-
-    agent: str
-    key: Any
-    key_digest: str
-    seq: int
-    lineage: str
-    job_id: str = ""
-    attempt: int = 0
-    subtask: int = 0
-    replay: bool = False
-
-    @property
-    def trace_id(self) -> int:
-        return trace_id(self.lineage, self.agent, self.key_digest, self.seq)
 
 
 @dataclass(frozen=True)
@@ -100,10 +78,11 @@ def resource_kinds(agent: Agent) -> dict[str, str]:
     return kinds
 
 
-def spans_of_run(trace: RunTrace, run: RunIdentity, kinds: Mapping[str, str], *, content: bool = False,
-                 run_input: Any = None, outputs: list[Any] | None = None, error: str | None = None) -> list[SpanData]:
-    """Every span of one execution of a run: the run, its actions, its calls (see the module's docstring)."""
-    tid = run.trace_id
+def spans_of_run(facts: RunFacts, kinds: Mapping[str, str]) -> list[SpanData]:
+    """Every span of one execution of a run: the run, its actions, its calls (see the module's docstring); without
+    the run's own span for a run parked at a wait (``facts.with_run`` false)."""
+    run, trace, content = facts.run, facts.trace, facts.content
+    tid = trace_id(run.lineage, run.agent, run.key_digest, run.seq)
     root = run_span_id(tid)
     ids = {(action.event_id, action.action): action_span_id(tid, action.event_id, action.action)
            for action in trace.actions}
@@ -121,8 +100,11 @@ def spans_of_run(trace: RunTrace, run: RunIdentity, kinds: Mapping[str, str], *,
     start = min([trace.start_ns, *(span.start_ns for span in every)])
     end = max([trace.end_ns or trace.start_ns, *(span.end_ns for span in every)])
     upstream = parse_traceparent(trace.traceparent)
+    if not facts.with_run:
+        return every
     run_span = SpanData(f"invoke_agent {run.agent}", tid, root, None, start, end,
-                        _run_attributes(run, content, run_input, outputs), error, links=(upstream,) if upstream else ())
+                        _run_attributes(run, content, facts.outputs_text), facts.error,
+                        links=(upstream,) if upstream else ())
     return [run_span, *every]
 
 
@@ -153,13 +135,14 @@ def _action_span(action: TracedAction, tid: int, span_id: int, parent: int, call
                     action.error if action.how is ActionHow.FAILED else None)
 
 
-def _call_spans(call: TracedCall, tid: int, parent: int, run: RunIdentity, kinds: Mapping[str, str],
+def _call_spans(call: CallEntry, tid: int, parent: int, run: RunIdentity, kinds: Mapping[str, str],
                 content: bool) -> list[SpanData]:
     record = call.record
     kind = _kind(record.resource, kinds)
+    # The run's key and seq are on the run's span (a call's trace is its run's); each attribute costs the exporter.
     common = {c.FA_CALL_ID: call.call_id, c.FA_RESOURCE: record.resource, c.FA_POSITION: record.position,
-              c.FA_OUTCOME: record.outcome.value, c.FA_CALL_HOW: call.how.value, c.FA_SEQ: run.seq}
-    error = _error(record) if record.outcome is CallOutcome.RAISED else None
+              c.FA_OUTCOME: record.outcome.value, c.FA_CALL_HOW: call.how.value}
+    error = record.error_type if record.outcome is CallOutcome.RAISED else None
     if STILL_IN_DOUBT_IF_FAILED in record.meta or "reconciled" in record.meta:
         common[c.FA_IN_DOUBT] = True
     if "reconciled" in record.meta:
@@ -177,7 +160,7 @@ def _call_spans(call: TracedCall, tid: int, parent: int, run: RunIdentity, kinds
                      call.end_ns, attributes, error)]
 
 
-def _executed(call: TracedCall, tid: int, parent: int, kind: str, common: dict, content: bool, error: str | None,
+def _executed(call: CallEntry, tid: int, parent: int, kind: str, common: dict, content: bool, error: str | None,
               *, original: bool = False) -> SpanData:
     """The span of the call's execution, over its own interval (from its record when it was made earlier)."""
     record = call.record
@@ -197,7 +180,7 @@ def _executed(call: TracedCall, tid: int, parent: int, kind: str, common: dict, 
     return SpanData(_name(kind, record), tid, span_id, parent, start, end, attributes, error)
 
 
-def _reused(call: TracedCall, tid: int, parent: int, kind: str, common: dict, error: str | None) -> SpanData:
+def _reused(call: CallEntry, tid: int, parent: int, kind: str, common: dict, error: str | None) -> SpanData:
     record = call.record
     attributes = {**common, c.FA_REUSED: True, **_kind_attributes(kind, record, executed=False)}
     if "at_ms" in record.meta:
@@ -216,7 +199,7 @@ def _kind(resource: str, kinds: Mapping[str, str]) -> str:
     return kinds.get(resource, RESOURCE)
 
 
-def _name(kind: str, record) -> str:
+def _name(kind: str, record: CallFacts) -> str:
     """The span's name: OpenTelemetry's ``chat <model>``, ``execute_tool <tool>``, ``invoke_agent <agent>``."""
     if kind == CHAT:
         return f"chat {record.meta.get('model') or record.resource}"
@@ -229,7 +212,7 @@ def _name(kind: str, record) -> str:
     return f"{kind} {record.resource}"
 
 
-def _kind_attributes(kind: str, record, *, executed: bool) -> dict[str, Any]:
+def _kind_attributes(kind: str, record: CallFacts, *, executed: bool) -> dict[str, Any]:
     """What a span of this kind says: model calls' GenAI and OpenInference attributes (tokens only when executed:
     a reused call is not a model call again)."""
     meta = record.meta
@@ -244,8 +227,8 @@ def _kind_attributes(kind: str, record, *, executed: bool) -> dict[str, Any]:
                       c.OI_SPAN_KIND: c.OI_LLM, c.OI_LLM_MODEL_NAME: model, c.OI_LLM_PROVIDER: "openai",
                       c.OI_TOKENS_PROMPT: prompt, c.OI_TOKENS_COMPLETION: completion,
                       c.OI_TOKENS_TOTAL: prompt + completion}
-        if isinstance(record.result, ChatResult) and record.result.finish_reason:
-            attributes[c.GEN_AI_RESPONSE_FINISH_REASONS] = [record.result.finish_reason]
+        if record.finish_reason:
+            attributes[c.GEN_AI_RESPONSE_FINISH_REASONS] = [record.finish_reason]
         if "models_asked" in meta:
             attributes[c.FA_MODELS_ASKED] = int(meta["models_asked"])
         return attributes
@@ -260,47 +243,25 @@ def _kind_attributes(kind: str, record, *, executed: bool) -> dict[str, Any]:
     return {c.OI_SPAN_KIND: c.OI_CHAIN}
 
 
-def _content(kind: str, call: TracedCall) -> dict[str, Any]:
+def _content(kind: str, call: CallEntry) -> dict[str, Any]:
     """Prompts and replies, tool arguments and results (content on only)."""
     attributes: dict[str, Any] = {}
-    if call.arguments is not None:
-        text = _text(call.arguments)
-        attributes[c.OI_INPUT_VALUE] = text
-        attributes[c.GEN_AI_INPUT_MESSAGES if kind == CHAT else c.GEN_AI_TOOL_CALL_ARGUMENTS] = text
-    if call.record.outcome is CallOutcome.RETURNED:
-        result = call.record.result
-        text = _text(result.content if isinstance(result, ChatResult) else result)
-        attributes[c.OI_OUTPUT_VALUE] = text
-        attributes[c.GEN_AI_OUTPUT_MESSAGES if kind == CHAT else c.GEN_AI_TOOL_CALL_RESULT] = text
+    if call.arguments_text is not None:
+        attributes[c.OI_INPUT_VALUE] = call.arguments_text
+        attributes[c.GEN_AI_INPUT_MESSAGES if kind == CHAT else c.GEN_AI_TOOL_CALL_ARGUMENTS] = call.arguments_text
+    if call.record.result_text is not None:
+        attributes[c.OI_OUTPUT_VALUE] = call.record.result_text
+        attributes[c.GEN_AI_OUTPUT_MESSAGES if kind == CHAT else c.GEN_AI_TOOL_CALL_RESULT] = call.record.result_text
     return attributes
 
 
-def _run_attributes(run: RunIdentity, content: bool, run_input: Any, outputs: list[Any] | None) -> dict[str, Any]:
+def _run_attributes(run: RunIdentity, content: bool, outputs_text: str | None) -> dict[str, Any]:
     attributes = {c.GEN_AI_OPERATION_NAME: "invoke_agent", c.GEN_AI_AGENT_NAME: run.agent, c.OI_SPAN_KIND: c.OI_AGENT,
-                  c.FA_AGENT: run.agent, c.FA_KEY: _text(run.key), c.FA_SEQ: run.seq, c.FA_LINEAGE: run.lineage,
+                  c.FA_KEY: run.key, c.FA_SEQ: run.seq, c.FA_LINEAGE: run.lineage,
                   c.FA_JOB_ID: run.job_id, c.FA_ATTEMPT: run.attempt, c.FA_SUBTASK: run.subtask,
-                  c.OI_SESSION_ID: _text(run.key)}
+                  c.OI_SESSION_ID: run.key}
     if run.replay:
         attributes[c.FA_REPLAY] = True
-    if content:
-        attributes[c.OI_INPUT_VALUE] = _text(run_input)
-        if outputs is not None:
-            attributes[c.OI_OUTPUT_VALUE] = _text(outputs)
+    if content and outputs_text is not None:
+        attributes[c.OI_OUTPUT_VALUE] = outputs_text
     return attributes
-
-
-def _error(record) -> str:
-    """A raised call's status: the exception's type (its message may hold what content-off must not send)."""
-    result = record.result
-    kind = result["type"] if isinstance(result, dict) and "type" in result else type(result)
-    return getattr(kind, "__qualname__", str(kind))
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value[:_TEXT_KEPT]
-    try:
-        text = json.dumps(value, default=repr, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text[:_TEXT_KEPT]

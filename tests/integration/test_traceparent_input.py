@@ -10,16 +10,10 @@ tiny OTLP/HTTP receiver in this process gets it, links to exactly the upstream s
 from __future__ import annotations
 
 import json
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from confluent_kafka import Producer
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from flink_agents_replay.api.agent import Agent, InputEvent, OutputEvent, action
 from flink_agents_replay.api.resources import Tool
@@ -28,6 +22,7 @@ from flink_agents_replay.storage.capture.reader import CaptureDecoder, read_capt
 from flink_agents_replay.storage.capture.records import CapturedInput, CapturedRun
 from flink_agents_replay.traces import conventions as c
 from flink_agents_replay.traces.export import TracingConfig
+from tests.harness.otlp_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -39,42 +34,6 @@ def _traceparent(n: int) -> tuple[str, str, str]:
     """A distinct upstream span per record: (traceparent, trace id, span id)."""
     trace, span = f"{n + 1:032x}", f"{n + 17:016x}"
     return f"00-{trace}-{span}-01", trace, span
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver in this process: every span it was sent, as protobuf spans."""
-
-    def __init__(self):
-        self.spans: list = []
-        lock = threading.Lock()
-        spans = self.spans
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = ExportTraceServiceRequest.FromString(body)
-                with lock:
-                    spans.extend(span for resource in request.resource_spans for scope in resource.scope_spans
-                                 for span in scope.spans)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
 
 
 @pytest.fixture

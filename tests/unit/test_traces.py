@@ -27,7 +27,8 @@ from flink_agents_replay.storage.records.codec import RecordCodec
 from flink_agents_replay.storage.records.journal import key_digest
 from flink_agents_replay.traces import conventions as c
 from flink_agents_replay.traces.export import SpanSink, TracingConfig
-from flink_agents_replay.traces.spans import CHAT, TOOL, RunIdentity, spans_of_run
+from flink_agents_replay.traces.handoff import RunIdentity, decode_run, encode_run
+from flink_agents_replay.traces.spans import CHAT, TOOL, spans_of_run
 
 MAX_PARALLELISM = 128
 KEY = "customer-7"
@@ -102,11 +103,16 @@ def identity(attempt: int = 1) -> RunIdentity:
 KINDS = {"model": CHAT, "refund": TOOL}
 
 
+def spans_made(trace, run: RunIdentity, kinds=KINDS, *, content: bool = False):
+    """The spans of ``trace`` as the exporter process makes them: packed on the operator's side, unpacked there."""
+    return spans_of_run(decode_run(encode_run(trace, run, content=content)), kinds)
+
+
 def test_a_reused_model_call_is_executed_once_and_reused_once_in_one_trace():
     model, refund = Model(), Refund()
     result = attempts(model, refund)
     assert model.calls == 1 and refund.calls == 2  # the fault hit inside the refund, after the model call
-    spans = spans_of_run(result.trace, identity(), KINDS)
+    spans = spans_made(result.trace, identity())
     assert len({span.trace_id for span in spans}) == 1
     chats = [span for span in spans if span.name == "chat stub-model"]
     reused = [span for span in spans if span.name == "reused chat stub-model"]
@@ -131,25 +137,25 @@ def test_a_reused_model_call_is_executed_once_and_reused_once_in_one_trace():
 def test_the_executed_span_made_again_has_the_same_id_and_attempts_share_the_trace():
     model, refund = Model(), Refund()
     result = attempts(model, refund)
-    first = spans_of_run(result.trace, identity(1), KINDS)
-    again = spans_of_run(result.trace, identity(2), KINDS)
+    first = spans_made(result.trace, identity(1))
+    again = spans_made(result.trace, identity(2))
     ids = {span.name: span.span_id for span in first}
     ids_again = {span.name: span.span_id for span in again}
     for name in ("invoke_agent triage", "action handle", "chat stub-model", "execute_tool refund"):
         assert ids[name] == ids_again[name], name
     assert ids["reused chat stub-model"] != ids_again["reused chat stub-model"]
-    other_job = spans_of_run(result.trace, RunIdentity("triage", KEY, key_digest(KEY), 1, lineage="job-b"), KINDS)
+    other_job = spans_made(result.trace, RunIdentity("triage", KEY, key_digest(KEY), 1, lineage="job-b"))
     assert other_job[0].trace_id != first[0].trace_id
 
 
 def test_prompts_stay_out_unless_content_is_on():
     model, refund = Model(), Refund()
     result = attempts(model, refund)
-    off = spans_of_run(result.trace, identity(), KINDS)
+    off = spans_made(result.trace, identity())
     assert SECRET_PROMPT not in repr([span.attributes for span in off])
     model2, refund2 = Model(), Refund()
     store_on = _traced_with_content(model2, refund2)
-    on = spans_of_run(store_on, identity(), KINDS, content=True)
+    on = spans_made(store_on, identity(), content=True)
     assert any(SECRET_PROMPT in str(span.attributes.get(c.OI_INPUT_VALUE, "")) for span in on)
 
 
@@ -164,7 +170,7 @@ def test_the_sink_exports_with_the_derived_ids_under_the_service_name():
     result = attempts(model, refund)
     exporter = InMemorySpanExporter()
     sink = SpanSink(TracingConfig(service_name="triage-svc"), agent="triage", exporter=exporter)
-    spans = spans_of_run(result.trace, identity(), KINDS)
+    spans = spans_made(result.trace, identity())
     sink.submit(lambda: spans, len(spans))
     assert sink.flush(5)
     sink.close()
@@ -195,7 +201,7 @@ class DownCollector(SpanExporter):
 def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_never_blocks():
     model, refund = Model(), Refund()
     result = attempts(model, refund)
-    spans = spans_of_run(result.trace, identity(), KINDS)
+    spans = spans_made(result.trace, identity())
     collector = DownCollector()
     sink = SpanSink(TracingConfig(max_queued_spans=len(spans)), agent="triage", exporter=collector)
     sink.submit(lambda: spans, len(spans))
@@ -216,7 +222,7 @@ def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_igno
     agent = make_agent(Model(), Refund())
     group = key_group(KEY, "STRING", MAX_PARALLELISM)
     traced = execute_run(agent, RunInput(KEY, group, 1, {"order": "o-1"}, traceparent=upstream), {}, trace=True).trace
-    spans = spans_of_run(traced, identity(), KINDS)
+    spans = spans_made(traced, identity())
     assert spans[0].links == ((0x0af7651916cd43dd8448eb211c80319c, 0xb7ad6b7169203331),)
     assert spans[0].trace_id != 0x0af7651916cd43dd8448eb211c80319c  # a link: the run keeps its own trace
     exporter = InMemorySpanExporter()
@@ -229,7 +235,7 @@ def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_igno
     for bad in ("garbage", "00-xyz-abc-01", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "",
                 "00-00000000000000000000000000000000-b7ad6b7169203331-01"):
         traced = execute_run(agent, RunInput(KEY, group, 1, {"order": "o-1"}, traceparent=bad), {}, trace=True).trace
-        assert spans_of_run(traced, identity(), KINDS)[0].links == ()
+        assert spans_made(traced, identity())[0].links == ()
 
 
 class SlowDownCollector(DownCollector):
@@ -248,7 +254,7 @@ class SlowDownCollector(DownCollector):
 
 def test_a_flush_does_not_wait_for_exports_to_a_collector_found_down():
     model, refund = Model(), Refund()
-    spans = spans_of_run(attempts(model, refund).trace, identity(), KINDS)
+    spans = spans_made(attempts(model, refund).trace, identity())
     collector = SlowDownCollector(0.5)
     sink = SpanSink(TracingConfig(flush_timeout_s=30), agent="triage", exporter=collector)
     sink.submit(lambda: spans, len(spans))

@@ -64,6 +64,7 @@ PERSISTED_CLASSES: dict[str, str] = {
     "Tool": "flink_agents_replay.api.resources:Tool",
     "ToolCall": "flink_agents_replay.storage.records.chat:ToolCall",
     "ToolLoopResult": "flink_agents_replay.api.tool_loop:ToolLoopResult",
+    "TracingConfig": "flink_agents_replay.traces.export:TracingConfig",
     "Usage": "flink_agents_replay.storage.records.chat:Usage",
 }
 _NAME_OF = {target: name for name, target in PERSISTED_CLASSES.items()}
