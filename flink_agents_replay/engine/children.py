@@ -160,13 +160,15 @@ def _settle(calls: ActionCalls, call: _ChildCall, outcome: Outcome | None,
             return None, decode_exception(call.record.result)
         return call.record.result, None
     stats.child_calls_executed += 1
+    # When it began and how long it took, as a call's meta notes them (a reused one's trace shows it made then).
+    meta = {"at_ms": started_ns // 1_000_000, "latency_ms": round((time.time_ns() - started_ns) / 1e6, 3)}
     if outcome.error is not None:
         calls.write_call(call.position, call.resource, call.args_digest, CallOutcome.RAISED,
-                         encode_exception(outcome.error), started_ns=started_ns)
+                         encode_exception(outcome.error), started_ns=started_ns, meta=meta)
         return None, outcome.error
     outputs, child_memory, child_stats = outcome.value
     stats.add(child_stats)
     value = (outputs, child_memory)
     calls.write_call(call.position, call.resource, call.args_digest, CallOutcome.RETURNED, value,
-                     started_ns=started_ns)
+                     started_ns=started_ns, meta=meta)
     return value, None

@@ -282,7 +282,8 @@ def run_events(context: RunContext, scope: Scope, first: Event, state: Memory, s
                 how = ActionHow.EXECUTED
                 sent = _executed(context, scope, site, state, stats, site.event.id in recorded_events)
         except Exception as exc:
-            _trace_action(context, scope, site, ActionHow.FAILED, started_ns, f"{type(exc).__name__}: {exc}")
+            # The type only: the message may hold a prompt or a reply (a validation error quotes its input).
+            _trace_action(context, scope, site, ActionHow.FAILED, started_ns, type(exc).__qualname__)
             raise
         _trace_action(context, scope, site, how, started_ns)
         for emitted in sent:

@@ -283,6 +283,7 @@ def _tracing(setting: Any) -> TracingConfig | None:
     """``tracing`` as the operator uses it: a :class:`TracingConfig`, or ``None`` for off."""
     if setting is None or setting is False:
         return None
+    _check_tracing_installed()
     if setting is True:
         return TracingConfig()
     if isinstance(setting, TracingConfig):
@@ -293,9 +294,24 @@ def _tracing(setting: Any) -> TracingConfig | None:
         except pydantic.ValidationError as exc:
             error = exc.errors(include_url=False)[0]
             where = ".".join(str(part) for part in error["loc"])
-            raise ConfigError(f"tracing setting {where!r}: {error['msg']} (got {error.get('input')!r:.80})") from None
+            shown = "" if where.startswith("headers") else f" (got {error.get('input')!r:.80})"  # may hold a token
+            raise ConfigError(f"tracing setting {where!r}: {error['msg']}{shown}") from None
     raise ConfigError(f"tracing must be True, False, None, a TracingConfig or a dict of its settings, got "
                       f"{type(setting).__name__}: {setting!r:.80}")
+
+
+def _check_tracing_installed() -> None:
+    """Tracing exports with the OpenTelemetry SDK's OTLP/HTTP exporter, an optional extra: said where the job is
+    built, not found missing in a TaskManager's exporter process."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if not found:
+        raise ConfigError("tracing needs the OpenTelemetry SDK and its OTLP exporter: "
+                          "pip install 'flink-agents-replay[tracing]'")
 
 
 def read_signing_key_file(path: str) -> str:

@@ -57,7 +57,10 @@ class TraceObserver:
 
     def checkpoint(self, *, checkpoint_id: int, checkpoint_time_ms: int, subtask: int,
                    partitions: Iterable[int]) -> None:
-        self.sink.flush()
+        if not self.sink.flush() and not self.sink.collector_down:
+            log.warning("checkpoint %d: the spans of the runs before it were not all exported within %s s; they go "
+                        "on being exported (a failure now would lose them)", checkpoint_id,
+                        self.sink.settings.flush_timeout_s)
         self._count()
 
     def close(self) -> None:
@@ -72,7 +75,8 @@ class TraceObserver:
                           self.attempt, self.subtask, self.replay)
         outputs = [output.output for output in result.outputs] if self.content else None
         # A parked run's own span is made when it ends.
-        packed = encode_run(trace, run, content=self.content, outputs=outputs, error=result.error, with_run=with_run)
+        error = result.error if self.content or result.error is None else result.error.split(":", 1)[0]  # its type
+        packed = encode_run(trace, run, content=self.content, outputs=outputs, error=error, with_run=with_run)
         self.sink.submit(packed, span_count(trace, with_run=with_run))
 
     def _count(self) -> None:

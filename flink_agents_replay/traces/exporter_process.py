@@ -55,7 +55,12 @@ def serve(source: BinaryIO, answers, *, exporter=None) -> None:
     if first is None or first[0] != b"I":
         return
     init = msgpack.unpackb(first[1])
-    sink = SpanSink(TracingConfig.model_validate_json(init["settings"]), agent=init["agent"], exporter=exporter)
+    try:
+        sink = SpanSink(TracingConfig.model_validate_json(init["settings"]), agent=init["agent"], exporter=exporter)
+    except Exception as exc:  # noqa: BLE001 - told to the subtask (which logs it), then this process ends
+        answers.write(f"X {type(exc).__name__}: {' '.join(str(exc).split())[:500]}\n")
+        answers.flush()
+        raise
     kinds = init["kinds"]
     try:
         for kind, payload in frames:

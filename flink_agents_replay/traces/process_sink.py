@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 
@@ -58,7 +59,11 @@ class ProcessSpanSink:
         self._lost = 0  # spans dropped here: the queue full, or a process that died with them
         self._counted = (0, 0, False)  # the process's (exported, dropped, down) as last answered
         self._before = (0, 0)  # (exported, dropped) of processes that ended: the counts never go back
+        self._written = 0  # spans written to the current process (it holds those it has not answered for)
         self._writer: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._pause = 1.0  # before another process starts after one died (doubles, at most a minute)
+        self._restart_at = 0.0
 
     @property
     def exported(self) -> int:
@@ -73,10 +78,11 @@ class ProcessSpanSink:
         return self._counted[2]
 
     def submit(self, packed: bytes, estimate: int) -> None:
-        """Hand over one run's packed facts (about ``estimate`` spans)."""
+        """Hand over one run's packed facts (``estimate`` spans); never blocks."""
         with self._lock:
-            if self._closed or self._queued + estimate > self.settings.max_queued_spans:
-                self._lost += estimate
+            if (self._closed or self._queued + estimate > self.settings.max_queued_spans
+                    or (self._process is None and time.monotonic() < self._restart_at)):
+                self._lost += estimate  # a full queue, or a process that died a moment ago: not restarted yet
                 return
             self._frames.append((estimate, frame(b"R", msgpack.packb([estimate, packed]))))
             self._queued += estimate
@@ -84,50 +90,61 @@ class ProcessSpanSink:
             self._lock.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until the process has exported (or dropped) everything handed over so far; ``False`` when that took
-        longer than ``timeout_s`` (default: the settings' ``flush_timeout_s``), or the collector is down."""
+        """Wait, at most ``timeout_s`` (default: the settings' ``flush_timeout_s``), until the process has exported
+        (or dropped) everything handed over so far; ``False`` if it did not answer in time, or the collector is
+        down (the process then answers at once)."""
         timeout = self.settings.flush_timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            if self._process is None:
+            process = self._process
+            if process is None:
                 return True
             number = next(self._numbers)
-            self._frames.append((0, frame(b"F", msgpack.packb([number, timeout]))))
+            self._frames.append((0, frame(b"F", msgpack.packb([number, timeout * 0.9]))))  # its answer travels too
             self._lock.notify_all()
-            # the process's own wait is bounded by the timeout; a little more for the answer to travel
-            answered = self._lock.wait_for(lambda: number in self._answers or self._process is None, timeout + 1)
+            answered = self._lock.wait_for(lambda: number in self._answers or self._process is not process, timeout)
             self._answers.pop(number, None)
-            return bool(answered) and self._process is not None and not self.collector_down
+            return bool(answered) and self._process is process and not self.collector_down
 
     def close(self) -> None:
-        """Flush (within the timeout), end the process's input and wait for it to export what it holds."""
+        """Flush, end the process's input and wait for its last counts: all within about twice the flush timeout,
+        then the process is stopped (what it still held is counted as dropped)."""
         self.flush()
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-            process = self._process
+            process, reader = self._process, self._reader
+        if process is None:
+            return
+        deadline = time.monotonic() + self.settings.flush_timeout_s + 1
         if self._writer is not None:
-            self._writer.join(5)
-        if process is not None:
-            try:
-                process.wait(self.settings.export_timeout_s + self.settings.flush_timeout_s + 2)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            self._writer.join(max(0.0, deadline - time.monotonic()))
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if reader is not None:
+            reader.join(max(0.1, deadline - time.monotonic()))  # its last line: the final counts
+        with self._lock:
+            if self._process is process:  # no final counts: what it held is lost
+                self._lost += max(0, self._written - self._counted[0] - self._counted[1])
 
     def _ensure_started(self) -> None:
         """Start the process (and the threads) if none runs (called with the lock held)."""
         if self._process is not None:
             return
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-        self._process = subprocess.Popen(
+        process = subprocess.Popen(
             [interpreter(), "-m", "flink_agents_replay.traces.exporter_process"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+        self._process, self._written, self._counted = process, 0, (0, 0, False)
         self._frames.appendleft((0, self._init))
-        self._writer = threading.Thread(target=self._write, args=(self._process,), daemon=True,
+        self._writer = threading.Thread(target=self._write, args=(process,), daemon=True,
                                         name="flink-agents-replay-span-writer")
         self._writer.start()
-        threading.Thread(target=self._read, args=(self._process,), daemon=True,
-                         name="flink-agents-replay-span-answers").start()
+        self._reader = threading.Thread(target=self._read, args=(process,), daemon=True,
+                                        name="flink-agents-replay-span-answers")
+        self._reader.start()
 
     def _write(self, process: subprocess.Popen) -> None:
         while True:
@@ -138,47 +155,59 @@ class ProcessSpanSink:
                 taken = list(self._frames)
                 self._frames.clear()
                 closing = self._closed
+                spans = sum(estimate for estimate, _ in taken)
+                self._queued -= spans
+                self._written += spans  # the process holds them from here (or they are lost with it)
             try:
                 if taken:
                     process.stdin.write(b"".join(payload for _, payload in taken))
                     process.stdin.flush()
+                if closing:
+                    process.stdin.close()
+                    return
             except (BrokenPipeError, OSError, ValueError):
-                self._died(process, sum(estimate for estimate, _ in taken))
-                return
-            with self._lock:
-                self._queued -= sum(estimate for estimate, _ in taken)
-            if closing:
-                process.stdin.close()
+                self._died(process, "its input broke")
                 return
 
     def _read(self, process: subprocess.Popen) -> None:
         for line in process.stdout:
-            kind, number, exported, dropped, down = line.decode().split()
+            kind, _, rest = line.decode("utf-8", "replace").strip().partition(" ")
+            if kind == "X":  # it could not start: say why, once per process
+                log.warning("the trace exporter process could not start: %s", rest)
+                continue
+            number, exported, dropped, down = rest.split()
             with self._lock:
+                if self._process is not process:  # answers of a process given up on count no more
+                    return
                 self._counted = (int(exported), int(dropped), down == "1")
                 if kind == "F":
                     self._answers[int(number)] = self._counted
                 self._lock.notify_all()
         process.stdout.close()
         process.wait()
-        if process.returncode and not self._closed:
-            self._died(process, 0)
+        if not self._closed:
+            self._died(process, f"it exited with code {process.returncode}")
 
-    def _died(self, process: subprocess.Popen, lost: int) -> None:
-        """The process ended before its input did: what it held is lost (counted); the next run starts another."""
+    def _died(self, process: subprocess.Popen, why: str) -> None:
+        """The process ended (or broke) before its input did: what it held is lost (counted), and another starts
+        with the next run, after a pause that doubles with each death in a row (at most a minute)."""
         with self._lock:
             if self._process is not process:
                 return
-            log.warning("the trace exporter process ended (exit code %s); the spans it held are lost",
-                        process.poll())
-            self._lost += lost + self._queued
+            held = max(0, self._written - self._counted[0] - self._counted[1])
+            self._lost += held + self._queued
+            log.warning("the trace exporter process ended (%s); %d spans it held or was to get are lost; another "
+                        "starts in %.0f s", why, held + self._queued, self._pause)
             self._queued = 0
             self._frames.clear()
-            try:
-                process.stdin.close()
-            except OSError:
-                pass  # its pipe broke with it
-            self._before = (self.exported, self._before[1] + self._counted[1])
-            self._counted = (0, 0, False)
-            self._process = None
+            self._before = (self._before[0] + self._counted[0], self._before[1] + self._counted[1])
+            self._counted, self._written, self._process = (0, 0, False), 0, None
+            self._restart_at = time.monotonic() + self._pause
+            self._pause = min(60.0, self._pause * 2)
             self._lock.notify_all()
+        if process.poll() is None:  # hung, or its input broke: it must not live on
+            process.kill()
+        try:
+            process.stdin.close()
+        except OSError:
+            pass  # its pipe broke with it

@@ -153,19 +153,20 @@ def _call_spans(call: CallEntry, tid: int, parent: int, run: RunIdentity, kinds:
         spans = [_reused(call, tid, parent, kind, common, error)]
         if "at_ms" in record.meta:  # the original execution, as that attempt made it (same id)
             spans.append(_executed(call, tid, parent, kind, {**common, c.FA_CALL_HOW: CallHow.EXECUTED.value},
-                                   content, error, original=True))
+                                   content, error))
         return spans
     attributes = {**common, c.OI_SPAN_KIND: c.OI_CHAIN}
     return [SpanData(f"{call.how.value} {_name(kind, record)}", tid, random_span_id(), parent, call.start_ns,
                      call.end_ns, attributes, error)]
 
 
-def _executed(call: CallEntry, tid: int, parent: int, kind: str, common: dict, content: bool, error: str | None,
-              *, original: bool = False) -> SpanData:
-    """The span of the call's execution, over its own interval (from its record when it was made earlier)."""
+def _executed(call: CallEntry, tid: int, parent: int, kind: str, common: dict, content: bool,
+              error: str | None) -> SpanData:
+    """The span of the call's execution, over its interval as its record notes it (the same whichever attempt makes
+    the span: the one that made the call, or a later one that reused it)."""
     record = call.record
     began_ms = record.meta.get("at_ms")
-    if original:
+    if began_ms is not None:  # its journaled times: the same span whichever attempt makes it
         start = int(began_ms) * 1_000_000
         end = start + int(float(record.meta.get("latency_ms", 0.0)) * 1_000_000)
     else:
@@ -239,6 +240,8 @@ def _kind_attributes(kind: str, record: CallFacts, *, executed: bool) -> dict[st
                 c.GEN_AI_TOOL_TYPE: "function", c.OI_SPAN_KIND: c.OI_TOOL, c.OI_TOOL_NAME: record.resource}
     if kind == "agent":
         name = record.resource.removeprefix("agent:")
+        if not executed:
+            return {c.OI_SPAN_KIND: c.OI_CHAIN, c.GEN_AI_AGENT_NAME: name}
         return {c.GEN_AI_OPERATION_NAME: "invoke_agent", c.GEN_AI_AGENT_NAME: name, c.OI_SPAN_KIND: c.OI_AGENT}
     return {c.OI_SPAN_KIND: c.OI_CHAIN}
 

@@ -90,18 +90,29 @@ def test_a_collector_that_is_down_costs_a_flush_nothing_and_its_spans_are_counte
 
 
 def test_a_process_that_dies_loses_what_it_held_counted_and_the_next_run_starts_another(receiver):
-    sink = ProcessSpanSink(TracingConfig(endpoint=receiver.endpoint), agent="lookups", kinds=KINDS)
+    # A collector that does not answer yet (a closed port, retried for 30 s): the process holds the spans.
+    sink = ProcessSpanSink(TracingConfig(endpoint=f"http://127.0.0.1:{closed_port()}", export_timeout_s=30),
+                           agent="lookups", kinds=KINDS)
     packed, estimate, spans = traced_run(1)
     sink.submit(packed, estimate)
-    assert sink.flush(30) and sink.exported == len(spans)
+    assert not sink.flush(0.5)  # still exporting: the process holds them
     first = sink._process
     os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
-    deadline = time.monotonic() + 10
-    while sink._process is first:  # the answers' reader sees it end
-        assert time.monotonic() < deadline
-        time.sleep(0.01)  # polls; the deadline bounds it
+    until(lambda: sink._process is None, "the death noticed")
+    assert sink.dropped == len(spans) and sink.exported == 0  # what it held, counted once
+    sink.submit(packed, estimate)  # a moment after the death: not restarted yet, dropped and counted
+    assert sink._process is None and sink.dropped == 2 * len(spans)
+    sink.settings = TracingConfig(endpoint=receiver.endpoint)  # the collector is back
+    sink._init = ProcessSpanSink(sink.settings, agent="lookups", kinds=KINDS)._init
+    until(lambda: time.monotonic() >= sink._restart_at, "the pause after a death")
     sink.submit(packed, estimate)
     assert sink.flush(30)
-    assert sink._process is not first and sink.exported == 2 * len(spans)  # counts never go back
+    assert sink._process is not first and sink.exported == len(spans) and sink.dropped == 2 * len(spans)
     sink.close()
+
+
+def until(condition, what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.01)  # polls; the deadline bounds it

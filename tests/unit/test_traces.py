@@ -1,6 +1,6 @@
 """A run's spans from what its executions did: the engine's notes, the span builder and the exporter's sink, with the
 in-memory journal and the OpenTelemetry SDK's in-memory exporter (the real OTLP path to Phoenix is tested in
-tests/integration/test_traces_phoenix.py).
+tests/integration/test_tool_loop_sigkill.py).
 
 The core case: a run whose model call is journaled, then the process dies inside the tool call; the next attempt
 reuses the model call and makes the tool call. Across both attempts' spans the model call must appear once as
@@ -268,3 +268,79 @@ def test_a_flush_does_not_wait_for_exports_to_a_collector_found_down():
     assert time.monotonic() - begun < 0.4
     sink.close()
     assert sink.dropped == 2 * len(spans)
+
+
+class Failing(Exception):
+    """A refund that fails, with the prompt in its message (as a validation error quotes its input)."""
+
+
+def test_the_first_attempts_executed_span_and_the_one_made_again_after_a_failure_are_one_span():
+    store, codec = MemoryJournalStore(MAX_PARALLELISM), RecordCodec(b"0123456789abcdef0123", "triage")
+    model, refund = Model(), Refund()
+    agent = make_agent(model, refund)
+    group = key_group(KEY, "STRING", MAX_PARALLELISM)
+    run = RunInput(KEY, group, 1, {"order": "o-1"})
+
+    def failing_refund(order):
+        raise Failing(f"refund of {order} failed for {SECRET_PROMPT}")
+
+    refund.invoke = failing_refund
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    first = execute_run(agent, run, {}, journal=writer.run_journal(group), trace=True, report_failures=True)
+    writer.close()
+    assert first.error is not None and model.calls == 1
+    first_spans = spans_made(first.trace, identity(1))
+    groups = range(MAX_PARALLELISM)
+    index = read_recovery_index(store, codec, dict.fromkeys(groups, 0), store.end_offsets(list(groups)))
+    del refund.invoke  # the refund works again: the failed call is made again, the model call reused
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    second = execute_run(agent, run, {}, history=index.history(key_digest(KEY)), journal=writer.run_journal(group),
+                         trace=True)
+    writer.close()
+    assert model.calls == 1
+    second_spans = spans_made(second.trace, identity(2))
+    [executed] = [span for span in first_spans if span.name == "chat stub-model"]
+    [remade] = [span for span in second_spans if span.name == "chat stub-model"]
+    assert (remade.trace_id, remade.span_id, remade.start_ns) == (executed.trace_id, executed.span_id,
+                                                                  executed.start_ns)
+    assert any(span.name == "reused chat stub-model" for span in second_spans)
+    # Content off: the failure's message (it holds the prompt) is in no span, its type is.
+    shown = repr([(span.name, span.attributes, span.error) for span in first_spans])
+    assert SECRET_PROMPT not in shown and "Failing" in shown
+
+
+def test_the_job_lineage_is_kept_in_the_markers_and_read_back():
+    from flink_agents_replay.storage.journal.markers import encode_marker, restored_lineage
+
+    marker = encode_marker("topic-id", 0, {0: 5}, {0: 9}, {}, lineage="job-of-the-first-start")
+    other = encode_marker("topic-id", 1, {1: 5}, {1: 9}, {})  # subtasks all keep it; a marker without one is fine
+    assert restored_lineage([other, marker]) == "job-of-the-first-start"
+    assert restored_lineage([other]) is None and restored_lineage([]) is None
+
+
+@pytest.mark.parametrize("header, kept", [
+    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", True),
+    ("00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01", False),  # the spec writes lower-case hex
+    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" + "x" * 10_000, False),
+    ("not a traceparent", False), (None, False)])
+def test_only_a_well_formed_traceparent_header_is_kept(header, kept):
+    from flink_agents_replay.jobs.kafka_input import _well_formed
+
+    assert (_well_formed(header) == header) is kept if header is not None else _well_formed(header) is None
+
+
+def test_tracing_without_the_exporter_installed_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.flink.config import AgentConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.startswith("opentelemetry.exporter") else real(name, *args))
+    with pytest.raises(ConfigError, match=r"flink-agents-replay\[tracing\]"):
+        AgentConfig(journal_enabled=False, tracing=True).resolved("triage")
+    with pytest.raises(ConfigError, match="tracing setting 'headers'") as raised:
+        monkeypatch.setattr(importlib.util, "find_spec", real)
+        AgentConfig(journal_enabled=False, tracing={"headers": "Authorization=Bearer sk-secret"}).resolved("triage")
+    assert "sk-secret" not in str(raised.value)
