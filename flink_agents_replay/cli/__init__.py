@@ -19,6 +19,7 @@
     flink-agents-replay tickets replies [--topic replies] [--bootstrap-servers HOST:PORT]
     flink-agents-replay diff --production CAPTURE --replay REPLAY_CAPTURE [--agent-id NAME] [--html FILE]
                              [--json FILE] [--fail-on-diff] [--price MODEL=IN/OUT ... | --prices FILE]
+                             [--trace-url-template 'http://jaeger:16686/trace/{trace_id}' | --trace-viewer-url URL]
     flink-agents-replay memory diff --store URL --namespace NS --replay NAME --as-of EPOCH [--json FILE]
     flink-agents-replay memory clean --store URL --replay NAME
     flink-agents-replay memory compact --store URL --namespace NS --oldest-retained EPOCH|TIME
@@ -229,6 +230,7 @@ def _diff(args: argparse.Namespace) -> int:
     from flink_agents_replay.replay.report import diff_captures
 
     prices = price_table(args.price, args.prices)  # before Kafka: a bad price fails at once
+    trace_viewer = _trace_viewer(args)  # so does a bad trace URL
     if not args.signing_key:
         raise ConfigError(f"the captures are signed: give --signing-key or set ${SIGNING_KEY_ENV}")
     uid = args.uid or default_uid(args.agent_id)
@@ -241,7 +243,7 @@ def _diff(args: argparse.Namespace) -> int:
     if skipped:  # someone wrote into a capture topic: said, not fatal (the replay job dead-lettered such inputs)
         print(f"skipped {len(skipped)} capture record(s) that do not verify; the first: {skipped[0]}",
               file=sys.stderr)
-    print(report.render_text(max_width=args.width))
+    print(report.render_text(max_width=args.width, trace_viewer=trace_viewer))
     memory = _memory_diff(args, keys={run.key for run in report.runs}) if args.memory_namespace else None
     if memory is not None:
         print(memory.render_text())
@@ -250,10 +252,22 @@ def _diff(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(as_json, indent=1))
         print(f"JSON report: {args.json}")
     if args.html:
-        Path(args.html).write_text(report.render_html(), encoding="utf-8")
+        Path(args.html).write_text(report.render_html(trace_viewer=trace_viewer), encoding="utf-8")
         print(f"HTML report: {args.html}")
     differs = report.has_differences or (memory is not None and bool(memory.differing))
     return 1 if args.fail_on_diff and differs else 0
+
+
+def _trace_viewer(args: argparse.Namespace):
+    """The trace viewer ``diff`` links runs to (``--trace-url-template``, or Phoenix at ``--trace-viewer-url``), or
+    ``None``."""
+    from flink_agents_replay.replay.diff import TraceViewer
+
+    if args.trace_url_template:
+        return TraceViewer(args.trace_url_template)
+    if args.trace_viewer_url:
+        return TraceViewer.phoenix(args.trace_viewer_url)
+    return None
 
 
 def _memory_diff(args: argparse.Namespace, *, keys=()):
@@ -467,6 +481,14 @@ def _add_diff_command(commands) -> None:
     diff.add_argument("--prices", default=None, metavar="FILE",
                       help='a JSON price table: {"MODEL": {"prompt_per_1m": 0.15, "completion_per_1m": 0.6}, ...} '
                            "(without prices, costs are n/a)")
+    viewer = diff.add_mutually_exclusive_group()
+    viewer.add_argument("--trace-url-template", default=None, metavar="URL",
+                        help="link each run that differs or failed to production's and the replay's trace: a trace "
+                             "viewer's URL with {trace_id} for the trace id, e.g. "
+                             "'http://jaeger:16686/trace/{trace_id}' (http or https)")
+    viewer.add_argument("--trace-viewer-url", default=None, metavar="URL",
+                        help="the same for Arize Phoenix at URL (e.g. http://127.0.0.1:6006): its "
+                             "/redirects/traces/{trace_id} page")
     _add_memory_diff_options(diff, required=False)
     _add_kafka_settings_option(diff)
     diff.set_defaults(handler=_diff)

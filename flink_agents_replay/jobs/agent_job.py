@@ -66,6 +66,7 @@ from flink_agents_replay.jobs.kafka_output import (
     exactly_once_string_sink,
     keyed_string_type,
 )
+from flink_agents_replay.jobs.trace_flags import add_trace_arguments, tracing
 from flink_agents_replay.jobs.waits_topic import wait_event_record
 
 #: The settings a waits topic is created with: a pending wait's ``opened`` event may be days old, and compaction
@@ -99,23 +100,6 @@ def _add_order_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an MCP server (streamable HTTP, like http://127.0.0.1:8765/mcp) whose lookup_order tool "
                              "looks the orders up, its read-only annotation trusted (listed when the job is built); "
                              "default: GET <orders base URL>/orders/<id>. Refunds stay at the order service")
-
-
-def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", action="store_true",
-                        help="send OpenTelemetry traces of the runs over OTLP/HTTP, configured by the standard "
-                             "OTEL_EXPORTER_OTLP_* and OTEL_SERVICE_NAME variables where the job runs")
-    parser.add_argument("--otlp-endpoint", default=None,
-                        help="trace to this OTLP/HTTP endpoint (http://host:4318; implies --trace)")
-    parser.add_argument("--trace-content", action="store_true",
-                        help="put prompts, replies, tool arguments and results into the spans (off by default)")
-
-
-def _tracing(args: argparse.Namespace) -> dict | None:
-    """The agent's tracing settings from the arguments (``None``: off)."""
-    if not (args.trace or args.otlp_endpoint):
-        return None
-    return {"endpoint": args.otlp_endpoint, "capture_content": True if args.trace_content else None}
 
 
 def _check_orders_mcp_url(parser: argparse.ArgumentParser, url: str | None) -> None:
@@ -176,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              ".capture, with a manifest entry per checkpoint (see flink_agents_replay.jobs.replay_job)")
     parser.add_argument("--topic-partitions", type=int, default=2,
                         help="partitions of the input and output topics if this job creates them (default 2)")
-    _add_trace_arguments(parser)
+    add_trace_arguments(parser)
     args = parser.parse_args(argv)
     try:  # a bad key file is a usage error, reported without a traceback and without the key
         args.signing_key = job_signing_key(key_file=args.signing_key_file, key=args.signing_key)
@@ -227,7 +211,7 @@ def build(args: argparse.Namespace):
     }
     if args.journal_topic:
         config["journal_topic"] = args.journal_topic
-    config["tracing"] = _tracing(args)
+    config["tracing"] = tracing(args)
     replies = connect_to_agent(keyed, agent, config, signals=signals)
 
     sink = exactly_once_string_sink(args.bootstrap_servers, args.output_topic, prefix)

@@ -19,6 +19,10 @@ is run again from the savepoint with a new ``--replay-name``: it is never resume
 A capture record that does not verify (not this operator's, signed with another key, copied from another topic
 or partition) goes to the dead-letter topic (default ``<output topic>.replay-<name>.dead-letters``) with the
 reason, its partition and offset, and the replay goes on; its run is then missing from the diff.
+
+``--trace`` / ``--otlp-endpoint`` / ``--trace-content`` are the main job's: the replay's runs are traced under the
+service ``<service>-replay`` (each run a trace of its own, whose id the replay's capture records next to production's),
+and ``diff --trace-url-template`` links the runs that differ to both traces.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from flink_agents_replay.integrations.kafka.admin import ensure_topics
 from flink_agents_replay.jobs.connector import CONNECTOR_ENV, require_kafka_connector
 from flink_agents_replay.jobs.kafka_input import DeadLetters, KafkaInput, records_from_kafka
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
+from flink_agents_replay.jobs.trace_flags import add_trace_arguments, tracing
 from flink_agents_replay.replay.job import (
     CapturedInputParser,
     keyed_captured_inputs,
@@ -95,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="file whose first line is the journal signing key (else $FLINK_AGENTS_REPLAY_SIGNING_KEY)")
     parser.add_argument("--signing-key", default=None,
                         help="the signing key itself: shows in `ps`; prefer --signing-key-file or the environment")
+    add_trace_arguments(parser)  # the replay's runs are traced under <service>-replay, production's service name
     args = parser.parse_args(argv)
     try:  # a bad key file is a usage error, reported without a traceback and without the key
         args.signing_key = job_signing_key(key_file=args.signing_key_file, key=args.signing_key)
@@ -159,7 +165,8 @@ def build(args: argparse.Namespace):
     topics = {"journal": f"{production_journal}.{suffix}", "capture": f"{capture_topic}.{suffix}",
               "outputs": f"{args.output_topic}.{suffix}"}
     topics["dead_letters"] = args.dead_letter_topic or f"{topics['outputs']}.dead-letters"
-    config = replay_config({"kafka": kafka, "signing_key": args.signing_key, "max_parallelism": args.max_parallelism},
+    config = replay_config({"kafka": kafka, "signing_key": args.signing_key, "max_parallelism": args.max_parallelism,
+                            "tracing": tracing(args)},
                            settings, journal_topic=topics["journal"], capture_topic=topics["capture"],
                            output_topics=[topics["outputs"], topics["dead_letters"]])
     # Read, parsed and timestamped at the job's parallelism, one to one, as the value-only source was (design §15).

@@ -45,6 +45,14 @@ Usage and cost
     unknown, ``None``, for a model without a price). :attr:`DiffReport.usage` adds them up over the report;
     :mod:`.usage` says exactly what is measured. Records written before calls had meta count no model calls.
 
+Traces
+    Each :class:`RunDiff` holds the trace id each side's capture recorded for its run (``CapturedRun.trace_id``,
+    32 hex digits: where the run's spans are, with tracing on; a replay's runs trace under ``<service>-replay``,
+    each in a trace of its own). ``None`` for a side without a finished run, and in captures written before 0.7.0.
+    Given a :class:`TraceViewer` (a URL template such as Jaeger's ``http://jaeger:16686/trace/{trace_id}``, or
+    :meth:`TraceViewer.phoenix`), the text and HTML reports link every run that differs or ended in an error to
+    both traces (the JSON always has both ids).
+
 The :class:`DiffReport` renders as JSON (:meth:`DiffReport.to_json`), as a terminal report
 (:meth:`DiffReport.render_text`) and as one self-contained HTML page (:meth:`DiffReport.render_html`). Each
 shows the model usage, production against replay with deltas (the text report says in one line when neither
@@ -59,11 +67,14 @@ import html
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
+from flink_agents_replay.core.errors import ConfigError
 from flink_agents_replay.replay.usage import METRICS, PriceTable, Usage, UsageComparison, usage_of
 from flink_agents_replay.replay.word_diff import highlight_words
 from flink_agents_replay.storage.capture.records import BlockedCall, CapturedInput, CapturedParked, CapturedRun
@@ -79,6 +90,7 @@ __all__ = [
     "NOTE_REPLAY_NOT_FINISHED",
     "RunDiff",
     "STATUSES",
+    "TraceViewer",
     "WAIT_CHANGES",
     "WaitEntry",
     "WaitRow",
@@ -105,7 +117,9 @@ class RunDiff:
     replay run; ``note`` says when a side had no run record (or the two sides ran different inputs);
     ``production_usage`` and ``replay_usage`` are the model calls of each side's run (none without a run);
     ``production_waits`` and ``replay_waits`` the waits each side's run reached, in order, with their decisions
-    (a run still waiting: its calls so far, its last wait open).
+    (a run still waiting: its calls so far, its last wait open); ``production_trace_id`` and ``replay_trace_id``
+    the trace id each side's capture recorded for its finished run (``None`` without one: no finished run, or a
+    capture written before 0.7.0).
     """
 
     key: Any
@@ -120,6 +134,8 @@ class RunDiff:
     replay_usage: Usage = field(default_factory=Usage)
     production_waits: list[WaitEntry] = field(default_factory=list)
     replay_waits: list[WaitEntry] = field(default_factory=list)
+    production_trace_id: str | None = None
+    replay_trace_id: str | None = None
 
     @property
     def usage(self) -> UsageComparison:
@@ -246,6 +262,8 @@ class DiffReport:
                     "replay_usage": run.replay_usage.to_json(),
                     "waits": [to_json_value(row.to_json()) for row in run.waits],
                     "decisions_changed": run.decisions_changed,
+                    "production_trace_id": run.production_trace_id,
+                    "replay_trace_id": run.replay_trace_id,
                 }
                 for run in self.runs
             ],
@@ -255,11 +273,18 @@ class DiffReport:
             ],
         }
 
-    def render_text(self, max_width: int = 100) -> str:
-        """A terminal report, lines at most ``max_width`` wide: counts, model usage, differing runs, runs still
+    @property
+    def traced(self) -> list[RunDiff]:
+        """The runs a report links to their traces: changed, new or missing, or ended in an error; in run order."""
+        return [run for run in self.runs if run.status not in ("same", "waiting") or run.error is not None]
+
+    def render_text(self, max_width: int = 100, *, trace_viewer: TraceViewer | None = None) -> str:
+        """A terminal report, lines at most ``max_width`` wide: counts, model usage, differing runs (with a
+        ``trace_viewer``, the links to both traces of each run that differs or ended in an error), runs still
         waiting and every wait with its decisions (one line when no run reached a wait), blocked calls, errors.
 
-        Values are shown on one line, as JSON where possible, and shortened with "…" to fit.
+        Values are shown on one line, as JSON where possible, and shortened with "…" to fit; links are never
+        shortened (a cut link leads nowhere).
         """
         summary = self.summary
         parts = ["Replay diff", "", _text_table(["", "count"], [[name, str(n)] for name, n in summary.items()],
@@ -274,25 +299,73 @@ class DiffReport:
         errors = [[_one_line(run.key), str(run.seq), _one_line(run.error)] for run in self.errors]
         parts += _text_section("Differing runs", ["key", "seq", "status", "production", "replay"], differing,
                                max_width, "none: the replay produced the same outputs as production")
+        if trace_viewer is not None:
+            parts += _text_traces(self.traced, trace_viewer, max_width)
         parts += _text_waits(self, max_width)
         parts += _text_section("Blocked calls", ["key", "seq", "action", "resource", "arguments"], blocked, max_width)
         parts += _text_section("Errors", ["key", "seq", "error"], errors, max_width)
         return "\n".join(parts) + "\n"
 
-    def render_html(self) -> str:
-        """One self-contained HTML page (inline CSS, no external resources, every value escaped)."""
+    def render_html(self, *, trace_viewer: TraceViewer | None = None) -> str:
+        """One self-contained HTML page (inline CSS, no external resources, every value escaped). With a
+        ``trace_viewer``, the differing runs and the errors have a *traces* column: links to both sides' traces
+        (``http``/``https`` only)."""
         body: list[str] = ["<h1>Replay diff</h1>", "<h2>Summary</h2>",
                            _html_table(["", "count"], [[_esc(name), _esc(n)] for name, n in self.summary.items()],
                                        cls="summary"),
                            "<h2>Model usage</h2>", *_html_usage(self.usage)]
         cells = {id(run): _output_cells(run) for run in self.runs}  # word diffs once per run, for both tables
-        for section in (_html_differing(self.differing, cells), *_html_waits(self),
+        for section in (_html_differing(self.differing, cells, trace_viewer), *_html_waits(self),
                         _html_runs_by_key(self.runs, cells), _html_blocked(self.blocked_calls),
-                        _html_errors(self.errors)):
+                        _html_errors(self.errors, trace_viewer)):
             body += section
         return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 "<title>Replay diff</title>\n<style>\n" + _CSS + "</style>\n</head>\n<body>\n"
                 + "\n".join(body) + "\n</body>\n</html>\n")
+
+
+#: Where a :class:`TraceViewer`'s template puts the trace id.
+TRACE_ID_PLACE = "{trace_id}"
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class TraceViewer:
+    """Where a trace viewer shows a trace: a URL template with ``{trace_id}`` (the OpenTelemetry trace id, 32 lowercase
+    hex digits), such as Jaeger's ``http://jaeger:16686/trace/{trace_id}`` or Grafana Tempo's explore URL.
+
+    Only ``http`` and ``https`` URLs with a host and no spaces or control characters are taken (a
+    :class:`ConfigError` otherwise); the template may hold
+    other braces (only ``{trace_id}`` is replaced). :meth:`url` links only a well-formed trace id.
+    """
+
+    def __init__(self, template: str):
+        if TRACE_ID_PLACE not in template:
+            raise ConfigError(f"a trace URL template needs {TRACE_ID_PLACE} where the trace id goes: {template!r}")
+        try:
+            parts = urlsplit(template.replace(TRACE_ID_PLACE, "0" * 32))
+            scheme, hostname = parts.scheme, parts.hostname
+        except ValueError:  # an unclosed IPv6 host, say
+            scheme = hostname = None
+        # No spaces or control characters: a URL parser drops some of them, and a browser others.
+        if scheme not in ("http", "https") or not hostname or any(
+                ch.isspace() or not ch.isprintable() for ch in template):
+            raise ConfigError(f"a trace URL must be an http or https URL with a host: {template!r}")
+        self.template = template
+
+    @classmethod
+    def phoenix(cls, base_url: str) -> TraceViewer:
+        """Arize Phoenix at ``base_url`` (its UI root): its route ``/redirects/traces/<trace id>`` opens the trace in
+        whichever project holds it (the replay's service is a project of its own)."""
+        return cls(base_url.rstrip("/") + "/redirects/traces/" + TRACE_ID_PLACE)
+
+    def url(self, trace_id: str | None) -> str | None:
+        """The trace's page, or ``None`` for no trace id or one that is not 32 lowercase hex digits."""
+        if not isinstance(trace_id, str) or not _TRACE_ID.fullmatch(trace_id):
+            return None
+        return self.template.replace(TRACE_ID_PLACE, trace_id)
+
+    def __repr__(self) -> str:
+        return f"TraceViewer({self.template!r})"
 
 
 def compare(production_runs: Iterable[CapturedRun | CapturedParked],
@@ -535,6 +608,8 @@ def _run_diff(seq: int, production_run: CapturedRun | CapturedParked | None,
         replay_usage=_usage(replay_run, prices),
         production_waits=_waits(production_run),
         replay_waits=_waits(replay_run),
+        production_trace_id=_trace_id(production_run),
+        replay_trace_id=_trace_id(replay_run),
     )
 
 
@@ -553,6 +628,11 @@ def _note(production_run: CapturedRun | CapturedParked | None, replay_run: Captu
     if len(digests) > 1:
         notes.append(NOTE_INPUT_DIGEST_DIFFERS)
     return "; ".join(notes) or None
+
+
+def _trace_id(run: CapturedRun | CapturedParked | None) -> str | None:
+    """A finished run's trace id as its capture recorded it (a parked run's record holds none)."""
+    return run.trace_id if isinstance(run, CapturedRun) else None
 
 
 def _usage(run: CapturedRun | CapturedParked | None, prices: PriceTable | None) -> Usage:
@@ -639,6 +719,21 @@ def _safe_repr(value: Any) -> str:
 def _blocked_json(call: BlockedCall | BlockedCallEntry) -> dict[str, Any]:
     return {"event_id": call.event_id, "action": call.action, "position": call.position,
             "resource": call.resource, "arguments": call.arguments}
+
+
+def _text_traces(runs: list[RunDiff], viewer: TraceViewer, max_width: int) -> list[str]:
+    """Per run that differs or ended in an error, with a trace on either side: a line naming it, then the link to
+    production's trace and the replay's ("-": that side recorded none)."""
+    lines, n_runs = [], 0
+    for run in runs:
+        links = [viewer.url(run.production_trace_id), viewer.url(run.replay_trace_id)]
+        if not any(links):
+            continue
+        n_runs += 1
+        status = run.status + (", error" if run.error is not None else "")
+        lines.append(_shorten(f"{_one_line(run.key)}  {run.seq}  {status}", max_width))
+        lines += [f"  {side:<10}  {link or _NONE}" for side, link in zip(("production", "replay"), links, strict=True)]
+    return ["", f"Traces of differing runs ({n_runs})", *(lines or ["  none: no such run recorded a trace id"])]
 
 
 def _text_section(title: str, headers: list[str], rows: list[list[str]], max_width: int,
@@ -873,12 +968,24 @@ def _html_usage(usage: UsageComparison) -> list[str]:
     return [table, f"<p>Cost n/a: {_esc(unpriced)}.</p>"] if unpriced else [table]
 
 
-def _html_differing(differing: list[RunDiff], cells: dict[int, list[str]]) -> list[str]:
+def _trace_links(run: RunDiff, viewer: TraceViewer) -> str:
+    """A cell linking both sides' traces of a run (already escaped; "-" for a side without one)."""
+    cells = []
+    for side, trace_id in (("production", run.production_trace_id), ("replay", run.replay_trace_id)):
+        url = viewer.url(trace_id)
+        cells.append(f'<a href="{_esc(url)}" rel="noreferrer">{side}</a>' if url else f"{side}: {_NONE}")
+    return "<br>".join(cells)
+
+
+def _html_differing(differing: list[RunDiff], cells: dict[int, list[str]],
+                    viewer: TraceViewer | None = None) -> list[str]:
     parts = [f"<h2>Differing runs ({len(differing)})</h2>"]
     if not differing:
         return parts + ["<p>None: the replay produced the same outputs as production.</p>"]
-    return parts + [_html_table(["key", "seq", "status", "production", "replay"],
-                                [[_esc(run.key), _esc(run.seq), _status_html(run.status), *cells[id(run)]]
+    traces = ["traces"] if viewer is not None else []
+    return parts + [_html_table(["key", "seq", "status", "production", "replay", *traces],
+                                [[_esc(run.key), _esc(run.seq), _status_html(run.status), *cells[id(run)],
+                                  *([_trace_links(run, viewer)] if viewer is not None else [])]
                                  for run in differing],
                                 cls="runs")]
 
@@ -941,12 +1048,14 @@ def _html_blocked(blocked: list[BlockedCallEntry]) -> list[str]:
         cls="blocked")]
 
 
-def _html_errors(errors: list[RunDiff]) -> list[str]:
+def _html_errors(errors: list[RunDiff], viewer: TraceViewer | None = None) -> list[str]:
     parts = [f"<h2>Errors ({len(errors)})</h2>"]
     if not errors:
         return parts + ["<p>None.</p>"]
-    return parts + [_html_table(["key", "seq", "error"],
-                                [[_esc(run.key), _esc(run.seq), _pre_text(run.error or "")] for run in errors],
+    traces = ["traces"] if viewer is not None else []
+    return parts + [_html_table(["key", "seq", "error", *traces],
+                                [[_esc(run.key), _esc(run.seq), _pre_text(run.error or ""),
+                                  *([_trace_links(run, viewer)] if viewer is not None else [])] for run in errors],
                                 cls="errors")]
 
 
