@@ -24,13 +24,13 @@ from typing import Any
 from flink_agents_replay.api.agent import Agent, InputEvent, with_event_id
 from flink_agents_replay.api.memory import Memory, private_copy
 from flink_agents_replay.core.errors import NoSubAgentOutputError, SubAgentCycleError
-from flink_agents_replay.engine.calls import ActionCalls
+from flink_agents_replay.engine.calls import ActionCalls, call_id
 from flink_agents_replay.engine.child_pool import Outcome, run_inline
 from flink_agents_replay.engine.context import RunStats, Scope
 from flink_agents_replay.engine.digest import digest_value
 from flink_agents_replay.engine.failures import CallStep, is_crash
 from flink_agents_replay.engine.trace import CallHow
-from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, child_input_event_id
+from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord, child_input_event_id, journal_key
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 
 __all__ = ["SUB_AGENT_MEMORY", "call_agents"]
@@ -147,12 +147,38 @@ def _run_child(calls: ActionCalls, call: _ChildCall, child_memory: dict, deadlin
     return [output.output for output in outputs], child_state.data, child_stats
 
 
+def _trace_inside(calls: ActionCalls, call: _ChildCall) -> None:
+    """A traced run that reuses a sub-agent call whole: the calls the sub-agent made when it ran (journaled under its
+    actions, at the caller's step) are noted, so that their executions' spans are made again under the calling
+    action, with the ids the attempt that made them gave them (docs/design.md §17)."""
+    context, site = calls.context, calls.site
+    history, trace = context.history, context.trace
+    if trace is None or history is None:
+        return
+    run = context.run
+    prefix = "/".join((*calls.scope.path[1:], call.child.name)) + "/"
+    for (seq, event, action), slot in list(history.calls.items()):
+        if seq != run.seq or not action.startswith(prefix):
+            continue
+        retried = history.retried_positions(seq, event, action)
+        record_key = journal_key(run.key_group, seq, event, action, context.digest_of_key).decode()
+        for record in slot.values():
+            if record.order != site.order or record.outcome is CallOutcome.STARTED:
+                continue
+            request = (record_key, context.input_digest, record.resource, record.args_digest,
+                       retried.get(record.position, 0))
+            trace.call(record, CallHow.INSIDE_REUSED, call_id(calls.scope.path[0], action, seq, record.position,
+                                                             request),
+                       (*calls.scope.path, call.child.name), time.time_ns(), parent=(site.event.id, site.action))
+
+
 def _settle(calls: ActionCalls, call: _ChildCall, outcome: Outcome | None,
             started_ns: int) -> tuple[Any, BaseException | None]:
     """A child call's (outputs, memory) or its exception: reused from the journal, or run now and journaled."""
     stats, run = calls.stats, calls.context.run
     if outcome is None:  # a finished child call: its recorded result, without running the child
         stats.child_calls_reused += 1
+        _trace_inside(calls, call)
         log.info("key %r seq %d: sub-agent call %s reused from the journal (not run again)", run.key,
                  run.seq, " -> ".join((*calls.scope.path, call.child.name)))
         calls.trace_call(call.record, CallHow.REUSED)

@@ -28,6 +28,9 @@ class CallHow(str, enum.Enum):
     REUSED = "reused"  # its journaled outcome, from an earlier attempt (or a parked run's own, on resuming)
     RECORDED = "recorded"  # a replay's gate served production's recorded outcome
     SETTLED = "settled"  # a call in doubt settled without making it: assumed done, or a reconciler's answer
+    #: made by a sub-agent whose call this execution reused whole (the sub-agent did not run now): only the
+    #: original execution's span is made again
+    INSIDE_REUSED = "inside_reused"
 
 
 class ActionHow(str, enum.Enum):
@@ -50,6 +53,9 @@ class TracedCall:
     start_ns: int
     end_ns: int
     arguments: tuple[tuple, dict] | None = None  # (args, kwargs) as the action passed them, kept with content only
+    #: The action whose span it hangs under, if not its own (event id, action): a reused sub-agent's calls hang
+    #: under the action that called the sub-agent (the sub-agent's actions did not run in this execution).
+    parent: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,10 +86,10 @@ class RunTrace:
     calls: list[TracedCall] = field(default_factory=list)
 
     def call(self, record: CallRecord, how: CallHow, call_id: str, agent_path: tuple[str, ...], start_ns: int,
-             arguments: tuple[tuple, dict] | None = None) -> None:
+             arguments: tuple[tuple, dict] | None = None, parent: tuple[str, str] | None = None) -> None:
         """Note a call that ended now."""
         kept = arguments if self.content else None
-        self.calls.append(TracedCall(record, how, call_id, agent_path, start_ns, time.time_ns(), kept))
+        self.calls.append(TracedCall(record, how, call_id, agent_path, start_ns, time.time_ns(), kept, parent))
 
     def action(self, event_id: str, action: str, order: int, agent_path: tuple[str, ...], how: ActionHow,
                start_ns: int, error: str | None = None) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import urllib.parse
 from collections import deque
 from collections.abc import Callable
 
@@ -60,10 +61,29 @@ class TracingConfig(pydantic.BaseModel):
     endpoint: str | None = None
     headers: dict[str, str] | None = pydantic.Field(default=None, repr=False)
     capture_content: bool | None = None
-    export_timeout_s: float = pydantic.Field(default=10.0, gt=0)
-    flush_timeout_s: float = pydantic.Field(default=5.0, ge=0)
+    # Bounded: a checkpoint and a closing operator wait for them (an infinite wait held a failover's slots for good).
+    export_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+    flush_timeout_s: float = pydantic.Field(default=5.0, ge=0, le=600, allow_inf_nan=False)
     max_queued_spans: int = pydantic.Field(default=20_000, ge=1)
     resource_attributes: dict[str, str] = pydantic.Field(default_factory=dict)
+
+    @pydantic.field_validator("endpoint")
+    @classmethod
+    def _an_http_url(cls, endpoint: str | None) -> str | None:
+        if endpoint is None:
+            return None
+        parsed = urllib.parse.urlsplit(endpoint)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or any(ch.isspace() for ch in endpoint):
+            raise ValueError("the OTLP/HTTP endpoint must be an http:// or https:// URL with a host, such as "
+                             "http://collector:4318")
+        return endpoint
+
+    @pydantic.field_validator("headers")
+    @classmethod
+    def _one_line_each(cls, headers: dict[str, str] | None) -> dict[str, str] | None:
+        if headers and any(ch in "\r\n" for item in headers.items() for text in item for ch in text):
+            raise ValueError("a header name or value holds a line break")
+        return headers
 
     def content(self) -> bool:
         """Whether spans carry prompts and replies."""

@@ -72,6 +72,7 @@ class CallEntry:
     start_ns: int
     end_ns: int
     arguments_text: str | None = None
+    parent: tuple[str, str] | None = None  # the action it hangs under, if not its own (a reused sub-agent's calls)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ def encode_run(trace: RunTrace, run: RunIdentity, *, content: bool = False, outp
     calls = [[call.record.event_id, call.record.action, call.record.position, call.record.resource,
               call.record.outcome.value, call.record.meta, *_result_facts(call.record, content), call.how.value,
               call.call_id, call.agent_path, call.start_ns, call.end_ns,
-              text(call.arguments) if content and call.arguments is not None else None] for call in trace.calls]
+              text(call.arguments) if content and call.arguments is not None else None, call.parent]
+             for call in trace.calls]
     actions = [[action.event_id, action.action, action.order, action.agent_path, action.how.value, action.start_ns,
                 action.end_ns, action.error] for action in trace.actions]
     identity = [run.agent, run.key, run.key_digest, run.seq, run.lineage, run.job_id, run.attempt, run.subtask,
@@ -117,7 +119,9 @@ def span_count(trace: RunTrace, *, with_run: bool = True) -> int:
     """How many spans :func:`~.spans.spans_of_run` makes of ``trace``: the run's, one per action and call, and for a
     reused call its original execution's too."""
     reused = sum(1 for call in trace.calls if call.how is CallHow.REUSED and "at_ms" in call.record.meta)
-    return int(with_run) + len(trace.actions) + len(trace.calls) + reused
+    inside = sum(1 for call in trace.calls if call.how is CallHow.INSIDE_REUSED)
+    inside_made = sum(1 for call in trace.calls if call.how is CallHow.INSIDE_REUSED and "at_ms" in call.record.meta)
+    return int(with_run) + len(trace.actions) + len(trace.calls) + reused - inside + inside_made
 
 
 def decode_run(packed: bytes) -> RunFacts:
@@ -146,9 +150,10 @@ def text(value: Any) -> str:
 
 def _call_entry(call: list) -> CallEntry:
     (event, action, position, resource, outcome, meta, finish, error_type, result, how, call_id, path, begun,
-     ended, arguments) = call
+     ended, arguments, parent) = call
     facts = CallFacts(event, action, position, resource, CallOutcome(outcome), meta, finish, error_type, result)
-    return CallEntry(facts, CallHow(how), call_id, tuple(path), begun, ended, arguments)
+    return CallEntry(facts, CallHow(how), call_id, tuple(path), begun, ended, arguments,
+                     tuple(parent) if parent else None)
 
 
 def _result_facts(record, content: bool) -> tuple[str | None, str | None, str | None]:

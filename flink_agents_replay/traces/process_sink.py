@@ -106,28 +106,14 @@ class ProcessSpanSink:
             return bool(answered) and self._process is process and not self.collector_down
 
     def close(self) -> None:
-        """Flush, end the process's input and wait for its last counts: all within about twice the flush timeout,
-        then the process is stopped (what it still held is counted as dropped)."""
-        self.flush()
+        """End the process's input, without waiting for it: it exports what it holds on its own (within its flush
+        and export timeouts) and exits. A closing operator (a failover, a cancel) must not wait for a collector that
+        is slow or down; the counts of that last stretch are not read."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-            process, reader = self._process, self._reader
-        if process is None:
-            return
-        deadline = time.monotonic() + self.settings.flush_timeout_s + 1
         if self._writer is not None:
-            self._writer.join(max(0.0, deadline - time.monotonic()))
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if reader is not None:
-            reader.join(max(0.1, deadline - time.monotonic()))  # its last line: the final counts
-        with self._lock:
-            if self._process is process:  # no final counts: what it held is lost
-                self._lost += max(0, self._written - self._counted[0] - self._counted[1])
+            self._writer.join(1.0)  # the frames still queued go out, then the input ends
 
     def _ensure_started(self) -> None:
         """Start the process (and the threads) if none runs (called with the lock held)."""

@@ -88,7 +88,7 @@ def spans_of_run(facts: RunFacts, kinds: Mapping[str, str]) -> list[SpanData]:
            for action in trace.actions}
     calls: list[SpanData] = []
     for call in trace.calls:
-        parent = ids.get((call.record.event_id, call.record.action), root)
+        parent = ids.get(call.parent or (call.record.event_id, call.record.action), root)
         calls.extend(_call_spans(call, tid, parent, run, kinds, content))
     callers: dict[tuple[tuple[str, ...], int], int] = {}  # a sub-agent's actions hang under their caller's action
     for action in trace.actions:
@@ -149,6 +149,10 @@ def _call_spans(call: CallEntry, tid: int, parent: int, run: RunIdentity, kinds:
         common[c.FA_RECONCILED] = str(record.meta["reconciled"])
     if call.how is CallHow.EXECUTED:
         return [_executed(call, tid, parent, kind, common, content, error)]
+    if call.how is CallHow.INSIDE_REUSED:  # the sub-agent did not run now: only its execution then
+        if "at_ms" not in record.meta:
+            return []
+        return [_executed(call, tid, parent, kind, {**common, c.FA_CALL_HOW: CallHow.EXECUTED.value}, content, error)]
     if call.how is CallHow.REUSED:
         spans = [_reused(call, tid, parent, kind, common, error)]
         if "at_ms" in record.meta:  # the original execution, as that attempt made it (same id)

@@ -70,8 +70,10 @@ def test_spans_handed_over_arrive_with_their_derived_ids_and_a_flush_waits_for_t
     assert got == {(span.trace_id, span.span_id) for span in expected}
     assert sink.exported == len(expected) == len(receiver.spans) and sink.dropped == 0
     process = sink._process
+    begun = time.monotonic()
     sink.close()
-    assert process.poll() == 0  # its input ended: it exported what it held and exited
+    assert time.monotonic() - begun < 2  # a closing operator does not wait for the exporter
+    assert process.wait(30) == 0  # its input ended: it exported what it held and exited on its own
 
 
 def test_a_collector_that_is_down_costs_a_flush_nothing_and_its_spans_are_counted_dropped():
@@ -85,7 +87,10 @@ def test_a_collector_that_is_down_costs_a_flush_nothing_and_its_spans_are_counte
     begun = time.monotonic()
     assert not sink.flush(30)  # at once while the collector is down, not after the export's retries
     assert time.monotonic() - begun < 1.0
+    process = sink._process
     sink.close()
+    assert process.wait(30) == 0
+    sink._reader.join(10)  # its last answer read: the final counts
     assert sink.dropped == 2 * len(spans)
 
 

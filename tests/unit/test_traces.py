@@ -344,3 +344,69 @@ def test_tracing_without_the_exporter_installed_is_a_clear_error(monkeypatch):
         monkeypatch.setattr(importlib.util, "find_spec", real)
         AgentConfig(journal_enabled=False, tracing={"headers": "Authorization=Bearer sk-secret"}).resolved("triage")
     assert "sk-secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("setting, named", [
+    ({"endpoint": "not a url"}, "endpoint"), ({"endpoint": "ftp://127.0.0.1:21"}, "endpoint"),
+    ({"endpoint": "127.0.0.1:4318"}, "endpoint"), ({"endpoint": ""}, "endpoint"),
+    ({"headers": {"x-token": "a\r\nInjected: 1"}}, "headers"), ({"flush_timeout_s": float("inf")}, "flush_timeout_s"),
+    ({"export_timeout_s": float("nan")}, "export_timeout_s"), ({"flush_timeout_s": 10_000}, "flush_timeout_s")])
+def test_a_bad_tracing_setting_is_a_config_error_naming_it(setting, named):
+    from flink_agents_replay.core.errors import ConfigError
+    from flink_agents_replay.flink.config import AgentConfig
+
+    with pytest.raises(ConfigError, match=f"tracing setting '{named}"):
+        AgentConfig(journal_enabled=False, tracing=setting).resolved("triage")
+
+
+def test_a_sub_agents_model_call_is_made_again_under_its_caller_when_the_sub_agent_call_is_reused_whole():
+    """The sub-agent ran in the first attempt (its model call executed and journaled); the caller's next call failed
+    the action. The second attempt reuses the sub-agent call whole (the sub-agent does not run): the model call it
+    made appears once as executed, with the id the first attempt gave it, under the calling action."""
+    model, refund = Model(), Refund()
+
+    class Summary(Agent):
+        name = "summ"
+
+        @action(InputEvent)
+        def summarize(event, ctx):
+            ctx.send_event(OutputEvent(ctx.call("model", event.input)))
+
+    class Caller(Agent):
+        name = "triage"
+
+        @action(InputEvent)
+        def handle(event, ctx):
+            [summary] = ctx.call_agents([("summ", SECRET_PROMPT)])
+            ctx.send_event(OutputEvent({"summary": summary, "refund": ctx.call("refund", event.input["order"])}))
+
+    agent = Caller(name="triage", resources={"refund": refund},
+                   sub_agents=[Summary(name="summ", resources={"model": model})])
+    store, codec = MemoryJournalStore(MAX_PARALLELISM), RecordCodec(b"0123456789abcdef0123", "triage")
+    group = key_group(KEY, "STRING", MAX_PARALLELISM)
+    run = RunInput(KEY, group, 1, {"order": "o-1"})
+
+    def failing_refund(order):
+        raise Failing(order)
+
+    refund.invoke = failing_refund
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    first = execute_run(agent, run, {}, journal=writer.run_journal(group), trace=True, report_failures=True)
+    writer.close()
+    del refund.invoke
+    groups = range(MAX_PARALLELISM)
+    index = read_recovery_index(store, codec, dict.fromkeys(groups, 0), store.end_offsets(list(groups)))
+    writer = JournalWriter(store, codec, Durability.PER_ACTION)
+    second = execute_run(agent, run, {}, history=index.history(key_digest(KEY)), journal=writer.run_journal(group),
+                         trace=True)
+    writer.close()
+    assert model.calls == 1 and first.error is not None and second.error is None  # the sub-agent ran once
+    [executed] = [span for span in spans_made(first.trace, identity(1)) if span.name == "chat stub-model"]
+    spans = spans_made(second.trace, identity(2))
+    [remade] = [span for span in spans if span.name == "chat stub-model"]
+    assert (remade.span_id, remade.start_ns) == (executed.span_id, executed.start_ns)
+    assert remade.attributes[c.GEN_AI_USAGE_INPUT_TOKENS] == 11
+    calling = next(span for span in spans if span.name == "action handle")
+    assert remade.parent_id == calling.span_id
+    [reused] = [span for span in spans if span.name == "reused invoke_agent summ"]
+    assert c.GEN_AI_OPERATION_NAME not in reused.attributes and c.FA_ORIGINAL_START_MS in reused.attributes
