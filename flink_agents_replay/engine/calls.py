@@ -65,7 +65,7 @@ from flink_agents_replay.storage.records.journal import CallOutcome, CallRecord,
 from flink_agents_replay.storage.records.raised import decode_exception, encode_exception
 from flink_agents_replay.storage.records.waits import DECISION_RESOURCE, RAISE, WAIT_RESOURCE, Decision, WaitOpened
 
-__all__ = ["ActionCalls", "JournaledCalls", "call_id", "recorded_outcome"]
+__all__ = ["ActionCalls", "JournaledCalls", "action_call_id", "call_id", "recorded_outcome"]
 
 #: Spacing of the actions' steps in ``CallSite.step`` (an action making more calls only blurs the order).
 _CALLS_PER_ACTION = 1_000_000
@@ -445,8 +445,8 @@ class ActionCalls:
     def _call_id(self, position: int, resource_name: str, args_digest: str, *, retry: int | None = None) -> str:
         # A retry after a failure gets an id of its own: a service may have stored the failure under the old one.
         retry = self._retried.get(position, 0) if retry is None else retry
-        request = (self.site.record_key.decode(), self.context.input_digest, resource_name, args_digest, retry)
-        return call_id(self.scope.path[0], self.site.action, self.context.run.seq, position, request)
+        return action_call_id(self.scope.path[0], self.site.record_key, self.context.input_digest, self.site.action,
+                              self.context.run.seq, position, resource_name, args_digest, retry)
 
 
 def _check_wait(name: str, payload: Any, timeout_s: float | None) -> None:
@@ -477,6 +477,13 @@ def _with_latency(meta: dict[str, Any], begun: float, begun_ns: int) -> dict[str
     """The call's meta: when it began (ms since the epoch: a reused call's trace shows it made then), how long it
     took, and what the resource reported (``report_call``)."""
     return {"at_ms": begun_ns // 1_000_000, "latency_ms": round((time.monotonic() - begun) * 1000, 3), **meta}
+
+
+def action_call_id(agent: str, record_key: bytes, input_digest: str, action: str, seq: int, position: int,
+                   resource: str, args_digest: str, retry: int) -> str:
+    """The call id of the call at ``position`` of the action execution journaled under ``record_key``: what
+    identifies its request is that key, the input's digest, the resource, the arguments' digest and its retry."""
+    return call_id(agent, action, seq, position, (record_key.decode(), input_digest, resource, args_digest, retry))
 
 
 def call_id(agent: str, action: str, seq: int, position: int, request: tuple) -> str:

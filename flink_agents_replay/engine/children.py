@@ -24,7 +24,7 @@ from typing import Any
 from flink_agents_replay.api.agent import Agent, InputEvent, with_event_id
 from flink_agents_replay.api.memory import Memory, private_copy
 from flink_agents_replay.core.errors import NoSubAgentOutputError, SubAgentCycleError
-from flink_agents_replay.engine.calls import ActionCalls, call_id
+from flink_agents_replay.engine.calls import ActionCalls, action_call_id
 from flink_agents_replay.engine.child_pool import Outcome, run_inline
 from flink_agents_replay.engine.context import RunStats, Scope
 from flink_agents_replay.engine.digest import digest_value
@@ -161,15 +161,15 @@ def _trace_inside(calls: ActionCalls, call: _ChildCall) -> None:
         if seq != run.seq or not action.startswith(prefix):
             continue
         retried = history.retried_positions(seq, event, action)
-        record_key = journal_key(run.key_group, seq, event, action, context.digest_of_key).decode()
+        record_key = journal_key(run.key_group, seq, event, action, context.digest_of_key)
         for record in slot.values():
             if record.order != site.order or record.outcome is CallOutcome.STARTED:
                 continue
-            request = (record_key, context.input_digest, record.resource, record.args_digest,
-                       retried.get(record.position, 0))
-            trace.call(record, CallHow.INSIDE_REUSED, call_id(calls.scope.path[0], action, seq, record.position,
-                                                             request),
-                       (*calls.scope.path, call.child.name), time.time_ns(), parent=(site.event.id, site.action))
+            made_as = action_call_id(calls.scope.path[0], record_key, context.input_digest, action, seq,
+                                     record.position, record.resource, record.args_digest,
+                                     retried.get(record.position, 0))
+            trace.call(record, CallHow.INSIDE_REUSED, made_as, (*calls.scope.path, call.child.name), time.time_ns(),
+                       parent=(site.event.id, site.action))
 
 
 def _settle(calls: ActionCalls, call: _ChildCall, outcome: Outcome | None,

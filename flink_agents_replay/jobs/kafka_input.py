@@ -22,7 +22,6 @@ and the agent see the record, the run's trace links to the upstream span and the
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from pyflink.datastream import ProcessFunction
 from flink_agents_replay.core.events import TracedInput
 from flink_agents_replay.flink.traced_input import TracedRecords
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
+from flink_agents_replay.traces.ids import well_formed_traceparent
 
 __all__ = ["DEAD_LETTER_METRIC", "DEAD_LETTER_VERSION", "DeadLetter", "DeadLetters", "JsonRecords", "KafkaInput",
            "RecordParser", "check_json_record", "records_from_kafka"]
@@ -166,16 +166,6 @@ def check_json_record(value: bytes | None, key_field: str, max_record_bytes: int
     return record, None
 
 
-#: A W3C traceparent as the spec writes it (version, trace id, parent id, flags; lower-case hex): 55 characters.
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def _well_formed(header: str | None) -> str | None:
-    """The header if it is a traceparent, else none: what an upstream sends goes into keyed state and the capture,
-    so anything else (of any size) is not kept."""
-    return header if header is not None and _TRACEPARENT.fullmatch(header) else None
-
-
 class _ParseRecords(ProcessFunction):
     """The parse operator's function: taken records on, dead letters to the side output, counted."""
 
@@ -195,7 +185,7 @@ class _ParseRecords(ProcessFunction):
             record, reason = None, f"the parse failed: {type(exc).__name__}: {exc}"
         if reason is None:
             if record is not None:
-                traceparent = _well_formed(row.traceparent)
+                traceparent = well_formed_traceparent(row.traceparent)
                 yield TracedInput(record, traceparent) if traceparent is not None else record
             return
         self.counter.inc()

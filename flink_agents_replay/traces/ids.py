@@ -14,9 +14,14 @@ execution of a run did and no other can repeat (a call it reused) get random ids
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
-__all__ = ["action_span_id", "executed_call_span_id", "random_span_id", "run_span_id", "trace_id"]
+__all__ = ["action_span_id", "executed_call_span_id", "parse_traceparent", "random_span_id", "run_span_id", "trace_id",
+           "well_formed_traceparent"]
+
+#: A W3C traceparent as the spec writes it (version, trace id, parent id, flags; lower-case hex): 55 characters.
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def _hash(*parts: object, size: int) -> int:
@@ -48,3 +53,18 @@ def executed_call_span_id(trace: int, call_id: str, began_ms: object, outcome: s
 def random_span_id() -> int:
     """A span of what only this execution did."""
     return secrets.randbits(64) or 1
+
+
+def well_formed_traceparent(header: str | None) -> str | None:
+    """The header if it is a traceparent, else none: what an upstream sends goes into keyed state and the capture,
+    so anything else (of any size) is not kept."""
+    return header if isinstance(header, str) and _TRACEPARENT.fullmatch(header) else None
+
+
+def parse_traceparent(header: str | None) -> tuple[int, int] | None:
+    """(trace id, span id) of a W3C ``traceparent`` header; ``None`` for none, a malformed one, version ``ff`` or an
+    all-zero id (an upstream's bad header must not fail a run)."""
+    if well_formed_traceparent(header) is None or header.startswith("ff-"):
+        return None
+    trace, span = int(header[3:35], 16), int(header[36:52], 16)
+    return (trace, span) if trace and span else None

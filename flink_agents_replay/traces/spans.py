@@ -36,12 +36,13 @@ from flink_agents_replay.traces.handoff import CallEntry, CallFacts, RunFacts, R
 from flink_agents_replay.traces.ids import (
     action_span_id,
     executed_call_span_id,
+    parse_traceparent,
     random_span_id,
     run_span_id,
     trace_id,
 )
 
-__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "SpanData", "parse_traceparent", "resource_kinds", "spans_of_run"]
+__all__ = ["CHAT", "MEMORY", "RESOURCE", "TOOL", "SpanData", "resource_kinds", "spans_of_run"]
 
 #: What a resource is, for its spans (:func:`resource_kinds`).
 CHAT, TOOL, MEMORY, RESOURCE = "chat", "tool", "memory", "resource"
@@ -106,21 +107,6 @@ def spans_of_run(facts: RunFacts, kinds: Mapping[str, str]) -> list[SpanData]:
                         _run_attributes(run, content, facts.outputs_text), facts.error,
                         links=(upstream,) if upstream else ())
     return [run_span, *every]
-
-
-def parse_traceparent(header: str | None) -> tuple[int, int] | None:
-    """(trace id, span id) of a W3C ``traceparent`` header (``00-<32 hex>-<16 hex>-<2 hex>``); ``None`` for none or
-    a malformed one (an upstream's bad header must not fail a run)."""
-    if not header or not isinstance(header, str):
-        return None
-    parts = header.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or parts[0] == "ff":
-        return None
-    try:
-        trace, span = int(parts[1], 16), int(parts[2], 16)
-    except ValueError:
-        return None
-    return (trace, span) if trace and span else None
 
 
 def _action_span(action: TracedAction, tid: int, span_id: int, parent: int, calls: list[SpanData]) -> SpanData:

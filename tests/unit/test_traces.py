@@ -324,9 +324,10 @@ def test_the_job_lineage_is_kept_in_the_markers_and_read_back():
     ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" + "x" * 10_000, False),
     ("not a traceparent", False), (None, False)])
 def test_only_a_well_formed_traceparent_header_is_kept(header, kept):
-    from flink_agents_replay.jobs.kafka_input import _well_formed
+    from flink_agents_replay.traces.ids import well_formed_traceparent
 
-    assert (_well_formed(header) == header) is kept if header is not None else _well_formed(header) is None
+    kept_as = well_formed_traceparent(header)
+    assert (kept_as == header) is kept if header is not None else kept_as is None
 
 
 def test_tracing_without_the_exporter_installed_is_a_clear_error(monkeypatch):
