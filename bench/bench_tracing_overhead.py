@@ -206,6 +206,45 @@ class SinkReceiver:
         return Arrived(got["spans"], got["traces"], set(got["spans_per_trace"]), Counter(got["names"]))
 
 
+class ExporterCpu(h.BackgroundLoop):
+    """The CPU of the job's exporter processes (``traces/exporter_process.py``, children of the Flink JVM), polled
+    every ``interval_s``: the last value seen per process, since they exit when the job is cancelled."""
+
+    MODULE = "flink_agents_replay.traces.exporter_process"
+
+    def __init__(self, interval_s: float = 0.2):
+        super().__init__("exporter-cpu")
+        self.interval_s = interval_s
+        self.seen: dict[int, float] = {}
+        self._jvms = {pid for pid in h._children(os.getpid()) if "PythonGatewayServer" in h._cmdline(pid)}
+
+    def _exporters(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and self.MODULE in h._cmdline(int(entry)):
+                try:
+                    with open(f"/proc/{entry}/stat") as stat:
+                        parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError):
+                    continue
+                if parent in self._jvms:
+                    found.append(int(entry))
+        return found
+
+    def _run(self) -> None:
+        while True:
+            for pid in self._exporters():
+                cpu = h._cpu_seconds(pid)
+                if cpu == cpu:  # not NaN: it was still there
+                    self.seen[pid] = max(self.seen.get(pid, 0.0), cpu)
+            if self._stop.wait(self.interval_s):
+                return
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+
 @dataclass
 class Traced:
     """What a tracing-on job sent and where it arrived."""
@@ -214,6 +253,7 @@ class Traced:
     exported: int | None  # the operator's counters, last seen over REST
     dropped: int | None
     receiver_cpu_s: float  # the receiver's CPU from the job's start until its ingestion went idle
+    exporter_cpu_s: float  # the job's exporter processes' CPU, the job's whole life
     ingest_wait_s: float  # after the job, until every span was there
 
 
@@ -255,7 +295,7 @@ def _run_job(bootstrap: str, name: str, delay_ms: float, runs: int, args, label:
         overrides["tracing"] = {"endpoint": receiver.url, "service_name": project}
     port = free_port()
     cpu_before = h._cpu_seconds(receiver.pid) if receiver else 0.0
-    with SpanCounters(port) as counters:
+    with SpanCounters(port) as counters, ExporterCpu() as exporter_cpu:
         measured = jo._run_variant(bootstrap, name, overrides, delay_ms, runs, args, label,
                                    flink_config={"rest.port": str(port),
                                                  "metrics.fetcher.update-interval": "500"})
@@ -266,7 +306,7 @@ def _run_job(bootstrap: str, name: str, delay_ms: float, runs: int, args, label:
     waited = time.monotonic() - ended
     _check_spans(arrived, runs, project)
     return measured, Traced(arrived, counters.values.get("spans_exported"), counters.values.get("spans_dropped"),
-                            cpu_after - cpu_before, waited)
+                            cpu_after - cpu_before, exporter_cpu.seconds, waited)
 
 
 def _rate(jobs: list[h.JobResult]) -> float:
@@ -297,6 +337,7 @@ def _rows(delay_ms: float, names: list[str], measured: dict, traced: dict) -> li
             h.percentile(latencies, 0.5) * 1000, h.percentile(latencies, 0.95) * 1000,
             h.percentile(latencies, 0.99) * 1000, added(0.5), added(0.95), added(0.99),
             sum(j.flink_cpu_s for j in jobs) / sum(j.runs for j in jobs) * 1000,
+            f"{sum(t.exporter_cpu_s for t in spans) / all_runs * 1000:.2f}" if spans else "-",
             f"{sum(t.receiver_cpu_s for t in spans) / all_runs * 1000:.2f}" if spans else "-",
             f"{sum(t.arrived.spans for t in spans)} / {SPANS_PER_RUN * all_runs}" if spans else "-",
             "/".join(str(t.exported) for t in spans) if spans else "-",
@@ -365,7 +406,8 @@ def main() -> None:
                             traced[(name, delay_ms)].append(t)
                             line += (f", {t.arrived.spans} spans ({t.arrived.traces} traces) there "
                                      f"{t.ingest_wait_s:.1f} s after the job, REST exported {t.exported} dropped "
-                                     f"{t.dropped}, receiver CPU {t.receiver_cpu_s / runs * 1000:.2f} ms/run")
+                                     f"{t.dropped}, exporter CPU {t.exporter_cpu_s / runs * 1000:.2f} ms/run, "
+                                     f"receiver CPU {t.receiver_cpu_s / runs * 1000:.2f} ms/run")
                         print(f"{line} [{time.monotonic() - began:.0f} s, load {h.load1():.1f}]", flush=True)
     finally:
         for receiver in receivers.values():
@@ -375,7 +417,8 @@ def main() -> None:
         f"Tracing overhead: 1 subtask, max_concurrent_runs={args.concurrency}, 2 actions x 1 call per run, journal "
         f"per_run, {rounds} interleaved round(s), content capture off",
         ["variant", "call ms", "runs", "runs/s", "on/off", "on/off per round", "range", "p50 ms", "p95 ms", "p99 ms",
-         "p50 added", "p95 added", "p99 added", "Flink CPU ms/run", "receiver CPU ms/run", "spans there / expected",
+         "p50 added", "p95 added", "p99 added", "Flink CPU ms/run", "exporter CPU ms/run", "receiver CPU ms/run",
+         "spans there / expected",
          "exported (REST)", "dropped (REST)", "load"],
         [row for delay_ms in args.delays_ms for row in _rows(delay_ms, names, measured, traced)])
     print("on/off = runs/s with tracing on / off (all rounds' runs over their seconds); per round: that round's on job "
@@ -384,7 +427,8 @@ def main() -> None:
           "off's (ms)")
     print(f"spans there = in the receiver, every job's project, asserted = {SPANS_PER_RUN} x the job's runs (one trace "
           "per run); exported / dropped = the operator's counters per job, last read over REST before the job was "
-          "cancelled; receiver CPU = its process from the job's start until its ingestion went idle, per run")
+          "cancelled; exporter CPU = the job's exporter processes, its whole life, per run; receiver CPU = its process "
+          "from the job's start until its ingestion went idle, per run")
 
 
 if __name__ == "__main__":

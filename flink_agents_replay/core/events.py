@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from flink_agents_replay.core.errors import AgentDefinitionError
 
-__all__ = ["Event", "EventTypes", "InputEvent", "OutputEvent", "TracedInput", "event_name", "traceparent_of",
-           "untraced", "with_event_id"]
+__all__ = ["TRACED_INPUT_TAG", "Event", "EventTypes", "InputEvent", "OutputEvent", "event_name", "traceparent_of",
+           "traced_input", "untraced", "with_event_id"]
 
 _EVENT_ID_ATTRIBUTE = "_event_id"
 
@@ -69,28 +68,34 @@ class OutputEvent(Event):
         super().__init__(output=output)
 
 
-@dataclass(frozen=True)
-class TracedInput:
+#: The first item of a traced input (:func:`traced_input`), with its form's version.
+TRACED_INPUT_TAG = "flink-agents-replay/traced-input/1"
+
+
+def traced_input(value: Any, traceparent: str) -> tuple[str, str, Any]:
     """An input on its way to the agent's operator with the W3C ``traceparent`` its Kafka record carried.
 
-    The packaged Kafka input (``records_from_kafka``) sends a record on in this wrapper only when the record had a
-    ``traceparent`` header; key selectors (``key_by`` on its stream) and every function of the user see the
-    record itself (:func:`untraced`), and the agent's operator takes the traceparent into the run's state and its
-    trace's link. Never persisted: what is kept is the traceparent as a string, next to the input.
+    The packaged Kafka input (``records_from_kafka``) sends a record on in this form only when the record had a
+    ``traceparent`` header; key selectors (``key_by`` on its stream) and every function of the user see the record
+    itself (:func:`untraced`), and the agent's operator takes the traceparent into the run's state and its trace's
+    link. Plain data, a tagged tuple, not a class of the package: an unaligned checkpoint keeps the records in flight
+    between the input and the operator as they were pickled.
     """
+    return (TRACED_INPUT_TAG, traceparent, value)
 
-    value: Any
-    traceparent: str
+
+def _is_traced(value: Any) -> bool:
+    return type(value) is tuple and len(value) == 3 and type(value[0]) is str and value[0] == TRACED_INPUT_TAG
 
 
 def untraced(value: Any) -> Any:
-    """The record itself, whether or not it came in a :class:`TracedInput`."""
-    return value.value if isinstance(value, TracedInput) else value
+    """The record itself, whether or not it came as a :func:`traced_input`."""
+    return value[2] if _is_traced(value) else value
 
 
 def traceparent_of(value: Any) -> str | None:
-    """The traceparent ``value`` came with, if it is a :class:`TracedInput`."""
-    return value.traceparent if isinstance(value, TracedInput) else None
+    """The traceparent ``value`` came with, if it is a :func:`traced_input`."""
+    return value[1] if _is_traced(value) else None
 
 
 def with_event_id(event: Event, event_id: str) -> Event:

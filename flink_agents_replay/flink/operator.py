@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,6 +131,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
         self.agent = agent
         self.config = config
         self.key_type = key_type
+        #: Made where the job is built, so every subtask and every restart of this submission has it, and no other
+        #: submission does: a fresh start's lineage holds it (a fixed job id, as in HA application mode, is reused).
+        self.submission = uuid.uuid4().hex[:12]
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def open(self, runtime_context) -> None:
@@ -163,11 +167,9 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                          counters=self.counters)
         self.tracer = next((o for o in self.observers if isinstance(o, TraceObserver)), None)
         self.capture = next((o for o in self.observers if isinstance(o, CaptureObserver)), None)
-        #: The job lineage: the id of the job that started with nothing to restore, kept in the markers through every
-        #: restore (a run's trace id derives from it, docs/design.md §17). A replay's is its own job id.
-        self.lineage = self.job_id or ""
-        if self.capture is not None:
-            self.capture.lineage = self.lineage  # the capture names each run's trace id
+        #: The job lineage: the job id and submission of the start with nothing to restore, kept in the markers through
+        #: every restore (a run's trace id derives from it, docs/design.md §17). A replay's is its own.
+        self._take_lineage(f"{self.job_id or ''}/{self.submission}")
 
         self.journal = parts.journal_checkpoints(self.config, self.agent, owned=self.owned, subtask=self.subtask,
                                                  max_parallelism=self.max_parallelism, mode=self.mode)
@@ -274,6 +276,14 @@ class ActionExecutionOperator(KeyedProcessFunction):
         """This attempt restored checkpoint (or savepoint) ``checkpoint_id`` (its markers follow)."""
         self.restored_from = checkpoint_id
 
+    def _take_lineage(self, lineage: str) -> None:
+        """The lineage this job's runs are traced under, for the operator's markers, the spans and the capture (which
+        names each run's trace id)."""
+        self.lineage = lineage
+        for observer in (self.tracer, self.capture):
+            if observer is not None:
+                observer.lineage = lineage
+
     def initialize_state(self, values: list[bytes]) -> None:
         """Find this subtask's journal offsets in the restored markers and read the journal from them; runs
         started from now on belong after the restored checkpoint (their epoch)."""
@@ -286,11 +296,7 @@ class ActionExecutionOperator(KeyedProcessFunction):
                                            policy=self.config.fingerprint_policy, subtask=self.subtask)
             self.counters["tools_changed"].inc(len(changed))
         if self.restored_from is not None and self.config.replay is None:  # a replay's runs are not production's
-            self.lineage = restored_lineage(values) or self.lineage
-            if self.tracer is not None:
-                self.tracer.restored_lineage(self.lineage)
-            if self.capture is not None:
-                self.capture.lineage = self.lineage
+            self._take_lineage(restored_lineage(values) or self.lineage)
         self.journal.restore(values, job_id=self.job_id)
         self.waits.restored(waits_open(values, self.owned))
         self.counters["earlier_attempt_records_ignored"].inc(self.journal.earlier_attempt_records_ignored)  # fenced

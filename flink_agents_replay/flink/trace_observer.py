@@ -35,15 +35,10 @@ class TraceObserver:
         self.sink = sink
         self.agent = agent
         self.job_id, self.attempt, self.subtask, self.replay = job_id, attempt, subtask, replay
-        self.lineage = job_id  # a fresh start's; a restore sets the restored one (:meth:`restored_lineage`)
+        self.lineage = job_id  # the operator sets its own (a fresh start's, or the restored one)
         self.content = sink.settings.content()
         self.counters = counters
         self._counted = (0, 0)
-
-    def restored_lineage(self, lineage: str | None) -> None:
-        """The lineage the restored checkpoint kept (a replay keeps its own: its runs are not production's)."""
-        if lineage and not self.replay:
-            self.lineage = lineage
 
     def input_accepted(self, *, key: Any, group: int, seq: int, value: Any, event_time: int | None,
                        traceparent: str | None = None) -> None:

@@ -1,8 +1,9 @@
 """Records that carry their upstream's W3C ``traceparent`` to the agent's operator, unseen by the user's functions.
 
-The packaged Kafka input (``records_from_kafka``) sends a record on in a
-:class:`~flink_agents_replay.core.events.TracedInput` only when its Kafka record had a ``traceparent`` header. The
-stream it returns, a :class:`TracedRecords`, shows every function of the user the record itself:
+The packaged Kafka input (``records_from_kafka``) sends a record on as a
+:func:`~flink_agents_replay.core.events.traced_input` (a tagged tuple) only when its Kafka record had a
+``traceparent`` header. The stream it returns, a :class:`TracedRecords`, shows every function of the user the
+record itself:
 
 * ``key_by(selector)`` runs the selector on the record (the elements stay wrapped), and the keyed stream it returns
   (:class:`TracedKeyedRecords`) hands :func:`~flink_agents_replay.flink.pipeline.connect_to_agent` the wrapped
@@ -55,7 +56,7 @@ class _UntracedKey(KeySelector):
 
 
 class TracedRecords(DataStream):
-    """The parsed records of a Kafka input, some in a ``TracedInput`` (see the module's docstring). Methods that
+    """The parsed records of a Kafka input, some as a ``traced_input`` (see the module's docstring). Methods that
     configure the stream (``uid``, ``name``, ``set_parallelism``...) configure the parse operator."""
 
     def __init__(self, stream: DataStream, uid: str):
@@ -95,7 +96,7 @@ class TracedKeyedRecords(KeyedStream):
         return self._untraced
 
     def traced(self) -> KeyedStream:
-        """The keyed stream as it is, ``TracedInput`` s and all: for the agent's operator only."""
+        """The keyed stream as it is, traced inputs and all: for the agent's operator only."""
         return KeyedStream(self._j_data_stream, self._original_data_type_info, self._origin_stream)
 
 

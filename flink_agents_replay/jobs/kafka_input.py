@@ -14,7 +14,7 @@ record's partition and offset through a small deserializer shipped in the packag
 (``PositionedKafkaRecords``): PyFlink's own Kafka source hands over values only.
 
 The same deserializer reads a record's W3C ``traceparent`` header (its last one, as UTF-8 text). A record taken with
-one travels to the agent's operator in a :class:`~flink_agents_replay.core.events.TracedInput`, which the stream
+one travels to the agent's operator as a :func:`~flink_agents_replay.core.events.traced_input`, which the stream
 returned here hides from every function of the job (:mod:`flink_agents_replay.flink.traced_input`): the key selector
 and the agent see the record, the run's trace links to the upstream span and the capture keeps the header.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from pyflink.datastream import ProcessFunction
 
-from flink_agents_replay.core.events import TracedInput
+from flink_agents_replay.core.events import traced_input
 from flink_agents_replay.flink.traced_input import TracedRecords
 from flink_agents_replay.jobs.kafka_output import exactly_once_string_sink
 from flink_agents_replay.traces.ids import well_formed_traceparent
@@ -186,7 +186,7 @@ class _ParseRecords(ProcessFunction):
         if reason is None:
             if record is not None:
                 traceparent = well_formed_traceparent(row.traceparent)
-                yield TracedInput(record, traceparent) if traceparent is not None else record
+                yield traced_input(record, traceparent) if traceparent is not None else record
             return
         self.counter.inc()
         letter = DeadLetter(reason, row.topic, row.partition, row.offset, row.timestamp, row.value)

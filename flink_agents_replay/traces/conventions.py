@@ -79,3 +79,11 @@ FA_MODELS_ASKED = FA + "call.models_asked"
 FA_ORIGINAL_START_MS = FA + "call.original.start_ms"
 FA_ORIGINAL_LATENCY_MS = FA + "call.original.latency_ms"
 FA_REPLAY = FA + "replay"
+
+#: Attributes whose values repeat from span to span, set by the agent's definition (an encoder may build each
+#: value's encoding once): never a key, an id, a count, a time or content.
+REPEATING = frozenset({
+    GEN_AI_OPERATION_NAME, GEN_AI_PROVIDER_NAME, GEN_AI_AGENT_NAME, GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL,
+    GEN_AI_TOOL_NAME, GEN_AI_TOOL_TYPE, ERROR_TYPE, OI_SPAN_KIND, OI_LLM_MODEL_NAME, OI_LLM_PROVIDER, OI_TOOL_NAME,
+    FA_AGENT, FA_LINEAGE, FA_JOB_ID, FA_ATTEMPT, FA_SUBTASK, FA_ACTION, FA_ACTION_HOW, FA_CALL_HOW, FA_RESOURCE,
+    FA_POSITION, FA_OUTCOME, FA_REUSED, FA_IN_DOUBT, FA_RECONCILED, FA_REPLAY})

@@ -16,6 +16,7 @@ OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables unl
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -33,8 +34,11 @@ __all__ = ["SpanSink", "TracingConfig"]
 
 log = logging.getLogger(__name__)
 
-#: Spans sent in one export request.
-_BATCH = 512
+#: Spans sent in one export request, and how long spans wait for more before they are sent: the batch span
+#: processor's settings (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``, ``OTEL_BSP_SCHEDULE_DELAY`` in ms). A request per run cost
+#: more than encoding the run's spans; the delay is shorter than the SDK's 5 s because a checkpoint waits for what
+#: is pending (a flush sends at once).
+_BATCH_DEFAULT, _DELAY_MS_DEFAULT = 512, 200
 
 
 class TracingConfig(pydantic.BaseModel):
@@ -106,17 +110,25 @@ class SpanSink:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+        from flink_agents_replay.traces.otlp_request import RequestEncoder, sender
+
         self.settings = settings
         service = settings.service(agent)
         resource = Resource.create({"service.name": service, OI_PROJECT_NAME: service,
                                     **settings.resource_attributes})
+        resource = _hashed_once()(resource.attributes, resource.schema_url)
         self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # the package's own, never global
         self._scope = InstrumentationScope("flink_agents_replay", PACKAGE_VERSION, SCHEMA_URL)
         self._exporter = exporter if exporter is not None else _otlp_exporter(settings)
+        self._send = sender(self._exporter)  # None: the exporter encodes (another exporter, an unchecked version)
+        self._encoder = RequestEncoder(resource.attributes, scope=self._scope.name, version=PACKAGE_VERSION,
+                                       schema_url=SCHEMA_URL)
         self._pending: deque[tuple[int, Callable[[], list[SpanData]]]] = deque()
         self._queued = 0  # spans waiting, by the estimates handed in
         self._busy = False
         self._closed = False
+        self._flushes = 0  # flushes waiting: the exporter sends what it holds without waiting for a full batch
+        self._batch, self._delay_s = _batching()
         self._lock = threading.Condition()
         self.exported = 0
         self.dropped = 0
@@ -132,7 +144,8 @@ class SpanSink:
                 return
             self._pending.append((estimate, make))
             self._queued += estimate
-            self._lock.notify_all()
+            if len(self._pending) == 1 or self._queued >= self._batch:  # else the exporter gathers unwoken
+                self._lock.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything handed over so far has been exported or dropped; ``False`` if it took longer than
@@ -140,9 +153,14 @@ class SpanSink:
         export failed: each failed export takes the exporter's retries, and a checkpoint must not wait for them)."""
         timeout = self.settings.flush_timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            return self._lock.wait_for(
-                lambda: self.collector_down or (not self._pending and not self._busy), timeout) and not (
-                self._pending or self._busy)
+            self._flushes += 1
+            self._lock.notify_all()
+            try:
+                return self._lock.wait_for(
+                    lambda: self.collector_down or (not self._pending and not self._busy), timeout) and not (
+                    self._pending or self._busy)
+            finally:
+                self._flushes -= 1
 
     def close(self) -> None:
         """Export what is queued (within the flush timeout), then stop the thread and the exporter."""
@@ -161,6 +179,8 @@ class SpanSink:
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending or self._closed)
+                self._lock.wait_for(lambda: self._closed or self._flushes or self._queued >= self._batch,
+                                    self._delay_s)
                 if self._closed:
                     return
                 taken = list(self._pending)
@@ -188,18 +208,15 @@ class SpanSink:
             return []
 
     def _export(self, spans: list[SpanData]) -> None:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        readable = [self._readable(span) for span in spans]
-        for start in range(0, len(readable), _BATCH):
-            batch = readable[start:start + _BATCH]
+        for start in range(0, len(spans), self._batch):
+            batch = spans[start:start + self._batch]
             try:
-                result = self._exporter.export(batch)
+                delivered = self._delivered(batch)
             except Exception:  # noqa: BLE001 - an exporter that raises is a failed export
                 log.exception("exporting %d spans failed", len(batch))
-                result = None
+                delivered = False
             with self._lock:
-                self.collector_down = result is not SpanExportResult.SUCCESS
+                self.collector_down = not delivered
                 if not self.collector_down:
                     self.exported += len(batch)
                     continue
@@ -207,6 +224,13 @@ class SpanSink:
                 self._lock.notify_all()  # a flush waiting for this batch stops waiting
             log.warning("%d spans were not delivered (the trace collector did not take them); dropped",
                             len(batch))
+
+    def _delivered(self, batch: list[SpanData]) -> bool:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self._send is not None:
+            return self._send(self._encoder.encode(batch))
+        return self._exporter.export([self._readable(span) for span in batch]) is SpanExportResult.SUCCESS
 
     def _readable(self, span: SpanData):
         """The SDK span of ``span``, with the derived ids, the provider's resource and the package's scope. Made as a
@@ -225,6 +249,38 @@ class SpanSink:
                    for upstream, linked in span.links],
             status=Status(StatusCode.ERROR, span.error) if span.error is not None else Status(StatusCode.UNSET),
             start_time=span.start_ns, end_time=max(span.end_ns, span.start_ns), instrumentation_scope=self._scope)
+
+
+@functools.cache  # the class is made where OpenTelemetry is imported: the operator's side never imports it
+def _hashed_once():
+    from opentelemetry.sdk.resources import Resource
+
+    class HashedOnce(Resource):
+        """A resource whose hash is computed once: the OTLP encoder groups each span by its resource, and a
+        ``Resource`` hashes its attributes as JSON at every lookup (a tenth of the encoding's cost)."""
+
+        def __init__(self, attributes, schema_url=None):
+            super().__init__(attributes, schema_url)
+            self._hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
+
+    return HashedOnce
+
+
+def _batching() -> tuple[int, float]:
+    """(spans per request, seconds spans wait for more) from the batch span processor's variables."""
+    def setting(name: str, default: int) -> int:
+        try:
+            value = int(os.environ.get(name, default))
+        except ValueError:
+            log.warning("%s is not a whole number; %d is used", name, default)
+            return default
+        return value if value > 0 else default
+
+    return setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _BATCH_DEFAULT), setting(
+        "OTEL_BSP_SCHEDULE_DELAY", _DELAY_MS_DEFAULT) / 1000
 
 
 def _otlp_exporter(settings: TracingConfig):

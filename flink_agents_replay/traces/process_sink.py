@@ -31,6 +31,10 @@ __all__ = ["ProcessSpanSink", "interpreter"]
 
 log = logging.getLogger(__name__)
 
+#: How long the writer gathers runs before it writes them: a wake-up and a write per batch, not per run, on the
+#: interpreter the runs share. A flush or the close writes at once.
+_GATHER_S = 0.05
+
 
 def interpreter() -> str:
     """The Python to start the exporter with: this one's, also inside a TaskManager (whose ``sys.executable`` may be
@@ -56,6 +60,7 @@ class ProcessSpanSink:
         self._answers: dict[int, tuple[int, int, bool]] = {}
         self._numbers = itertools.count(1)
         self._closed = False
+        self._flushes = 0  # flushes waiting for their answer
         self._lost = 0  # spans dropped here: the queue full, or a process that died with them
         self._counted = (0, 0, False)  # the process's (exported, dropped, down) as last answered
         self._before = (0, 0)  # (exported, dropped) of processes that ended: the counts never go back
@@ -87,7 +92,8 @@ class ProcessSpanSink:
             self._frames.append((estimate, frame(b"R", msgpack.packb([estimate, packed]))))
             self._queued += estimate
             self._ensure_started()
-            self._lock.notify_all()
+            if len(self._frames) == 1:  # the writer waits for a first frame; then it gathers (_GATHER_S) unwoken
+                self._lock.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait, at most ``timeout_s`` (default: the settings' ``flush_timeout_s``), until the process has exported
@@ -100,8 +106,13 @@ class ProcessSpanSink:
                 return True
             number = next(self._numbers)
             self._frames.append((0, frame(b"F", msgpack.packb([number, timeout * 0.9]))))  # its answer travels too
+            self._flushes += 1  # the writer writes at once
             self._lock.notify_all()
-            answered = self._lock.wait_for(lambda: number in self._answers or self._process is not process, timeout)
+            try:
+                answered = self._lock.wait_for(lambda: number in self._answers or self._process is not process,
+                                               timeout)
+            finally:
+                self._flushes -= 1
             self._answers.pop(number, None)
             return bool(answered) and self._process is process and not self.collector_down
 
@@ -136,6 +147,7 @@ class ProcessSpanSink:
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._frames or self._closed or self._process is not process)
+                self._lock.wait_for(lambda: self._closed or self._flushes or self._process is not process, _GATHER_S)
                 if self._process is not process:  # it died: the next one has a writer of its own
                     return
                 taken = list(self._frames)

@@ -76,6 +76,10 @@ class SimClock:
     def __init__(self, start_ms: int):
         self.now_ms = start_ms
 
+    def resubmit(self) -> None:
+        """The job submitted again (its operator built again): later operators are of the new submission."""
+        self.submission = f"sim-submission-{int(self.submission.rsplit('-', 1)[1]) + 1}"
+
     def advance(self, ms: int) -> int:
         self.now_ms += ms
         return self.now_ms
@@ -424,6 +428,7 @@ class SimWorld(contextlib.AbstractContextManager):
         self.clock = SimClock(start_ms)
         self.store = SimJournalStore(partitions)
         self.job_id = job_id
+        self.submission = "sim-submission-1"  # every attempt of one submission unpickles the same operator
         self.operators: list[OperatorSim] = []
         self._patches = contextlib.ExitStack()
 
@@ -462,6 +467,10 @@ class SimWorld(contextlib.AbstractContextManager):
                           attempt=len(self.operators))
         self.operators.append(sim)
         return sim
+
+    def resubmit(self) -> None:
+        """The job submitted again (its operator built again): later operators are of the new submission."""
+        self.submission = f"sim-submission-{int(self.submission.rsplit('-', 1)[1]) + 1}"
 
     def advance(self, ms: int) -> int:
         """Move processing time on (timers then fire at the next :meth:`OperatorSim.pump`)."""
@@ -505,6 +514,7 @@ class OperatorSim:
         self.seen = _Seen()
         self.closed = False
         self.op = ActionExecutionOperator(agent, config, key_type)
+        self.op.submission = world.submission
         self.op.open(self.runtime_context)
         if restore is not None:
             self.op.restored_checkpoint(restore.checkpoint_id)

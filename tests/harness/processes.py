@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["service_processes"]
+__all__ = ["children_running", "service_processes"]
 
 
 def _is_service(arguments: list[bytes]) -> bool:
     """Kafka and Flink (java), or a Chroma server (``.../chroma run ...``)."""
     return bool(arguments) and (arguments[0].endswith(b"java") or (len(arguments) > 2 and any(
         a.endswith(b"chroma") for a in arguments[:2]) and b"run" in arguments))
+
+
+def children_running(parent: int, module: bytes) -> set[int]:
+    """PIDs of the live children of ``parent`` whose command line holds ``module`` (a TaskManager's exporter
+    processes: ``b"flink_agents_replay.traces.exporter_process"``)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    arguments = cmdline.read()
+                with open(f"/proc/{entry}/stat") as stat:
+                    state, ppid = stat.read().rsplit(") ", 1)[1].split()[:2]
+            except (OSError, ValueError):
+                continue
+            if int(ppid) == parent and state != "Z" and module in arguments:
+                pids.add(int(entry))
+    return pids
 
 
 def service_processes(marker: str = "") -> set[int]:

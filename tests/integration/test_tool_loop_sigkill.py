@@ -4,7 +4,8 @@ A standalone cluster with one TaskManager runs ``tests/jobs/tool_loop_job.py`` (
 tool loop against the local model service, slowed to 0.3 s per model turn: turn 1 calls ``find_order``, the tool
 runs at once, turn 2 answers. The TaskManager is SIGKILLed after a checkpoint completed, at a moment when some
 tickets' tool had run and their turn 2 had been asked and had not answered (counted outside the worker, in a
-SQLite file). A new TaskManager takes over, Flink restores the checkpoint, and the runs go on from the journal.
+SQLite file), and its trace exporter process with it. A new TaskManager takes over, Flink restores the
+checkpoint, and the runs go on from the journal.
 
 Checked from outside the worker: for every ticket caught between its tool call and its next turn, turn 1 was
 asked once and the tool ran once (both reused from the journal: a run goes on past an external call only once
@@ -20,6 +21,8 @@ object in the user's state, restored by its public name in the new TaskManager.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -31,6 +34,7 @@ from flink_agents_replay.local.processes import pid_alive
 from flink_agents_replay.testing.committed import CommittedReader, poll_until
 from flink_agents_replay.testing.counter import InvocationCounter
 from flink_agents_replay.testing.jobs import job_script, make_inputs, produce_inputs, reference_outputs
+from tests.harness.processes import children_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -94,7 +98,14 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
     poll_until(ready, 180,
                lambda: cluster.job_diagnostics(job_id), interval_s=0.02)
     [(victim, victim_pid)] = cluster.taskmanager_processes().items()
+    # Its exporter process dies with it, and the spans it held since the last checkpoint with it: what was executed
+    # must come back from the journal (a TaskManager's container killed whole).
+    exporters = children_running(victim_pid, b"flink_agents_replay.traces.exporter_process")
+    assert len(exporters) == 1, exporters
+    for exporter in exporters:
+        os.kill(exporter, signal.SIGKILL)
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
+    assert not any(pid_alive(exporter) for exporter in exporters)
     caught = between(counter, job)  # the fault hit: tools had run, their next turn had not answered
     tools_at_kill = _tool_counts(counter)
     answered_at_kill = sum(n for name, n in counter.counts().items() if name.startswith("answered:2:"))

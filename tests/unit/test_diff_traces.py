@@ -161,3 +161,4 @@ def test_the_replay_job_takes_the_main_jobs_trace_flags(monkeypatch):
         "endpoint": "http://c:4318", "capture_content": None}
     assert tracing(argparse.Namespace(trace=True, otlp_endpoint=None, trace_content=True)) == {
         "endpoint": None, "capture_content": True}
+    assert tracing(agent_job.parse_args(["--trace-content"])) == {"endpoint": None, "capture_content": True}

@@ -4,6 +4,7 @@ the input (state version 4; versions 2 and 3 still read), and the capture keeps 
 
 from __future__ import annotations
 
+import pickle
 import struct
 
 import msgpack
@@ -11,7 +12,7 @@ import pytest
 from pyflink.common import Row
 from pyflink.datastream import KeySelector
 
-from flink_agents_replay.core.events import TracedInput, traceparent_of, untraced
+from flink_agents_replay.core.events import traced_input, traceparent_of, untraced
 from flink_agents_replay.core.keygroups import key_group
 from flink_agents_replay.engine import RunResult, RunStats
 from flink_agents_replay.flink.capture_observer import CaptureObserver
@@ -77,7 +78,7 @@ def test_the_parse_wraps_a_record_only_when_it_had_a_traceparent_header():
     record = {"customer": "c-1", "text": "hi"}
     assert list(parse.process_element(_row(b'{"customer": "c-1", "text": "hi"}', None), None)) == [record]
     traced = list(parse.process_element(_row(b'{"customer": "c-1", "text": "hi"}', TRACEPARENT), None))
-    assert traced == [TracedInput(record, TRACEPARENT)]
+    assert traced == [traced_input(record, TRACEPARENT)]
     # A record sent to the dead letters is never wrapped, header or not.
     [(tag, letter)] = list(parse.process_element(_row(b"not json", TRACEPARENT), None))
     assert tag == "dead-letters" and '"reason": "not JSON' in letter and parse.counter.count == 1
@@ -85,8 +86,17 @@ def test_the_parse_wraps_a_record_only_when_it_had_a_traceparent_header():
 
 def test_untraced_and_traceparent_of_take_the_wrapper_off():
     record = {"customer": "c-1"}
-    assert untraced(TracedInput(record, TRACEPARENT)) is record and untraced(record) is record
-    assert traceparent_of(TracedInput(record, TRACEPARENT)) == TRACEPARENT and traceparent_of(record) is None
+    assert untraced(traced_input(record, TRACEPARENT)) is record and untraced(record) is record
+    assert traceparent_of(traced_input(record, TRACEPARENT)) == TRACEPARENT and traceparent_of(record) is None
+
+
+def test_a_traced_input_pickles_as_plain_data():
+    """Unaligned checkpoints keep records in flight as pickled: no class or module of the package may be in them."""
+    pickled = pickle.dumps(traced_input({"customer": "c-1"}, TRACEPARENT), protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"flink_agents_replay" not in pickled
+    assert untraced(pickle.loads(pickled)) == {"customer": "c-1"}
+    for users in (("flink-agents-replay/traced-input/0", TRACEPARENT, 1), (TRACEPARENT, "x", 1)):
+        assert untraced(users) is users and traceparent_of(users) is None  # a user's 3-tuple is left alone
 
 
 def test_the_key_selector_sees_the_record_itself():
@@ -97,7 +107,7 @@ def test_the_key_selector_sees_the_record_itself():
         return record["customer"]
 
     key = _UntracedKey(selector)
-    assert key.get_key(TracedInput({"customer": "c-1"}, TRACEPARENT)) == "c-1"
+    assert key.get_key(traced_input({"customer": "c-1"}, TRACEPARENT)) == "c-1"
     assert key.get_key({"customer": "c-2"}) == "c-2"
     assert seen == [{"customer": "c-1"}, {"customer": "c-2"}]
 
@@ -112,13 +122,13 @@ def test_the_key_selector_sees_the_record_itself():
             self.closed = True
 
         def get_key(self, value):
-            assert not isinstance(value, TracedInput)
+            assert value is untraced(value)
             return value["customer"]
 
     selector_object = ByCustomer()
     key = _UntracedKey(selector_object)
     key.open(None)
-    assert key.get_key(TracedInput({"customer": "c-3"}, TRACEPARENT)) == "c-3"
+    assert key.get_key(traced_input({"customer": "c-3"}, TRACEPARENT)) == "c-3"
     key.close()
     assert selector_object.opened and selector_object.closed
 

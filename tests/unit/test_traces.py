@@ -198,7 +198,8 @@ class DownCollector(SpanExporter):
         pass
 
 
-def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_never_blocks():
+def test_a_collector_that_is_down_drops_spans_with_a_count_and_a_full_queue_never_blocks(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")  # sent without a flush
     model, refund = Model(), Refund()
     result = attempts(model, refund)
     spans = spans_made(result.trace, identity())
@@ -238,36 +239,92 @@ def test_an_upstream_traceparent_becomes_a_link_of_the_run_and_a_bad_one_is_igno
         assert spans_made(traced, identity())[0].links == ()
 
 
-class SlowDownCollector(DownCollector):
-    """A collector that is down and whose exporter takes its retries before failing (about 6 s with the SDK's)."""
+class BlockedDownCollector(DownCollector):
+    """A collector that is down and whose exporter, once :attr:`stuck`, hangs in its retries until released."""
 
-    def __init__(self, seconds: float):
+    def __init__(self):
         super().__init__()
-        self.seconds = seconds
-        self.started = threading.Event()
+        self.started, self.released, self.stuck = threading.Event(), threading.Event(), False
 
     def export(self, spans):
         self.started.set()
-        time.sleep(self.seconds)  # stands for the exporter's own retries against a closed port
+        if self.stuck:
+            self.released.wait(60)  # stands for the exporter's own retries against a closed port
         return super().export(spans)
 
 
-def test_a_flush_does_not_wait_for_exports_to_a_collector_found_down():
+def test_a_flush_does_not_wait_for_exports_to_a_collector_found_down(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")  # the second submit is sent without a flush
     model, refund = Model(), Refund()
     spans = spans_made(attempts(model, refund).trace, identity())
-    collector = SlowDownCollector(0.5)
+    collector = BlockedDownCollector()
     sink = SpanSink(TracingConfig(flush_timeout_s=30), agent="triage", exporter=collector)
     sink.submit(lambda: spans, len(spans))
     sink.flush(30)  # waits for the first export, which fails
     assert sink.collector_down and collector.attempts == 1
     collector.started.clear()
+    collector.stuck = True
     sink.submit(lambda: spans, len(spans))
     assert collector.started.wait(5)
     begun = time.monotonic()
-    assert not sink.flush(30)  # down: at once, not after the export's 0.5 s
-    assert time.monotonic() - begun < 0.4
+    assert not sink.flush(30)  # down: at once, not after the export, which hangs until released
+    assert time.monotonic() - begun < 10 and not collector.released.is_set()
+    collector.released.set()
     sink.close()
     assert sink.dropped == 2 * len(spans)
+
+
+class Requests(SpanExporter):
+    """A collector that takes every export and keeps each request's size."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.arrived = threading.Event()
+
+    def export(self, spans):
+        self.sizes.append(len(spans))
+        self.arrived.set()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def test_runs_handed_over_between_flushes_leave_in_one_request():
+    spans = spans_made(attempts(Model(), Refund()).trace, identity())
+    collector = Requests()
+    sink = SpanSink(TracingConfig(), agent="triage", exporter=collector)
+    for _ in range(20):
+        sink.submit(lambda: spans, len(spans))
+    assert sink.flush(5)
+    assert collector.sizes == [20 * len(spans)]  # not a request per run
+    sink.close()
+
+
+def test_a_full_batch_sends_without_a_flush(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only the full batch can send it
+    spans = spans_made(attempts(Model(), Refund()).trace, identity())
+    collector = Requests()
+    sink = SpanSink(TracingConfig(), agent="triage", exporter=collector)
+    for _ in range(2):
+        sink.submit(lambda: spans, len(spans))
+    assert collector.arrived.wait(10)
+    assert collector.sizes[0] == 2 * len(spans) == 10
+    sink.close()
+
+
+@pytest.mark.parametrize(("size", "delay_ms", "expected"), [(None, None, (512, 0.2)), ("64", "20", (64, 0.02)),
+                                                            ("many", "-5", (512, 0.2))])
+def test_the_batch_processors_variables_set_the_batches(monkeypatch, size, delay_ms, expected):
+    from flink_agents_replay.traces.export import _batching
+
+    for variable, value in (("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", size), ("OTEL_BSP_SCHEDULE_DELAY", delay_ms)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    assert _batching() == expected
 
 
 class Failing(Exception):

@@ -24,9 +24,10 @@ At checkpoint N each subtask stores a marker: per owned journal partition,
 * ``tools`` (optional, added in 0.7; subtask 0's marker only) — per tool of the agent, a digest of each part of
   its definition (:mod:`flink_agents_replay.api.tool_definitions`), so a restore names the tools that changed
   (:func:`restored_tools`). Markers without it compare nothing.
-* ``lineage`` (optional, added in 0.7) — the job lineage: the Flink job id of the start with nothing to restore,
-  kept through every checkpoint and savepoint after it, so a run's trace id stays the same across restores
-  (:func:`restored_lineage`, :mod:`flink_agents_replay.traces.ids`). Markers without it: the restoring job's id.
+* ``lineage`` (optional, added in 0.7) — the job lineage: the Flink job id and a submission id (made where the job
+  was built) of the start with nothing to restore, kept through every checkpoint and savepoint after it, so a run's
+  trace id stays the same across restores (:func:`restored_lineage`, :mod:`flink_agents_replay.traces.ids`).
+  Markers without it: the restoring job's.
 
 When N completes, records below ``offsets`` are deleted; an aborted checkpoint deletes nothing. On
 restore every subtask receives every subtask's marker (union state) and takes the partitions it owns
