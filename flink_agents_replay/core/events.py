@@ -78,8 +78,7 @@ def traced_input(value: Any, traceparent: str) -> tuple[str, str, Any]:
     The packaged Kafka input (``records_from_kafka``) sends a record on in this form only when the record had a
     ``traceparent`` header; key selectors (``key_by`` on its stream) and every function of the user see the record
     itself (:func:`untraced`), and the agent's operator takes the traceparent into the run's state and its trace's
-    link. Plain data, a tagged tuple, not a class of the package: an unaligned checkpoint keeps the records in flight
-    between the input and the operator as they were pickled.
+    link. Plain data, a tagged tuple, not a class of the package: what travels between operators is pickled.
     """
     return (TRACED_INPUT_TAG, traceparent, value)
 

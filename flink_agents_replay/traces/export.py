@@ -122,11 +122,12 @@ class SpanSink:
         self._exporter = exporter if exporter is not None else _otlp_exporter(settings)
         self._send = sender(self._exporter)  # None: the exporter encodes (another exporter, an unchecked version)
         self._encoder = RequestEncoder(resource.attributes, scope=self._scope.name, version=PACKAGE_VERSION,
-                                       schema_url=SCHEMA_URL)
+                                       schema_url=SCHEMA_URL, resource_schema_url=resource.schema_url)
         self._pending: deque[tuple[int, Callable[[], list[SpanData]]]] = deque()
         self._queued = 0  # spans waiting, by the estimates handed in
         self._busy = False
-        self._closed = False
+        self._closing = False  # close() began: what is pending is sent at once
+        self._closed = False  # close() ended: nothing more is taken
         self._flushes = 0  # flushes waiting: the exporter sends what it holds without waiting for a full batch
         self._batch, self._delay_s = _batching()
         self._lock = threading.Condition()
@@ -163,9 +164,14 @@ class SpanSink:
                 self._flushes -= 1
 
     def close(self) -> None:
-        """Export what is queued (within the flush timeout), then stop the thread and the exporter."""
-        self.flush()
+        """Export what is queued, then stop the thread and the exporter. The exporter sends what it holds at once,
+        also to a collector found down (it may be back); what is still queued after the flush and export timeouts
+        is dropped, counted. Nothing waits for this close but the exporter process's own end."""
         with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+            self._lock.wait_for(lambda: not self._pending and not self._busy,
+                                self.settings.flush_timeout_s + self.settings.export_timeout_s)
             self._closed = True
             left = sum(estimate for estimate, _ in self._pending)  # a batch under way counts itself
             self.dropped += left
@@ -179,7 +185,7 @@ class SpanSink:
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending or self._closed)
-                self._lock.wait_for(lambda: self._closed or self._flushes or self._queued >= self._batch,
+                self._lock.wait_for(lambda: self._closing or self._flushes or self._queued >= self._batch,
                                     self._delay_s)
                 if self._closed:
                     return

@@ -3,8 +3,9 @@
 The SDK's exporter takes ``ReadableSpan`` s and encodes every attribute of every span anew, in Python
 (``encode_spans``). For the five-odd spans a run makes, that was most of the exporter process's CPU, which it takes
 from the TaskManager's machine. :class:`RequestEncoder` builds the same ``ExportTraceServiceRequest`` from
-:class:`~.spans.SpanData` (``tests/unit/test_traces.py`` compares the two), and builds each attribute whose values
-repeat from span to span (:data:`~.conventions.REPEATING`: an operation, a span kind, a model, a tool) once.
+:class:`~.spans.SpanData` (``tests/unit/test_otlp_request.py`` compares the two), in place, and builds each attribute
+whose values repeat from span to span (:data:`~.conventions.REPEATING`: an operation, a span kind, a model, a tool)
+once. As in the SDK, an attribute whose value cannot be encoded is left out (logged), not the request.
 
 The request is sent by the SDK exporter's own HTTP client (:func:`sender`), so its configuration
 (``OTEL_EXPORTER_OTLP_*``), compression, retries and timeout apply. That client is not public API: it is used only
@@ -15,7 +16,7 @@ public ``export``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -42,9 +43,11 @@ _INTERNAL, _ERROR = Span.SpanKind.SPAN_KIND_INTERNAL, Status.STATUS_CODE_ERROR  
 class RequestEncoder:
     """Requests of spans of one resource and instrumentation scope."""
 
-    def __init__(self, resource: Mapping[str, Any], *, scope: str, version: str, schema_url: str) -> None:
+    def __init__(self, resource: Mapping[str, Any], *, scope: str, version: str, schema_url: str,
+                 resource_schema_url: str = "") -> None:
         self._kept: dict[tuple[str, type, Any], KeyValue] = {}
         self._resource = Resource(attributes=[_key_value(key, value) for key, value in resource.items()])
+        self._resource_schema_url = resource_schema_url
         self._scope = InstrumentationScope(name=scope, version=version, attributes=[])
         self._schema_url = schema_url
 
@@ -52,7 +55,7 @@ class RequestEncoder:
         """The serialized ``ExportTraceServiceRequest`` of ``spans``. Each span is built in place, in the request
         (a message built apart is copied whole into its parent)."""
         request = ExportTraceServiceRequest()
-        resource_spans = request.resource_spans.add()
+        resource_spans = request.resource_spans.add(schema_url=self._resource_schema_url)
         resource_spans.resource.CopyFrom(self._resource)
         scope_spans = resource_spans.scope_spans.add(schema_url=self._schema_url)
         scope_spans.scope.CopyFrom(self._scope)
@@ -68,10 +71,16 @@ class RequestEncoder:
         """Its attributes, links and status."""
         attributes = message.attributes
         for key, value in span.attributes.items():
-            if key in REPEATING:
-                attributes.append(self._kept_attribute(key, value))
-            else:
-                _set_value(attributes.add(key=key).value, value)
+            try:
+                if key in REPEATING:
+                    attributes.append(self._kept_attribute(key, value))
+                else:
+                    _set_value(attributes.add(key=key).value, value)
+            except (TypeError, ValueError, OverflowError):
+                if attributes and attributes[-1].key == key:
+                    del attributes[-1]
+                log.warning("span %r: attribute %r of type %s left out: it cannot be encoded", span.name, key,
+                            type(value).__name__)
         for trace, linked in span.links:
             message.links.add(trace_id=trace.to_bytes(16, "big"), span_id=linked.to_bytes(8, "big"),
                               flags=_HAS_IS_REMOTE | _IS_REMOTE)
@@ -82,6 +91,8 @@ class RequestEncoder:
             message.status.SetInParent()  # UNSET, present: as the SDK sends it
 
     def _kept_attribute(self, key: str, value: Any) -> KeyValue:
+        if not isinstance(value, (str, bool, int, float)):
+            return _key_value(key, value)
         kept = (key, type(value), value)
         attribute = self._kept.get(kept)
         if attribute is None:
@@ -123,26 +134,36 @@ def _any_value(value: Any) -> AnyValue:
         return AnyValue(double_value=value)
     if isinstance(value, bytes):
         return AnyValue(bytes_value=value)
+    if isinstance(value, Sequence):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(item) for item in value]))
     if isinstance(value, Mapping):
         return AnyValue(kvlist_value=KeyValueList(values=[_key_value(str(k), v) for k, v in value.items()]))
-    if isinstance(value, (list, tuple)):
-        return AnyValue(array_value=ArrayValue(values=[_any_value(item) for item in value]))
     raise TypeError(f"a span attribute of type {type(value).__name__}")
 
 
 def sender(exporter: Any) -> Callable[[bytes], bool] | None:
     """How to send an encoded request with the SDK exporter's own HTTP client (``True``: delivered), or ``None``:
     another exporter, or an exporter version not in :data:`CHECKED_VERSIONS`."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.exporter.otlp.proto.http.version import __version__ as exporter_version
-
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.version import __version__ as exporter_version
+    except ImportError:  # another exporter, without the OTLP/HTTP one installed
+        return None
     client = getattr(exporter, "_client", None)
     if (type(exporter) is not OTLPSpanExporter or not callable(getattr(client, "export", None))
             or ".".join(exporter_version.split(".")[:2]) not in CHECKED_VERSIONS):
         log.debug("spans are encoded by the exporter (%s %s)", type(exporter).__name__, exporter_version)
         return None
+    largest = getattr(exporter, "_max_request_size", 0) or 0
 
     def send(body: bytes) -> bool:
+        # What the exporter's own export checks around its client: shut down, or a request over its size limit.
+        if getattr(exporter, "_shutdown", False):
+            return False
+        if largest > 0 and len(body) > largest:
+            log.warning("a request of %d bytes is over the exporter's limit (%d); its spans are dropped", len(body),
+                        largest)
+            return False
         return getattr(client.export(body), "success", None) is True
 
     return send

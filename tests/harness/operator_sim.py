@@ -76,10 +76,6 @@ class SimClock:
     def __init__(self, start_ms: int):
         self.now_ms = start_ms
 
-    def resubmit(self) -> None:
-        """The job submitted again (its operator built again): later operators are of the new submission."""
-        self.submission = f"sim-submission-{int(self.submission.rsplit('-', 1)[1]) + 1}"
-
     def advance(self, ms: int) -> int:
         self.now_ms += ms
         return self.now_ms

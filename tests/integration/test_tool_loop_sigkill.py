@@ -99,13 +99,16 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
                lambda: cluster.job_diagnostics(job_id), interval_s=0.02)
     [(victim, victim_pid)] = cluster.taskmanager_processes().items()
     # Its exporter process dies with it, and the spans it held since the last checkpoint with it: what was executed
-    # must come back from the journal (a TaskManager's container killed whole).
+    # must come back from the journal (a TaskManager's container killed whole). Stopped first, so that it neither
+    # sees the TaskManager die nor is seen to die by it.
     exporters = children_running(victim_pid, b"flink_agents_replay.traces.exporter_process")
     assert len(exporters) == 1, exporters
     for exporter in exporters:
-        os.kill(exporter, signal.SIGKILL)
+        os.kill(exporter, signal.SIGSTOP)
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
-    assert not any(pid_alive(exporter) for exporter in exporters)
+    for exporter in exporters:
+        os.kill(exporter, signal.SIGKILL)
+    poll_until(lambda: not any(pid_alive(exporter) for exporter in exporters), 10, "the exporter's death")
     caught = between(counter, job)  # the fault hit: tools had run, their next turn had not answered
     tools_at_kill = _tool_counts(counter)
     answered_at_kill = sum(n for name, n in counter.counts().items() if name.startswith("answered:2:"))

@@ -4,6 +4,8 @@ start, also where each fresh start gets the same Flink job id (HA application mo
 
 from __future__ import annotations
 
+import cloudpickle
+
 from flink_agents_replay import Agent, InputEvent, OutputEvent, action
 from tests.harness.operator_sim import SimWorld
 
@@ -37,3 +39,14 @@ def test_a_fresh_start_under_a_reused_job_id_is_a_new_lineage_and_restores_keep_
     assert fresh.op.lineage != first.op.lineage  # else its runs would get the first deployment's trace ids
     assert restored.op.lineage == first.op.lineage
     assert all(sim.op.tracer.lineage == sim.op.lineage for sim in (first, restarted, fresh, restored))
+
+
+def test_the_submission_id_is_made_where_the_job_is_built_and_travels_with_the_operator():
+    """Every subtask and restart unpickles the operator the job graph holds; building it again is a new submission."""
+    from flink_agents_replay.flink.config import AgentConfig
+    from flink_agents_replay.flink.operator import ActionExecutionOperator
+
+    config = AgentConfig(kafka={"bootstrap.servers": "k:9092"}, signing_key="0123456789abcdef0123")
+    built = ActionExecutionOperator(Echo(), config, "STRING")
+    assert cloudpickle.loads(cloudpickle.dumps(built)).submission == built.submission
+    assert ActionExecutionOperator(Echo(), config, "STRING").submission != built.submission

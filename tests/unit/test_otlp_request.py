@@ -9,6 +9,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from flink_agents_replay.core.keygroups import key_group
 from flink_agents_replay.engine import RunInput, execute_run
@@ -38,20 +39,40 @@ def spans_of_every_kind() -> list[SpanData]:
     run = RunInput(KEY, key_group(KEY, "STRING", MAX_PARALLELISM), 1, {"order": "o-1"}, traceparent=UPSTREAM)
     spans += spans_made(execute_run(make_agent(Model(), Refund()), run, {}, trace=True).trace, identity())
     spans.append(SpanData("odd", 1, 2, None, 5, 3, {"flag": True, "list": ("a", "b"), "none": None, "float": 0.5,
-                                                   "gen_ai.operation.name": "chat"}, error="ValueError"))
+                                                   "gen_ai.operation.name": "chat", "range": range(2),
+                                                   "mapping": {"a": 1}, "gen_ai.tool.name": ["kept", "not"]},
+                          error="ValueError"))
+    # What neither encodes is left out, the rest of the span kept: a set, an int over 64 bits, an object.
+    spans.append(SpanData("bad values", 1, 3, 2, 5, 6, {"set": {1}, "huge": 2**70, "object": object(), "fine": 1,
+                                                        "gen_ai.provider.name": {"unhashable"}}))
     assert any(span.links for span in spans) and any(span.error for span in spans)
     return spans
 
 
 def test_the_request_is_the_one_the_sdk_encodes():
-    sink = SpanSink(TracingConfig(service_name="triage-svc"), agent="triage", exporter=InMemorySpanExporter())
+    sink = SpanSink(TracingConfig(service_name="triage-svc", resource_attributes={"deployment": "eu"}),
+                    agent="triage", exporter=InMemorySpanExporter())
     spans = spans_of_every_kind()
-    encoder = RequestEncoder(sink._provider.resource.attributes, scope="flink_agents_replay",
-                             version=sink._scope.version, schema_url=sink._scope.schema_url)
     for _ in range(2):  # the second time from the attributes it kept
-        ours = ExportTraceServiceRequest.FromString(encoder.encode(spans))
+        ours = ExportTraceServiceRequest.FromString(sink._encoder.encode(spans))
         assert ours == encode_spans([sink._readable(span) for span in spans])
+    [kept] = [span for span in ours.resource_spans[0].scope_spans[0].spans if span.name == "bad values"]
+    assert [attribute.key for attribute in kept.attributes] == ["fine"]
     sink.close()
+
+
+def test_a_resource_schema_url_is_sent_as_the_sdk_sends_it():
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    resource = Resource({"service.name": "s"}, "https://opentelemetry.io/schemas/1.26.0")
+    encoder = RequestEncoder(resource.attributes, scope="s", version="1", schema_url="",
+                             resource_schema_url=resource.schema_url)
+    span = SpanData("one", 1, 2, None, 5, 6)
+    sdk = ReadableSpan(name="one", context=SpanContext(1, 2, False), resource=resource, start_time=5, end_time=6,
+                       instrumentation_scope=InstrumentationScope("s", "1"))
+    assert ExportTraceServiceRequest.FromString(encoder.encode([span])) == encode_spans([sdk])
 
 
 def test_the_sdk_exporters_client_sends_it_on_this_version_only_for_the_sdk_exporter():

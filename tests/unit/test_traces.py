@@ -290,7 +290,8 @@ class Requests(SpanExporter):
         pass
 
 
-def test_runs_handed_over_between_flushes_leave_in_one_request():
+def test_runs_handed_over_between_flushes_leave_in_one_request(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only the flush sends them
     spans = spans_made(attempts(Model(), Refund()).trace, identity())
     collector = Requests()
     sink = SpanSink(TracingConfig(), agent="triage", exporter=collector)
@@ -299,6 +300,34 @@ def test_runs_handed_over_between_flushes_leave_in_one_request():
     assert sink.flush(5)
     assert collector.sizes == [20 * len(spans)]  # not a request per run
     sink.close()
+
+
+class ComesBack(Requests):
+    """A collector that is down for its first export, then takes every export."""
+
+    def export(self, spans):
+        if not self.sizes:
+            self.sizes.append(0)
+            return SpanExportResult.FAILURE
+        return super().export(spans)
+
+
+@pytest.mark.parametrize("found_down", [False, True])
+def test_closing_sends_what_waits_for_its_batch(monkeypatch, found_down):
+    """The exporter process closes its sink at the end of its input: the spans still gathering are sent, also with
+    no flush timeout and to a collector found down before (it may be back)."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+    spans = spans_made(attempts(Model(), Refund()).trace, identity())
+    collector = ComesBack() if found_down else Requests()
+    sink = SpanSink(TracingConfig(flush_timeout_s=0), agent="triage", exporter=collector)
+    if found_down:
+        sink.submit(lambda: spans, len(spans))
+        sink.flush(30)
+        assert sink.collector_down and sink.dropped == len(spans)
+    sink.submit(lambda: spans, len(spans))
+    sink.close()
+    assert sink.exported == len(spans) and collector.sizes[-1] == len(spans)
+    assert sink.dropped == (len(spans) if found_down else 0)
 
 
 def test_a_full_batch_sends_without_a_flush(monkeypatch):
