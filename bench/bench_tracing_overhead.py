@@ -401,7 +401,9 @@ def main() -> None:
                         line = (f"# round {round_index + 1} {name:>13} {delay_ms:4g} ms: {r.runs:5d} runs in "
                                 f"{r.seconds:6.2f} s = {_rate([r]):7.1f} runs/s, p50 "
                                 f"{h.percentile(r.latencies, 0.5) * 1000:.1f} ms, Flink CPU "
-                                f"{r.flink_cpu_s / r.runs * 1000:.2f} ms/run")
+                                f"{r.flink_cpu_s / r.runs * 1000:.2f} ms/run ("
+                                + ", ".join(f"{group} {cpu / r.runs * 1000:.2f}"
+                                            for group, cpu in sorted(r.flink_cpu_by_group_s.items())) + ")")
                         if t:
                             traced[(name, delay_ms)].append(t)
                             line += (f", {t.arrived.spans} spans ({t.arrived.traces} traces) there "

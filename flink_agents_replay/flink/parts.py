@@ -61,6 +61,7 @@ def _tracer(config: AgentConfig, agent: Agent, *, info: SubtaskInfo, counters: M
     if replay and settings.service_name is None:  # a replay's spans go to a service (a Phoenix project) of their own
         settings = settings.model_copy(update={"service_name": settings.service(agent.name) + "-replay"})
     sink = ProcessSpanSink(settings, agent=agent.name, kinds=resource_kinds(agent))
+    sink.start()
     return TraceObserver(sink=sink, agent=agent.name, job_id=info.job_id or "", attempt=info.attempt,
                          subtask=info.index, replay=replay, counters=counters)
 
