@@ -80,16 +80,20 @@ _CALL_ATTEMPT: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
 def report_call(**fields: str | int | float | None) -> None:
     """Record facts about the ``ctx.call`` being made now with the call (journal and capture), e.g. a model's
     ``model``, ``prompt_tokens`` and ``completion_tokens``: the replay report compares them. Plain strings and
-    numbers only (anything else is left out, with a warning). Outside a call made for real (a reused call, a
-    test calling ``invoke`` directly) it does nothing."""
+    numbers only (anything else is left out, with a warning, and so is a whole number outside 64 bits: the journal
+    keeps them as msgpack). Outside a call made for real (a reused call, a test calling ``invoke`` directly) it does
+    nothing."""
     report = _CALL_REPORT.get()
     if report is None:
         return
     for name, value in fields.items():
+        # Not raised: the call has taken effect by now, and a raise would have it made again.
         if value is not None and not isinstance(value, (str, int, float)):
-            # Not raised: the call has taken effect by now, and a raise would have it made again.
             log.warning("report_call(%s=...) takes a string or a number, not %s: left out", name,
                         type(value).__name__)
+            continue
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            log.warning("report_call(%s=%d) is outside 64 bits (a service's bad count?): left out", name, value)
             continue
         report[name] = value
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import re
 import time
@@ -54,6 +55,8 @@ from flink_agents_replay.integrations.openai_client import OpenAIClientMixin
 from flink_agents_replay.storage.records.chat import ChatResult, ToolCall, Usage
 
 __all__ = ["ChatModel"]
+
+log = logging.getLogger(__name__)
 
 
 class ChatModel(OpenAIClientMixin, Resource):
@@ -124,8 +127,9 @@ class ChatModel(OpenAIClientMixin, Resource):
         completion = self._sdk().chat.completions.create(**request)
         latency_ms = round((time.monotonic() - begun) * 1000, 3)
         result = _chat_result(completion, latency_ms, parse_json=_asks_for_json(request.get("response_format")))
-        report_call(model=result.model, prompt_tokens=result.usage.prompt_tokens,
-                    completion_tokens=result.usage.completion_tokens)
+        counted = completion.usage is not None  # a service that reports no usage: no counts, rather than 0
+        report_call(model=result.model, prompt_tokens=result.usage.prompt_tokens if counted else None,
+                    completion_tokens=result.usage.completion_tokens if counted else None)
         return result
 
     def restore_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
@@ -169,6 +173,17 @@ def _schema_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "answer"
 
 
+def _tokens(count: Any) -> int:
+    """A token count as the service reported it, if it is one (a whole number, 0 to 2**63 - 1); else 0, logged: a
+    count the journal cannot keep would fail the call after it took effect."""
+    if count is None:
+        return 0
+    if isinstance(count, int) and not isinstance(count, bool) and 0 <= count < 2**63:
+        return count
+    log.warning("the model service reported a token count of %r; counted as 0", count)
+    return 0
+
+
 def _chat_result(completion: Any, latency_ms: float, *, parse_json: bool) -> ChatResult:
     """The plain result of an SDK completion (its first choice)."""
     if not completion.choices:
@@ -186,6 +201,6 @@ def _chat_result(completion: Any, latency_ms: float, *, parse_json: bool) -> Cha
     usage = completion.usage
     return ChatResult(
         content=message.content, tool_calls=calls, parsed=parsed,
-        usage=Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage is not None else Usage(),
+        usage=Usage(_tokens(usage.prompt_tokens), _tokens(usage.completion_tokens)) if usage is not None else Usage(),
         model=completion.model or "", latency_ms=latency_ms, finish_reason=choice.finish_reason,
         refusal=getattr(message, "refusal", None))

@@ -77,9 +77,14 @@ class TracingConfig(pydantic.BaseModel):
         if endpoint is None:
             return None
         parsed = urllib.parse.urlsplit(endpoint)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname or any(ch.isspace() for ch in endpoint):
-            raise ValueError("the OTLP/HTTP endpoint must be an http:// or https:// URL with a host, such as "
-                             "http://collector:4318")
+        try:
+            parsed.port  # noqa: B018 - read for its check: a port out of range raises
+        except ValueError:
+            parsed = None
+        if (parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname
+                or any(ch.isspace() for ch in endpoint)):
+            raise ValueError("the OTLP/HTTP endpoint must be an http:// or https:// URL with a host (and a port "
+                             "up to 65535), such as http://collector:4318")
         return endpoint
 
     @pydantic.field_validator("headers")

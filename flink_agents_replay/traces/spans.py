@@ -211,13 +211,10 @@ def _kind_attributes(kind: str, record: CallFacts, *, executed: bool) -> dict[st
         model = str(meta.get("model") or "")
         if not executed:
             return {c.OI_SPAN_KIND: c.OI_CHAIN, c.OI_LLM_MODEL_NAME: model}
-        prompt, completion = int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0)
         attributes = {c.GEN_AI_OPERATION_NAME: "chat", c.GEN_AI_PROVIDER_NAME: "openai",
                       c.GEN_AI_RESPONSE_MODEL: model, c.GEN_AI_REQUEST_MODEL: model,
-                      c.GEN_AI_USAGE_INPUT_TOKENS: prompt, c.GEN_AI_USAGE_OUTPUT_TOKENS: completion,
                       c.OI_SPAN_KIND: c.OI_LLM, c.OI_LLM_MODEL_NAME: model, c.OI_LLM_PROVIDER: "openai",
-                      c.OI_TOKENS_PROMPT: prompt, c.OI_TOKENS_COMPLETION: completion,
-                      c.OI_TOKENS_TOTAL: prompt + completion}
+                      **_tokens(meta)}
         if record.finish_reason:
             attributes[c.GEN_AI_RESPONSE_FINISH_REASONS] = [record.finish_reason]
         if "models_asked" in meta:
@@ -234,6 +231,24 @@ def _kind_attributes(kind: str, record: CallFacts, *, executed: bool) -> dict[st
             return {c.OI_SPAN_KIND: c.OI_CHAIN, c.GEN_AI_AGENT_NAME: name}
         return {c.GEN_AI_OPERATION_NAME: "invoke_agent", c.GEN_AI_AGENT_NAME: name, c.OI_SPAN_KIND: c.OI_AGENT}
     return {c.OI_SPAN_KIND: c.OI_CHAIN}
+
+
+def _tokens(meta: Mapping[str, Any]) -> dict[str, int]:
+    """The token counts the call reported, those that are counts (a service that reports none, or nonsense, has
+    none in its span rather than 0)."""
+    prompt, completion = (meta.get(name) for name in ("prompt_tokens", "completion_tokens"))
+    counts = {}
+    if _is_count(prompt):
+        counts[c.GEN_AI_USAGE_INPUT_TOKENS] = counts[c.OI_TOKENS_PROMPT] = prompt
+    if _is_count(completion):
+        counts[c.GEN_AI_USAGE_OUTPUT_TOKENS] = counts[c.OI_TOKENS_COMPLETION] = completion
+    if _is_count(prompt) and _is_count(completion):
+        counts[c.OI_TOKENS_TOTAL] = prompt + completion
+    return counts
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62
 
 
 def _content(kind: str, call: CallEntry) -> dict[str, Any]:

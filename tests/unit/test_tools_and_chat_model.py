@@ -410,3 +410,49 @@ def test_the_sdk_client_loads_its_lazy_resources_while_made_so_run_threads_never
               "print(all(m in sys.modules for m in ('openai.resources.chat', 'openai.resources.embeddings')))\n")
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert shown.stdout.strip() == "True", shown.stderr
+
+
+def test_a_services_odd_token_counts_count_as_none_and_fail_no_call():
+    """A count the journal cannot keep (over 64 bits) failed the call after it took effect; a negative or
+    non-numeric one is no count either."""
+    from types import SimpleNamespace
+
+    from flink_agents_replay.api.chat_model import _chat_result
+
+    def completion(prompt_tokens):
+        message = SimpleNamespace(content="hi", tool_calls=None, refusal=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], model="m",
+                               usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=1))
+
+    for reported, kept in ((10**30, 0), (-5, 0), ("x", 0), (True, 0), (None, 0), (7, 7)):
+        assert _chat_result(completion(reported), 1.0, parse_json=False).usage == Usage(kept, 1), reported
+
+
+def test_report_call_leaves_out_a_number_the_journal_cannot_keep():
+    from flink_agents_replay import Agent, InputEvent, OutputEvent, action
+    from flink_agents_replay.api.call_site import report_call
+    from flink_agents_replay.core.keygroups import key_group
+    from flink_agents_replay.engine import RunInput, execute_run
+    from flink_agents_replay.storage.journal.memory_store import MemoryJournalStore
+    from flink_agents_replay.storage.journal.writer import Durability, JournalWriter
+    from flink_agents_replay.storage.records.codec import RecordCodec
+
+    def counted(prompt):
+        report_call(model="m", prompt_tokens=10**30, completion_tokens=3)
+        return "ok"
+
+    class Asks(Agent):
+        @action(InputEvent)
+        def ask(event, ctx):
+            ctx.send_event(OutputEvent(ctx.call("model", event.input)))
+
+    agent = Asks(name="asks", resources={"model": Tool(counted, side_effects="none")})
+    store = MemoryJournalStore(8)
+    writer = JournalWriter(store, RecordCodec(b"0123456789abcdef0123", "asks"), Durability.PER_ACTION)
+    group = key_group("k", "STRING", 8)
+    result = execute_run(agent, RunInput("k", group, 1, "hello"), {}, journal=writer.run_journal(group),
+                         trace=True, report_failures=True)
+    writer.close()
+    assert result.error is None and [o.output for o in result.outputs] == ["ok"]
+    [call] = result.trace.calls
+    assert "prompt_tokens" not in call.record.meta and call.record.meta["completion_tokens"] == 3

@@ -436,6 +436,7 @@ def test_tracing_without_the_exporter_installed_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("setting, named", [
     ({"endpoint": "not a url"}, "endpoint"), ({"endpoint": "ftp://127.0.0.1:21"}, "endpoint"),
     ({"endpoint": "127.0.0.1:4318"}, "endpoint"), ({"endpoint": ""}, "endpoint"),
+    ({"endpoint": "http://127.0.0.1:99999"}, "endpoint"),
     ({"headers": {"x-token": "a\r\nInjected: 1"}}, "headers"), ({"flush_timeout_s": float("inf")}, "flush_timeout_s"),
     ({"export_timeout_s": float("nan")}, "export_timeout_s"), ({"flush_timeout_s": 10_000}, "flush_timeout_s")])
 def test_a_bad_tracing_setting_is_a_config_error_naming_it(setting, named):
@@ -497,3 +498,17 @@ def test_a_sub_agents_model_call_is_made_again_under_its_caller_when_the_sub_age
     assert remade.parent_id == calling.span_id
     [reused] = [span for span in spans if span.name == "reused invoke_agent summ"]
     assert c.GEN_AI_OPERATION_NAME not in reused.attributes and c.FA_ORIGINAL_START_MS in reused.attributes
+
+
+def test_a_model_call_without_counts_has_no_token_attributes_rather_than_zero():
+    class Uncounted(Model):
+        def invoke(self, prompt):
+            report_call(model="stub-model", prompt_tokens=None, completion_tokens="many")
+            return "reply"
+
+    agent = make_agent(Uncounted(), Refund())
+    run = RunInput(KEY, key_group(KEY, "STRING", MAX_PARALLELISM), 1, {"order": "o-1"})
+    [chat] = [span for span in spans_made(execute_run(agent, run, {}, trace=True).trace, identity())
+              if span.name == "chat stub-model"]
+    assert chat.attributes[c.GEN_AI_OPERATION_NAME] == "chat"
+    assert not {c.GEN_AI_USAGE_INPUT_TOKENS, c.GEN_AI_USAGE_OUTPUT_TOKENS, c.OI_TOKENS_TOTAL} & set(chat.attributes)
