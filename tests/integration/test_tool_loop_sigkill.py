@@ -95,14 +95,16 @@ def test_a_tool_loop_killed_between_a_tool_call_and_the_next_turn_repeats_no_mod
         caught = between(counter, job)
         return checkpoints() >= 1 and len(caught) >= 2 and _a_later_ticket(caught)
 
+    # The TaskManager's exporter process dies with it, and the spans it held since the last checkpoint with it: what
+    # was executed must come back from the journal (a TaskManager's container killed whole). Found before the moment
+    # to kill comes (the operator starts it when it opens); stopped first, so that it neither sees the TaskManager
+    # die nor is seen to die by it.
+    [(victim, victim_pid)] = cluster.taskmanager_processes().items()
+    exporters = poll_until(lambda: children_running(victim_pid, b"flink_agents_replay.traces.exporter_process"), 120,
+                           "the TaskManager's trace exporter process")
+    assert len(exporters) == 1, exporters
     poll_until(ready, 180,
                lambda: cluster.job_diagnostics(job_id), interval_s=0.02)
-    [(victim, victim_pid)] = cluster.taskmanager_processes().items()
-    # Its exporter process dies with it, and the spans it held since the last checkpoint with it: what was executed
-    # must come back from the journal (a TaskManager's container killed whole). Stopped first, so that it neither
-    # sees the TaskManager die nor is seen to die by it.
-    exporters = children_running(victim_pid, b"flink_agents_replay.traces.exporter_process")
-    assert len(exporters) == 1, exporters
     for exporter in exporters:
         os.kill(exporter, signal.SIGSTOP)
     assert cluster.kill_taskmanager(resource_id=victim) == victim_pid and not pid_alive(victim_pid)
